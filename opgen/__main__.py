@@ -1,0 +1,3 @@
+from opgen.cli import run
+
+run()

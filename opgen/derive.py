@@ -1,0 +1,279 @@
+"""Derive stage: `Spec` -> SymPy forward formulas and gradients.
+
+Receives a `Spec`; returns `Derived`: for each combination of present/absent `Tensor?`
+inputs (a `Variant`), the forward `let`s and outputs as SymPy expressions and, for every
+Tensor input, its gradient as contributions `grad_<output> * factor` (or the spec's
+override). Formulas are read by `opgen.formula`; SymPy differentiates the fully inlined
+outputs, with PyTorch's conventions at kinks (`opgen.functions`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula import NUM, Scope, Value, read_formula
+from opgen.model import Spec
+
+MAX_OPTIONAL = 3
+
+
+@dataclass(frozen=True)
+class Symbols:
+    """The SymPy symbol of every name a spec's formulas can use."""
+
+    inputs: dict[str, sympy.Symbol]
+    lets: dict[str, sympy.Symbol]
+    outputs: dict[str, sympy.Symbol]
+    grads: dict[str, sympy.Symbol]  # output name -> its incoming gradient
+    tensor_names: frozenset[str]  # the Tensor inputs
+
+    @property
+    def tensors(self) -> frozenset[sympy.Symbol]:
+        """Symbols that hold tensors at run time (printed as torch calls)."""
+        return frozenset([*self.tensor_inputs, *self.outputs.values(), *self.grads.values()])
+
+    @property
+    def tensor_inputs(self) -> list[sympy.Symbol]:
+        return [s for n, s in self.inputs.items() if n in self.tensor_names]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """`grad_<output> * factor`, or with `output` None, a whole gradient override."""
+
+    output: str | None
+    factor: Expr
+
+
+@dataclass(frozen=True)
+class Gradient:
+    input: str
+    contributions: tuple[Contribution, ...]
+    overridden: bool
+
+
+@dataclass(frozen=True)
+class Variant:
+    absent: tuple[str, ...]  # the `Tensor?` inputs that are None
+    lets: tuple[tuple[str, Expr], ...]  # in terms of inputs and earlier lets
+    outputs: tuple[tuple[str, Expr], ...]  # in terms of inputs, lets and earlier outputs
+    inlined: tuple[tuple[str, Expr], ...]  # outputs in terms of inputs only
+    gradients: tuple[Gradient, ...]  # one per present Tensor input, in input order
+
+
+@dataclass(frozen=True)
+class Derived:
+    spec: Spec
+    symbols: Symbols
+    variants: tuple[Variant, ...]  # the all-present variant last
+
+    @property
+    def full(self) -> Variant:
+        return self.variants[-1]
+
+
+def make_symbols(spec: Spec) -> Symbols:
+    def sym(name: str) -> sympy.Symbol:
+        return sympy.Symbol(name, real=True)
+
+    symbols = Symbols(
+        inputs={i.name: sym(i.name) for i in spec.inputs},
+        lets={let.name: sym(let.name) for let in spec.lets},
+        outputs={o.name: sym(o.name) for o in spec.outputs},
+        # `:` cannot occur in a spec name, so these never collide with one.
+        grads={o.name: sym("grad:" + o.name) for o in spec.outputs if o.differentiable},
+        tensor_names=frozenset(i.name for i in spec.tensor_inputs),
+    )
+    return symbols
+
+
+def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
+    names = {n: Value(s, NUM) for n, s in symbols.inputs.items()}
+    names |= {n: Value(s, NUM) for n, s in symbols.lets.items()}
+    names |= {n: Value(s, NUM) for n, s in symbols.outputs.items()}
+    hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
+    return Scope(names, frozenset(symbols.tensor_inputs), hint)
+
+
+def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
+    scope = forward_scope(spec, symbols)
+    names = dict(scope.names)
+    for name, grad in symbols.grads.items():
+        names["grad_" + name] = Value(grad, NUM)
+    if len(symbols.grads) == 1:
+        names["grad"] = Value(next(iter(symbols.grads.values())), NUM)
+    known = ", ".join(sorted(n for n in names if n.startswith("grad")))
+    return Scope(names, frozenset(symbols.tensor_inputs), f"; incoming gradients here are: {known}")
+
+
+def _read_definitions(spec: Spec, symbols: Symbols) -> dict[str, Expr]:
+    """Every `let` and output formula as SymPy, in terms of the symbols of the names it uses."""
+    scope = forward_scope(spec, symbols)
+    problems = Problems()
+    definitions: dict[str, Expr] = {}
+    for name, formula in [*((let.name, let.formula) for let in spec.lets), *((o.name, o.formula) for o in spec.outputs)]:
+        with problems.collect(), located(formula.loc, f"formula of '{name}'"):
+            definitions[name] = read_formula(formula, scope, NUM)  # type: ignore[assignment]
+    if problems:
+        raise _Many(problems)
+    return definitions
+
+
+class _Many(Exception):
+    def __init__(self, problems: Problems) -> None:
+        super().__init__("several problems")
+        self.problems = problems
+
+
+def _definition_order(spec: Spec, symbols: Symbols, definitions: dict[str, Expr]) -> list[str]:
+    """Lets and outputs in an order where each comes after what it uses; cycles are errors."""
+    defined = {**symbols.lets, **symbols.outputs}
+    by_symbol = {s: n for n, s in defined.items()}
+    locs: dict[str, Loc] = {let.name: let.formula.loc for let in spec.lets}
+    locs |= {o.name: o.formula.loc for o in spec.outputs}
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "active":
+            cycle = path[path.index(name) :] + [name]
+            raise SpecError(locs[cycle[0]], f"'{cycle[0]}' depends on itself: {' -> '.join(cycle)}")
+        state[name] = "active"
+        uses = sorted((by_symbol[s] for s in definitions[name].free_symbols if s in by_symbol), key=list(defined).index)
+        for used in uses:
+            visit(used, [*path, name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in definitions:
+        visit(name, [])
+    return order
+
+
+def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
+    """`expr` with every additive term that uses an absent symbol removed; None if nothing is left.
+
+    This is what a `Tensor?` input that is None means (spec format section 2): in
+    `x * (1 + b)` the term `b` goes and `x` stays; in `x * b` or `exp(b)` the whole
+    term goes.
+    """
+    if not (expr.free_symbols & absent):
+        return expr
+    if expr in absent:
+        return None
+    if isinstance(expr, sympy.Add):
+        kept = [t for t in (drop_terms(a, absent) for a in expr.args) if t is not None]
+        return sympy.Add(*kept) if kept else None
+    args = [drop_terms(a, absent) if isinstance(a, Expr) else _drop_boolean(a, absent) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    return expr.func(*args)
+
+
+def _drop_boolean(expr: sympy.Basic, absent: frozenset[sympy.Symbol]) -> sympy.Basic | None:
+    if not (expr.free_symbols & absent):
+        return expr
+    args = [drop_terms(a, absent) if isinstance(a, Expr) else _drop_boolean(a, absent) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    return expr.func(*args)
+
+
+def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
+    expr = expr.replace(sympy.DiracDelta, lambda *args: S.Zero)
+    if expr.has(sympy.Derivative) or expr.has(sympy.Subs):
+        raise SpecError(loc, f"{what}: SymPy could not differentiate this formula; give the gradient in `gradients:`")
+    if expr.has(sympy.zoo, sympy.nan):
+        raise SpecError(loc, f"{what}: the derived formula is undefined (division by zero)")
+    return expr
+
+
+def _variant(
+    spec: Spec, symbols: Symbols, definitions: dict[str, Expr], order: list[str], overrides: dict[str, Expr], absent_names: tuple[str, ...]
+) -> Variant:
+    absent = {symbols.inputs[n] for n in absent_names}
+    defined = {**symbols.lets, **symbols.outputs}
+    forward: dict[str, Expr] = {}
+    inlined: dict[sympy.Symbol, Expr] = {}
+    for name in order:
+        kept = drop_terms(definitions[name], frozenset(absent))
+        symbol = defined[name]
+        if kept is None:
+            if name in symbols.outputs:
+                output = spec.outputs[[o.name for o in spec.outputs].index(name)]
+                raise SpecError(output.formula.loc, f"output '{name}' has no terms left when {' and '.join(absent_names)} is None")
+            absent.add(symbol)
+            continue
+        forward[name] = kept
+        inlined[symbol] = kept.xreplace(inlined)
+    tensor_inputs = set(symbols.tensor_inputs)
+    for output in spec.outputs:
+        if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
+            raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
+    gradients = []
+    for inp in spec.tensor_inputs:
+        if inp.name in absent_names:
+            continue
+        x = symbols.inputs[inp.name]
+        if inp.name in overrides:
+            override = overrides[inp.name]
+            lets_inlined = {symbols.lets[n]: e for n, e in ((n, inlined.get(symbols.lets[n])) for n in symbols.lets) if e is not None}
+            kept = drop_terms(override.xreplace(lets_inlined), frozenset(absent))
+            contributions = (Contribution(None, kept if kept is not None else S.Zero),)
+            gradients.append(Gradient(inp.name, contributions, True))
+            continue
+        parts = []
+        for output in spec.outputs:
+            if not output.differentiable:
+                continue
+            what = f"d {output.name} / d {inp.name}"
+            with located(output.formula.loc, what):
+                factor = _clean(sympy.diff(inlined[symbols.outputs[output.name]], x), output.formula.loc, what)
+            if factor != 0:
+                parts.append(Contribution(output.name, factor))
+        gradients.append(Gradient(inp.name, tuple(parts), False))
+    lets = tuple((n, forward[n]) for n in (let.name for let in spec.lets) if n in forward)
+    outputs = tuple((o.name, forward[o.name]) for o in spec.outputs)
+    inlined_outputs = tuple((o.name, inlined[symbols.outputs[o.name]]) for o in spec.outputs)
+    return Variant(absent_names, lets, outputs, inlined_outputs, tuple(gradients))
+
+
+def derive(spec: Spec, problems: Problems) -> Derived | None:
+    """Derive every gradient of `spec`; record located errors in `problems`."""
+    symbols = make_symbols(spec)
+    try:
+        definitions = _read_definitions(spec, symbols)
+    except _Many as many:
+        problems.errors.extend(many.problems.errors)
+        return None
+    overrides: dict[str, Expr] = {}
+    scope = gradient_scope(spec, symbols)
+    before = len(problems.errors)
+    for override in spec.gradients:
+        with problems.collect(), located(override.formula.loc, f"gradient of '{override.input}'"):
+            overrides[override.input] = read_formula(override.formula, scope, NUM)  # type: ignore[assignment]
+    if len(problems.errors) > before:
+        return None
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    try:
+        if len(optional) > MAX_OPTIONAL:
+            loc = spec.input(optional[MAX_OPTIONAL]).loc  # type: ignore[union-attr]
+            raise SpecError(loc, f"at most {MAX_OPTIONAL} `Tensor?` inputs are supported per op")
+        order = _definition_order(spec, symbols, definitions)
+        variants = []
+        # Every subset of optional inputs may be None; the all-present variant comes last.
+        for flags in itertools.product([True, False], repeat=len(optional)):
+            absent = tuple(n for n, is_absent in zip(optional, flags) if is_absent)
+            variants.append(_variant(spec, symbols, definitions, order, overrides, absent))
+    except SpecError as error:
+        problems.add(error)
+        return None
+    return Derived(spec, symbols, tuple(variants))
+

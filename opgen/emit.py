@@ -1,0 +1,368 @@
+"""Emit stage: `Plan` -> the Python source of one op module.
+
+Receives a `Plan`; returns the text of `ops/<name>.py`: the `torch.autograd.Function`
+(`forward`, `setup_context`, `backward`), the functional wrapper and, when the spec asks,
+the `nn.Module`. Statement bodies are built here as lines, every expression printed by
+`TorchPrinter`; the file's shape lives in the Jinja template `op.py.j2`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from opgen.derive import Derived, Variant
+from opgen.display import display
+from opgen.model import Spec
+from opgen.names import Namer, ctx_namer
+from opgen.plan import BackwardPlan, GradPlan, Plan
+from opgen.printer import TorchPrinter
+from opgen.render import Renderer, docstring
+
+Lines = list[str]
+
+
+@dataclass
+class OpNames:
+    """Internal names of one op module, none equal to a spec name."""
+
+    torch: str
+    math: str
+    function_ref: str  # how the functional refers to the Function class
+    functional_ref: str  # how the Module refers to the functional
+    ctx: str
+    inputs: str
+    output: str
+    self: str
+    grads_in: dict[str, str]  # output -> backward parameter
+    grads_out: dict[str, str]  # input -> gradient variable
+    ctx_attrs: dict[str, str]  # non-tensor input -> ctx attribute
+    shape_attrs: dict[str, str]  # input -> ctx attribute holding its shape
+    temps: dict[sympy.Symbol, str]
+
+
+def spec_names(spec: Spec) -> set[str]:
+    names = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
+    if spec.module:
+        names |= {a.name for a in spec.module.args}
+    return names
+
+
+def public_names(spec: Spec) -> list[str]:
+    names = [spec.name, spec.function_class_name]
+    if spec.module:
+        names.append(spec.module.name)
+    return names
+
+
+def make_names(plan: Plan) -> OpNames:
+    spec = plan.derived.spec
+    user = spec_names(spec)
+    namer = Namer(user | set(public_names(spec)))
+    torch, math = namer.fresh("torch"), namer.fresh("math")
+    function_ref = spec.function_class_name if spec.function_class_name not in user else namer.fresh("_" + spec.function_class_name)
+    functional_ref = spec.name if spec.name not in user else namer.fresh("_" + spec.name)
+    ctx, inputs, output, self_ = (namer.fresh(n) for n in ("ctx", "inputs", "output", "self"))
+    grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs}
+    grads_out = {i.name: namer.fresh(f"grad_{i.name}") for i in spec.tensor_inputs}
+    temps = {t: namer.fresh(f"tmp{t.name.split(':')[1]}") for t in sorted(plan.temps, key=sympy.default_sort_key)}
+    attrs = ctx_namer()
+    ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
+    shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
+    return OpNames(torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out, ctx_attrs, shape_attrs, temps)
+
+
+def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None) -> TorchPrinter:
+    symbols = derived.symbols
+    table: dict[sympy.Symbol, str] = {}
+    for group in (symbols.inputs, symbols.lets, symbols.outputs):
+        table |= {s: n for n, s in group.items()}
+    table |= {symbols.grads[o]: names.grads_in[o] for o in symbols.grads}
+    table |= names.temps
+    table |= extra or {}
+    # Temporaries of the gradients hold tensors; conditions are never kept in them (plan).
+    tensors = symbols.tensors | frozenset(names.temps)
+    return TorchPrinter(table, tensors, torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
+
+
+def _indent(lines: Lines, level: int = 1) -> Lines:
+    return [("    " * level + line) if line else line for line in lines]
+
+
+def _variant_condition(absent: tuple[str, ...], optional: list[str], is_none: dict[str, str]) -> str:
+    return " and ".join(f"{is_none[n]}" if n in absent else f"not {is_none[n]}" for n in optional)
+
+
+def _branches(bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], is_none: dict[str, str]) -> Lines:
+    """One `if` branch per variant; no branch when every variant has the same body."""
+    if all(body == bodies[-1][1] for _, body in bodies):
+        return bodies[-1][1]
+    lines: Lines = []
+    for i, (absent, body) in enumerate(bodies):
+        if i == len(bodies) - 1:
+            lines.append("else:")
+        else:
+            keyword = "if" if i == 0 else "elif"
+            lines.append(f"{keyword} {_variant_condition(absent, optional, is_none)}:")
+        lines += _indent(body)
+    return lines
+
+
+# -- forward ---------------------------------------------------------------------------------
+
+
+def _forward_variant(derived: Derived, variant: Variant, printer: TorchPrinter) -> Lines:
+    symbols = derived.symbols
+    lines = []
+    for name, expr in variant.lets:
+        lines.append(f"{name} = {printer.doprint_expr(expr)}")
+    for name, expr in variant.outputs:
+        if expr in symbols.tensors and expr in symbols.inputs.values():
+            # An input returned as it is: a view, so autograd records this Function for it.
+            source = printer.doprint_expr(expr)
+            lines.append(f"{name} = {source}.view_as({source})")
+        else:
+            lines.append(f"{name} = {printer.doprint_expr(expr)}")
+    return lines
+
+
+def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
+    derived = plan.derived
+    optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
+    is_none = {n: f"{n} is None" for n in optional}
+    bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
+    lines = _branches(bodies, optional, is_none)
+    outputs = [o.name for o in derived.spec.outputs]
+    lines.append(f"return {', '.join(outputs)}")
+    return lines
+
+
+def _unpack(targets: list[str]) -> str:
+    return f"({targets[0]},)" if len(targets) == 1 else ", ".join(targets)
+
+
+# -- setup_context -----------------------------------------------------------------------------
+
+
+def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
+    spec = plan.derived.spec
+    ctx = names.ctx
+    lines = []
+    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes)
+    if backward_varies:
+        needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
+    if needed_inputs & {i.name for i in spec.inputs}:
+        targets = [i.name if i.name in needed_inputs else "_" for i in spec.inputs]
+        lines.append(f"{_unpack(targets)} = {names.inputs}")
+    outputs = [o.name for o in spec.outputs]
+    needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
+    if needed_outputs & set(outputs):
+        if len(outputs) == 1:
+            lines.append(f"{outputs[0]} = {names.output}")
+        else:
+            lines.append(f"{', '.join(o if o in needed_outputs else '_' for o in outputs)} = {names.output}")
+    if plan.saved:
+        lines.append(f"{ctx}.save_for_backward({', '.join(plan.saved)})")
+    for name in plan.ctx_values:
+        lines.append(f"{ctx}.{names.ctx_attrs[name]} = {name}")
+    for name in plan.shapes:
+        lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
+    if backward_varies:
+        for inp in spec.tensor_inputs:
+            if inp.type.optional and inp.name not in plan.saved:
+                raise AssertionError("optional inputs are saved when backward depends on them")
+    non_differentiable = [o.name for o in spec.outputs if not o.differentiable]
+    if non_differentiable:
+        lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
+    if plan.gate_none:
+        lines.append(f"{ctx}.set_materialize_grads(False)")
+    if not lines:
+        lines.append("pass")
+    return lines
+
+
+# -- backward ------------------------------------------------------------------------------------
+
+
+def _needs(names: OpNames, plan: Plan, inputs: tuple[str, ...]) -> str:
+    spec = plan.derived.spec
+    index = {i.name: k for k, i in enumerate(spec.inputs)}
+    return " or ".join(f"{names.ctx}.needs_input_grad[{index[n]}]" for n in inputs)
+
+
+def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    symbols = plan.derived.symbols
+    var = names.grads_out[grad.input]
+    first_grad = names.grads_in[next(iter(symbols.grads))]
+    lines: Lines = []
+    if not grad.contributions:
+        if plan.gate_none:
+            return [f"{var} = None  # {grad.input} has a zero gradient"]
+        lines.append(f"{var} = {names.torch}.zeros_like({first_grad})")
+    elif grad.overridden:
+        expr = grad.contributions[0].factor
+        text = printer.doprint_expr(expr)
+        if not printer.is_tensor(expr):
+            text = f"{names.torch}.full_like({first_grad}, {text})"
+        lines.append(f"{var} = {text}")
+    elif plan.gate_none:
+        for k, contribution in enumerate(grad.contributions):
+            assert contribution.output is not None
+            incoming = names.grads_in[contribution.output]
+            term = printer.doprint_expr(symbols.grads[contribution.output] * contribution.factor)
+            lines.append(f"if {incoming} is not None:")
+            if k == 0:
+                lines.append(f"    {var} = {term}")
+            else:
+                lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
+    else:
+        total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
+        lines.append(f"{var} = {printer.doprint_expr(total)}")
+    if grad.reduce:
+        shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs[grad.input]}"
+        if plan.gate_none and grad.contributions:
+            lines.append(f"if {var} is not None:")
+            lines.append(f"    {var} = {var}.sum_to_size({shape})")
+        else:
+            lines.append(f"{var} = {var}.sum_to_size({shape})")
+    return lines
+
+
+def _temp_lines(temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
+    return [f"{names.temps[t.symbol]} = {printer.doprint_expr(t.expr)}" for t in temps]
+
+
+def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    lines: Lines = []
+    placed: set[int] = set()
+    for grad in bp.grads:
+        # Temporaries shared by several gradients go before the first of them, gated on any.
+        for k, group in enumerate(bp.groups):
+            if k in placed or grad.input not in group.users or len(group.users) == 1:
+                continue
+            placed.add(k)
+            lines.append(f"if {_needs(names, plan, group.users)}:")
+            lines += _indent(_temp_lines(group.temps, names, printer))
+        own = [t for g in bp.groups if g.users == (grad.input,) for t in g.temps]
+        body = _temp_lines(tuple(own), names, printer) + _grad_lines(plan, grad, names, printer)
+        lines.append(f"if {_needs(names, plan, (grad.input,))}:")
+        lines += _indent(body)
+    return lines
+
+
+def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Lines, bool]:
+    spec = plan.derived.spec
+    lines: Lines = []
+    if plan.saved:
+        lines.append(f"{_unpack(list(plan.saved))} = {names.ctx}.saved_tensors")
+    for name in plan.ctx_values:
+        lines.append(f"{name} = {names.ctx}.{names.ctx_attrs[name]}")
+    grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
+    lines.append(" = ".join([*grad_vars, "None"]))
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    is_none = {n: f"{n} is None" for n in optional}
+    bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in plan.backward]
+    varies = not all(body == bodies[-1][1] for _, body in bodies)
+    lines += _branches(bodies, optional, is_none)
+    returned = [names.grads_out[i.name] if i.is_tensor else "None" for i in spec.inputs]
+    lines.append(f"return {', '.join(returned)}")
+    return lines, varies
+
+
+# -- the whole module -------------------------------------------------------------------------------
+
+
+def _signature(spec: Spec) -> list[str]:
+    """Python parameters in `inputs` order; trailing `Tensor?` inputs default to None."""
+    params = []
+    defaults_from = len(spec.inputs)
+    for k in range(len(spec.inputs) - 1, -1, -1):
+        inp = spec.inputs[k]
+        if inp.type.has_default or inp.type.optional:
+            defaults_from = k
+        else:
+            break
+    for k, inp in enumerate(spec.inputs):
+        if k >= defaults_from:
+            default = repr(inp.type.default) if inp.type.has_default else "None"
+            params.append(f"{inp.name}={default}")
+        else:
+            params.append(inp.name)
+    return params
+
+
+def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
+    """The forward formulas and the derived gradients, for docstrings."""
+    spec = derived.spec
+    symbols = derived.symbols
+    table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
+    single = len(symbols.grads) == 1
+    table |= {s: ("grad" if single else f"grad_{o}") for o, s in symbols.grads.items()}
+    lines = ["Forward:"]
+    full = derived.full
+    for name, expr in [*full.lets, *full.outputs]:
+        lines.append(f"    {name} = {display(expr, table)}")
+    lines.append("")
+    lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
+    for gradient in full.gradients:
+        if not gradient.contributions:
+            lines.append(f"    grad_{gradient.input} = 0")
+            continue
+        total = sum(
+            ((symbols.grads[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
+            sympy.S.Zero,
+        )
+        mark = "  (override)" if gradient.overridden else ""
+        lines.append(f"    grad_{gradient.input} = {display(total, table)}{mark}")
+    return lines
+
+
+def emit_op(plan: Plan, renderer: Renderer) -> str:
+    derived = plan.derived
+    spec = derived.spec
+    names = make_names(plan)
+    printer = make_printer(derived, names)
+    backward, varies = backward_body(plan, names, printer)
+    if varies:
+        plan = _save_optionals(plan)
+        backward, varies = backward_body(plan, names, printer)
+    forward = forward_body(plan, names, printer)
+    setup = setup_body(plan, names, varies)
+    formulas = formulas_doc(derived, plan, names)
+    params = _signature(spec)
+    doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
+    text = renderer.render(
+        "op.py.j2",
+        spec=spec,
+        names=names,
+        forward_params=", ".join(i.name for i in spec.inputs),
+        forward=forward,
+        setup=setup,
+        backward_params=", ".join([names.ctx, *(names.grads_in[o.name] for o in spec.outputs)]),
+        backward=backward,
+        signature=", ".join(params),
+        call_args=", ".join(i.name for i in spec.inputs),
+        docstring=docstring(doc_lines, indent=4),
+        class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
+        module=module_context(spec, names) if spec.module else None,
+        uses_math=any(f"{names.math}." in line for line in forward + backward),
+    )
+    return text
+
+
+def _save_optionals(plan: Plan) -> Plan:
+    """Backward branches on which `Tensor?` inputs were None: save them (None costs nothing)."""
+    from dataclasses import replace
+
+    spec = plan.derived.spec
+    saved = list(plan.saved)
+    inputs = [i.name for i in spec.tensor_inputs]
+    for inp in spec.tensor_inputs:
+        if inp.type.optional and inp.name not in saved:
+            saved.append(inp.name)
+    ordered = [n for n in inputs if n in saved] + [n for n in saved if n not in inputs]
+    return replace(plan, saved=tuple(ordered), shapes=tuple(s for s in plan.shapes if s not in ordered))
+
+
+from opgen.emit_module import module_context  # noqa: E402 - the Module part of the same file

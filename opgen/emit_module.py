@@ -1,0 +1,141 @@
+"""Emit stage, `nn.Module` part: the `module:` section -> the Module class's context.
+
+Receives the `Spec` and the op's internal names; returns what `op.py.j2` needs to write the
+Module: constructor signature and body, `reset_parameters`, `forward`, `extra_repr`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opgen.model import Module, Spec
+from opgen.names import Namer
+
+# Attributes an nn.Module already has; a spec name equal to one is kept under another name.
+MODULE_ATTRIBUTES = frozenset(
+    """T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda
+    double dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter
+    get_submodule half ipu load_state_dict modules mtia named_buffers named_children named_modules
+    named_parameters parameters register_backward_hook register_buffer register_forward_hook
+    register_forward_pre_hook register_full_backward_hook register_full_backward_pre_hook
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module
+    register_parameter register_state_dict_post_hook register_state_dict_pre_hook requires_grad_
+    reset_parameters set_extra_state set_submodule share_memory state_dict to to_empty train
+    training type xpu zero_grad""".split()
+)
+
+
+@dataclass(frozen=True)
+class ModuleContext:
+    name: str
+    init_params: str
+    init_body: list[str]
+    reset_body: list[str]
+    forward_params: str
+    forward_call: str
+    repr_text: str
+    doc: str
+
+
+def _init_call(module_torch: str, target: str, init_kind: str, args: tuple[float, ...]) -> str:
+    init = f"{module_torch}.nn.init"
+    if init_kind == "uniform":
+        return f"{init}.uniform_({target}, {args[0]!r}, {args[1]!r})"
+    if init_kind == "normal":
+        return f"{init}.normal_({target}, {args[0]!r}, {args[1]!r})"
+    if init_kind == "zeros":
+        return f"{init}.zeros_({target})"
+    if init_kind == "ones":
+        return f"{init}.ones_({target})"
+    if init_kind == "constant":
+        return f"{init}.constant_({target}, {args[0]!r})"
+    if init_kind == "kaiming_uniform":
+        return f"{init}.kaiming_uniform_({target}" + (f", a={args[0]!r})" if args else ")")
+    if init_kind == "xavier_uniform":
+        return f"{init}.xavier_uniform_({target}" + (f", gain={args[0]!r})" if args else ")")
+    raise ValueError(init_kind)  # pragma: no cover - the parser allows only these
+
+
+def _defaults(module: Module) -> list[str]:
+    return [f"{a.name}={a.type.default!r}" if a.type.has_default else a.name for a in module.args]
+
+
+def module_context(spec: Spec, names: object) -> ModuleContext:
+    from opgen.emit import OpNames
+
+    assert isinstance(names, OpNames) and spec.module is not None
+    module = spec.module
+    torch, self_ = names.torch, names.self
+    params = {p.name: p for p in module.parameters}
+    attrs = Namer(MODULE_ATTRIBUTES)
+    param_attr = {p.name: attrs.fresh(p.name) for p in module.parameters}
+    arg_attr: dict[str, str] = {}
+    arg_repr: dict[str, str] = {}
+    for arg in module.args:
+        owner = params.get(arg.name)
+        if owner is not None and owner.when == arg.name:
+            # `bias: bool` beside a `bias` parameter: the parameter itself says it (as nn.Linear).
+            arg_repr[arg.name] = f"{self_}.{param_attr[arg.name]} is not None"
+            continue
+        arg_attr[arg.name] = attrs.fresh(arg.name if arg.name not in params else "_" + arg.name)
+        arg_repr[arg.name] = f"{self_}.{arg_attr[arg.name]}"
+    init: list[str] = ["super().__init__()"]
+    for arg in module.args:
+        if arg.name in arg_attr:
+            init.append(f"{self_}.{arg_attr[arg.name]} = {arg.name}")
+    for p in module.parameters:
+        shape = ", ".join(str(s) for s in p.shape)
+        create = f"{torch}.nn.Parameter({torch}.empty({shape}))"
+        if len(p.shape) == 0:
+            create = f"{torch}.nn.Parameter({torch}.empty(()))"
+        attr = param_attr[p.name]
+        if p.when:
+            init += [f"if {p.when}:", f"    {self_}.{attr} = {create}", "else:", f"    {self_}.register_parameter({attr!r}, None)"]
+        else:
+            init.append(f"{self_}.{attr} = {create}")
+    if module.parameters:
+        init.append(f"{self_}.reset_parameters()")
+    reset: list[str] = []
+    for p in module.parameters:
+        call = _init_call(torch, f"{self_}.{param_attr[p.name]}", p.init.kind, p.init.args)
+        if p.when:
+            reset += [f"if {self_}.{param_attr[p.name]} is not None:", f"    {call}"]
+        else:
+            reset.append(call)
+    if not reset:
+        reset.append("pass  # no parameters")
+    forward_inputs = [i for i in spec.inputs if i.name not in params and module.attribute_arg(i.name) is None]
+    forward_params = []
+    trailing = True
+    for inp in reversed(forward_inputs):
+        has_default = inp.type.has_default or inp.type.optional
+        if trailing and has_default:
+            default = repr(inp.type.default) if inp.type.has_default else "None"
+            forward_params.append(f"{inp.name}={default}")
+        else:
+            trailing = False
+            forward_params.append(inp.name)
+    forward_params.reverse()
+    call_args = []
+    for inp in spec.inputs:
+        if inp.name in params:
+            call_args.append(f"{self_}.{param_attr[inp.name]}")
+        elif (arg := module.attribute_arg(inp.name)) is not None:
+            call_args.append(arg_repr[arg] if arg not in arg_attr else f"{self_}.{arg_attr[arg]}")
+        else:
+            call_args.append(inp.name)
+    repr_parts = [f"{a.name}={{{arg_repr[a.name]}}}" for a in module.args]
+    repr_text = 'f"' + ", ".join(repr_parts) + '"' if repr_parts else '""'
+    from opgen.render import docstring
+
+    doc = docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
+    return ModuleContext(
+        module.name,
+        ", ".join([self_, *_defaults(module)]),
+        init,
+        reset,
+        ", ".join([self_, *forward_params]),
+        f"{names.functional_ref}({', '.join(call_args)})",
+        repr_text,
+        doc,
+    )

@@ -1,0 +1,177 @@
+"""Emit stage, tests part: `Plan` -> the generated pytest file of one op.
+
+Receives a `Plan`; returns the text of `tests/test_<name>.py`. The file holds a reference
+implementation of the spec's formulas written by `opgen.reference` (plain torch, straight
+from the formula text, never from SymPy), samples inputs as `tests:` says, and checks the
+generated op against it: forward values, gradients against autograd of the reference (or
+the override formula), gradcheck, gradgradcheck, broadcasting, `None` for `Tensor?` inputs,
+the saved tensors, and the Module.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from opgen.formula import parse_ast
+from opgen.model import Formula, Spec
+from opgen.names import Namer
+from opgen.plan import Plan
+from opgen.reference import reference_expr
+from opgen.render import Renderer
+
+DEFAULT_SHAPE = (3, 4)
+DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
+DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}
+DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
+
+
+@dataclass(frozen=True)
+class ReferenceFunction:
+    name: str
+    params: str
+    converts: list[str]  # non-tensor inputs made tensors
+    lines: list[str]
+    returns: str
+
+
+def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Formula]]:
+    defined = {name for name, _ in formulas}
+    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} & defined for name, f in formulas}
+    order: list[tuple[str, Formula]] = []
+    done: set[str] = set()
+    by_name = dict(formulas)
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        done.add(name)
+        for used in sorted(uses[name]):
+            visit(used)
+        order.append((name, by_name[name]))
+
+    for name, _ in formulas:
+        visit(name)
+    return order
+
+
+def _reference(spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str) -> ReferenceFunction:
+    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
+    lines = []
+    gone = set(absent)
+    for name, formula in _dependency_order(formulas):
+        text = reference_expr(formula, names, t, torch, math, gone)
+        if text is None:
+            gone.add(name)
+            continue
+        lines.append(f"{names[name]} = {text}")
+    kept = [n for n, _ in formulas if n not in gone]
+    params = ", ".join(names[i.name] for i in spec.inputs)
+    converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
+    returns = "{" + ", ".join(f"{n!r}: {names[n]}" for n in kept) + "}"
+    return ReferenceFunction(fname, params, converts, lines, returns)
+
+
+def _sample_shapes(spec: Spec, broadcast: bool) -> dict[str, tuple[int, ...]]:
+    shapes = dict(spec.tests.shapes)
+    result = {}
+    dims: dict[str, int] = {}
+    for inp in spec.tensor_inputs:
+        if inp.name in shapes:
+            result[inp.name] = shapes[inp.name]
+        elif inp.type.dims is not None:
+            sizes = []
+            for k, dim in enumerate(inp.type.dims):
+                if dim not in dims:
+                    dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
+                sizes.append(dims[dim])
+            result[inp.name] = tuple(sizes)
+        else:
+            result[inp.name] = DEFAULT_SHAPE
+    if broadcast:
+        first = True
+        for inp in spec.tensor_inputs:
+            if inp.type.dims is None and inp.name not in shapes:
+                if not first:
+                    result[inp.name] = DEFAULT_SHAPE[1:]
+                first = False
+    return result
+
+
+def _module_args(spec: Spec) -> tuple[list[str], dict[str, str]]:
+    """Constructor arguments for the Module test, and the value each arg ends up with."""
+    assert spec.module is not None
+    values = dict(spec.tests.values)
+    args = []
+    chosen: dict[str, str] = {}
+    for arg in spec.module.args:
+        if arg.name in values:
+            value = values[arg.name]
+        elif arg.type.has_default:
+            chosen[arg.name] = repr(arg.type.default)
+            continue
+        else:
+            value = DEFAULT_ARG[arg.type.kind]
+        args.append(f"{arg.name}={value!r}")
+        chosen[arg.name] = repr(value)
+    return args, chosen
+
+
+def emit_tests(plan: Plan, renderer: Renderer) -> str:
+    derived = plan.derived
+    spec = derived.spec
+    user = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
+    namer = Namer(user | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
+    torch, math, t = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T")
+    names = {n: n for n in user}
+    grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    references = [_reference(spec, names, "reference", set(), t, torch, math)]
+    for name in optional:
+        references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math))
+    overrides = []
+    for override in spec.gradients:
+        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
+        if len(grads_in) == 1:
+            scope["grad"] = next(iter(grads_in.values()))
+        text = reference_expr(override.formula, scope, t, torch, math)
+        params = ", ".join([*names.values(), *grads_in.values()])
+        overrides.append({"input": override.input, "params": params, "expr": text})
+    values = dict(spec.tests.values)
+    samples = []
+    for inp in spec.inputs:
+        if inp.is_tensor:
+            low, high = spec.tests.domain_of(inp.name)
+            samples.append({"name": inp.name, "tensor": True, "low": low, "high": high})
+        else:
+            value = values.get(inp.name, inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind])
+            samples.append({"name": inp.name, "tensor": False, "value": repr(value)})
+    tensor_inputs = [i.name for i in spec.tensor_inputs]
+    index = {i.name: k for k, i in enumerate(spec.inputs)}
+    checked = [n for n in tensor_inputs if spec.override(n) is None]
+    broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
+    return renderer.render(
+        "test_op.py.j2",
+        spec=spec,
+        torch=torch,
+        math=math,
+        T=t,
+        imports=sorted([spec.name, spec.function_class_name] + ([spec.module.name] if spec.module else [])),
+        references=references,
+        overrides=overrides,
+        samples=samples,
+        shapes=_sample_shapes(spec, False),
+        broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
+        tensor_inputs=tensor_inputs,
+        tensor_index=[index[n] for n in tensor_inputs],
+        checked_index=[index[n] for n in checked],
+        overridden=[n for n in tensor_inputs if spec.override(n) is not None],
+        outputs=[o.name for o in spec.outputs],
+        differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
+        optional=[(n, index[n]) for n in optional],
+        saved=list(plan.saved),
+        input_names=[i.name for i in spec.inputs],
+        module_args=_module_args(spec)[0] if spec.module else None,
+        module_arg_values=_module_args(spec)[1] if spec.module else {},
+        module_params=[p.name for p in spec.module.parameters] if spec.module else [],
+    )

@@ -1,0 +1,191 @@
+"""SymPy functions for the parts of the formula language SymPy lacks or treats differently.
+
+SymPy has no `sigmoid` or `softplus`, and its `sign`, `floor`, `Max`, `Heaviside`, ...
+differentiate to `DiracDelta` or to sums of step functions. PyTorch's ops instead have a
+zero gradient almost everywhere and fixed choices at the kinks (Note [kink conventions]).
+These classes carry exactly the derivative PyTorch's op has, so `sympy.diff` of a spec
+formula gives PyTorch's gradient, and the printer maps each class to one torch call.
+
+Note [kink conventions]
+~~~~~~~~~~~~~~~~~~~~~~~
+- `abs(x)`: gradient `sign(x)`, so 0 at x = 0 (as `torch.abs`).
+- `max(x, c)` / `min(x, c)` where `c` holds no Tensor input: gradient 1 strictly above
+  (below) `c`, 0 at the tie; `max(x, 0)` is `torch.relu`.
+- `max(a, b)` / `min(a, b)` of two tensors: half the gradient to each side at a tie
+  (as `torch.maximum` / `torch.minimum`).
+- `clamp(x, lo, hi)`: gradient 1 for `lo <= x <= hi`, so it passes at the bounds (as
+  `torch.clamp`); `lo` gets it where `x < lo`, `hi` where `x > hi`.
+- `where(c, a, b)`: the condition gets no gradient; each branch gets the gradient where
+  it was chosen.
+- `sign floor ceil round heaviside` and comparisons: zero gradient everywhere.
+- `heaviside(x)` is 1 for x >= 0 and 0 below; `round` rounds half to even.
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy import Expr, Function, S
+
+
+class _Elementwise(Function):
+    """A one-argument function whose value at a number SymPy can compute via `rewrite`."""
+
+    nargs = 1
+    is_real = True
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        arg = self.args[0]
+        if arg.is_number:
+            return self._as_elementary().evalf(prec)  # type: ignore[no-any-return]
+        return None
+
+    def _as_elementary(self) -> Expr:
+        raise NotImplementedError
+
+
+class sigmoid(_Elementwise):  # noqa: N801 - prints as the spec's name
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return self * (1 - self)
+
+    def _as_elementary(self) -> Expr:
+        return 1 / (1 + sympy.exp(-self.args[0]))
+
+
+class softplus(_Elementwise):  # noqa: N801
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sigmoid(self.args[0])
+
+    def _as_elementary(self) -> Expr:
+        return sympy.log(1 + sympy.exp(self.args[0]))
+
+
+class log1p(_Elementwise):  # noqa: N801
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return 1 / (1 + self.args[0])
+
+    def _as_elementary(self) -> Expr:
+        return sympy.log(1 + self.args[0])
+
+
+class expm1(_Elementwise):  # noqa: N801
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.exp(self.args[0])
+
+    def _as_elementary(self) -> Expr:
+        return sympy.exp(self.args[0]) - 1
+
+
+class _Step(_Elementwise):
+    """A piecewise-constant function: zero gradient everywhere, as PyTorch defines it."""
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return S.Zero
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        arg = self.args[0]
+        if arg.is_number:
+            return sympy.Float(self._value(float(arg.evalf(prec))), prec)
+        return None
+
+    @staticmethod
+    def _value(x: float) -> float:
+        raise NotImplementedError
+
+
+class sign(_Step):  # noqa: N801
+    @staticmethod
+    def _value(x: float) -> float:
+        return float((x > 0) - (x < 0))
+
+
+class floor(_Step):  # noqa: N801
+    @staticmethod
+    def _value(x: float) -> float:
+        import math
+
+        return float(math.floor(x))
+
+
+class ceil(_Step):  # noqa: N801
+    @staticmethod
+    def _value(x: float) -> float:
+        import math
+
+        return float(math.ceil(x))
+
+
+class round(_Step):  # noqa: N801, A001 - the spec's name
+    @staticmethod
+    def _value(x: float) -> float:
+        import builtins
+
+        return float(builtins.round(x))  # half to even, as torch.round
+
+
+class heaviside(_Step):  # noqa: N801
+    @staticmethod
+    def _value(x: float) -> float:
+        return 1.0 if x >= 0 else 0.0
+
+
+class where(Function):  # noqa: N801
+    """`where(cond, a, b)`; the condition is a SymPy boolean and gets no gradient."""
+
+    nargs = 3
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        cond, a, b = self.args
+        return where(cond, a.diff(s), b.diff(s))
+
+    @classmethod
+    def eval(cls, cond: sympy.Basic, a: Expr, b: Expr) -> Expr | None:
+        if cond is S.true:
+            return a
+        if cond is S.false:
+            return b
+        if a == b:
+            return a
+        return None
+
+
+def indicator(cond: sympy.Basic) -> Expr:
+    """A condition used as a number: 1 where it holds, 0 elsewhere."""
+    return where(cond, S.One, S.Zero)
+
+
+class _Extremum(Function):
+    """`max(a, b)` / `min(a, b)` with PyTorch's gradient conventions (Note [kink conventions]).
+
+    `tensor_args` tells which arguments hold a Tensor input: this decides between the
+    relu-style and the maximum-style gradient at a tie, so it is part of the node.
+    """
+
+    nargs = 3  # a, b, and a flag: 1 when both hold tensors
+
+    _wins = staticmethod(sympy.StrictGreaterThan)
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        a, b, both = self.args
+        da, db = a.diff(s), b.diff(s)
+        wins, loses = self._wins(a, b), self._wins(b, a)
+        if both == 1:
+            return where(wins, da, where(loses, db, (da + db) / 2))
+        return where(wins, da, S.Zero) + where(loses, db, S.Zero)
+
+
+class maximum(_Extremum):  # noqa: N801
+    _wins = staticmethod(sympy.StrictGreaterThan)
+
+
+class minimum(_Extremum):  # noqa: N801
+    _wins = staticmethod(sympy.StrictLessThan)
+
+
+class clamp(Function):  # noqa: N801
+    nargs = 3
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        x, lo, hi = self.args
+        inside = sympy.And(sympy.GreaterThan(x, lo), sympy.LessThan(x, hi))
+        below, above = sympy.StrictLessThan(x, lo), sympy.StrictGreaterThan(x, hi)
+        return where(inside, x.diff(s), S.Zero) + where(below, lo.diff(s), S.Zero) + where(above, hi.diff(s), S.Zero)

@@ -1,0 +1,150 @@
+"""Plan stage: `Derived` -> what backward computes, in which order, from what it saved.
+
+Receives `Derived`; returns a `Plan`: common subexpressions of the gradient factors
+(`sympy.cse(order='canonical')`, so output does not depend on the machine), which temporaries
+each input's gradient needs (so work is gated on `needs_input_grad`), which inputs and
+outputs `setup_context` must save, and which non-tensor values and shapes it keeps on `ctx`.
+
+Note [what backward may use]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Backward is built only from saved inputs and outputs and plain numbers, with differentiable
+torch ops, so autograd can differentiate it again (double backward). No tensor is ever
+stored on `ctx` as an attribute; only non-tensor inputs and shapes are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+from opgen.derive import Contribution, Derived, Variant
+
+
+@dataclass(frozen=True)
+class Temp:
+    symbol: sympy.Symbol
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class GradPlan:
+    input: str
+    index: int  # position in the op's inputs (needs_input_grad, return tuple)
+    contributions: tuple[Contribution, ...]  # factors after CSE; empty: a zero gradient
+    overridden: bool
+    reduce: bool  # sum back to the input's shape (it may have been broadcast)
+
+
+@dataclass(frozen=True)
+class TempGroup:
+    """Temporaries needed by exactly the gradients of `users`."""
+
+    users: tuple[str, ...]
+    temps: tuple[Temp, ...]
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    absent: tuple[str, ...]
+    groups: tuple[TempGroup, ...]
+    grads: tuple[GradPlan, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    derived: Derived
+    saved: tuple[str, ...]  # inputs then outputs, as given to save_for_backward
+    ctx_values: tuple[str, ...]  # non-tensor inputs backward reads
+    shapes: tuple[str, ...]  # inputs whose shape backward needs and that are not saved
+    backward: tuple[BackwardPlan, ...]  # one per variant, same order as derived.variants
+    gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
+    temps: frozenset[sympy.Symbol]  # every temporary symbol
+
+
+def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
+    return sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True)
+
+
+def _inline_conditions(replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]) -> tuple[list[Temp], list[Expr]]:
+    """Put boolean temporaries back where they are used.
+
+    A condition kept as its own variable would be a bool tensor; the printer takes the
+    dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    """
+    temps: list[Temp] = []
+    inline: dict[sympy.Symbol, sympy.Basic] = {}
+    for symbol, expr in replacements:
+        expr = expr.xreplace(inline)
+        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+            inline[symbol] = expr
+        else:
+            temps.append(Temp(symbol, expr))
+    return temps, [e.xreplace(inline) for e in exprs]
+
+
+def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) -> BackwardPlan:
+    factors: list[Expr] = []
+    owners: list[str] = []
+    for gradient in variant.gradients:
+        for contribution in gradient.contributions:
+            factors.append(contribution.factor)
+            owners.append(gradient.input)
+    replacements, reduced = sympy.cse(factors, symbols=_temp_symbols(), order="canonical")
+    temps, reduced = _inline_conditions(replacements, reduced)
+    # Which gradients use each temporary, directly or through a later temporary.
+    users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
+    for expr, owner in zip(reduced, owners):
+        for symbol in expr.free_symbols & users.keys():
+            users[symbol].add(owner)
+    for temp in reversed(temps):
+        for symbol in temp.expr.free_symbols & users.keys():
+            users[symbol] |= users[temp.symbol]
+    order = [g.input for g in variant.gradients]
+    groups: list[TempGroup] = []
+    for temp in temps:
+        key = tuple(sorted(users[temp.symbol], key=order.index))
+        if groups and groups[-1].users == key:
+            groups[-1] = TempGroup(key, (*groups[-1].temps, temp))
+        else:
+            groups.append(TempGroup(key, (temp,)))
+    present_tensors = [i for i in derived.spec.tensor_inputs if i.name not in variant.absent]
+    may_broadcast = len(present_tensors) > 1
+    grads = []
+    position = 0
+    for gradient in variant.gradients:
+        contributions = []
+        for contribution in gradient.contributions:
+            contributions.append(Contribution(contribution.output, reduced[position]))
+            position += 1
+        grads.append(GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), gradient.overridden, may_broadcast))
+    return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
+
+
+def plan(derived: Derived) -> Plan:
+    spec = derived.spec
+    index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
+    backward = tuple(_plan_variant(derived, v, index_of) for v in derived.variants)
+    used: set[sympy.Symbol] = set()
+    for bp in backward:
+        for group in bp.groups:
+            for temp in group.temps:
+                used |= temp.expr.free_symbols
+        for grad in bp.grads:
+            for contribution in grad.contributions:
+                used |= contribution.factor.free_symbols
+    symbols = derived.symbols
+    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used]
+    saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
+    ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
+    shapes = tuple(
+        sorted(
+            {g.input for bp in backward for g in bp.grads if g.reduce and g.input not in saved},
+            key=index_of.__getitem__,
+        )
+    )
+    differentiable = [o for o in spec.outputs if o.differentiable]
+    gate_none = len(differentiable) > 1 and not spec.gradients
+    temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
+    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps)

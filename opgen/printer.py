@@ -1,0 +1,308 @@
+"""The torch printer: SymPy expressions -> Python source using torch.
+
+`TorchPrinter` is a SymPy `CodePrinter` subclass: one `_print_<Class>` method or table
+entry per function, and strict, so anything without a rule raises instead of printing
+SymPy's own notation. It knows which symbols hold tensors: a function of tensors prints
+as `torch.f(...)`, a function of plain numbers as `math.f(...)`, a condition on plain
+numbers as a Python conditional. The names it prints for `torch` and `math` are chosen by
+the emitter so that no spec name can shadow them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+from sympy import Expr, S
+from sympy.printing.codeprinter import CodePrinter
+from sympy.printing.precedence import precedence
+
+from opgen import functions as fn
+
+# SymPy class -> (torch function, math function or None)
+_UNARY: dict[type, tuple[str, str | None]] = {
+    sympy.exp: ("exp", "exp"),
+    sympy.log: ("log", "log"),
+    fn.log1p: ("log1p", "log1p"),
+    fn.expm1: ("expm1", "expm1"),
+    sympy.sin: ("sin", "sin"),
+    sympy.cos: ("cos", "cos"),
+    sympy.tan: ("tan", "tan"),
+    sympy.asin: ("asin", "asin"),
+    sympy.acos: ("acos", "acos"),
+    sympy.atan: ("atan", "atan"),
+    sympy.sinh: ("sinh", "sinh"),
+    sympy.cosh: ("cosh", "cosh"),
+    sympy.tanh: ("tanh", "tanh"),
+    sympy.asinh: ("asinh", "asinh"),
+    sympy.acosh: ("acosh", "acosh"),
+    sympy.atanh: ("atanh", "atanh"),
+    fn.sigmoid: ("sigmoid", None),
+    sympy.erf: ("erf", "erf"),
+    sympy.erfc: ("erfc", "erfc"),
+    sympy.erfinv: ("erfinv", None),
+    sympy.loggamma: ("lgamma", "lgamma"),
+    sympy.Abs: ("abs", "fabs"),
+    sympy.sign: ("sign", None),
+    fn.sign: ("sign", None),
+    fn.floor: ("floor", "floor"),
+    fn.ceil: ("ceil", "ceil"),
+    fn.round: ("round", None),
+}
+
+
+class PrintError(Exception):
+    """An expression the printer has no rule for."""
+
+
+class TorchPrinter(CodePrinter):
+    printmethod = "_opgen_torch"
+    language = "Python"
+    _default_settings = dict(CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False)
+
+    def __init__(
+        self,
+        names: dict[sympy.Symbol, str],
+        tensors: frozenset[sympy.Symbol],
+        torch: str = "torch",
+        math: str = "math",
+        functional: str = "torch.nn.functional",
+    ) -> None:
+        super().__init__()
+        self.names = names
+        self.tensors = tensors
+        self.torch = torch
+        self.math = math
+        self.functional = functional
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def is_tensor(self, expr: sympy.Basic) -> bool:
+        return bool(expr.free_symbols & self.tensors)
+
+    def _dtype_source(self, expr: sympy.Basic) -> str:
+        symbols = sorted(expr.free_symbols & self.tensors, key=lambda s: s.name)
+        return self._print(symbols[0])
+
+    def _call(self, name: str, *args: sympy.Basic) -> str:
+        return f"{name}({', '.join(self._print(a) for a in args)})"
+
+    def _print_not_supported(self, expr: Any) -> str:
+        raise PrintError(f"cannot print {type(expr).__name__}: {expr}")
+
+    def emptyPrinter(self, expr: Any) -> str:  # noqa: N802 - SymPy's name
+        raise PrintError(f"cannot print {type(expr).__name__}: {expr}")
+
+    # -- atoms -------------------------------------------------------------------------
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        try:
+            return self.names[expr]
+        except KeyError:
+            raise PrintError(f"no name for symbol {expr}") from None
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        return str(int(expr))
+
+    def _print_Rational(self, expr: sympy.Rational) -> str:
+        value = float(expr)
+        text = repr(value)
+        return text if sympy.Rational(text) == expr or len(text) <= 12 else f"{expr.p}/{expr.q}"
+
+    def _print_Float(self, expr: sympy.Float) -> str:
+        return repr(float(expr))
+
+    def _print_Half(self, expr: Expr) -> str:
+        return "0.5"
+
+    def _print_Infinity(self, expr: Expr) -> str:
+        return f"{self.math}.inf"
+
+    def _print_NegativeInfinity(self, expr: Expr) -> str:
+        return f"-{self.math}.inf"
+
+    def _print_Exp1(self, expr: Expr) -> str:
+        return repr(float(sympy.E))
+
+    def _print_Pi(self, expr: Expr) -> str:
+        return f"{self.math}.pi"
+
+    def _print_BooleanTrue(self, expr: Expr) -> str:
+        return "True"
+
+    def _print_BooleanFalse(self, expr: Expr) -> str:
+        return "False"
+
+    def _print_number(self, expr: Expr) -> str:
+        value = float(expr.evalf(17))
+        return repr(value)
+
+    def doprint_expr(self, expr: sympy.Basic) -> str:
+        return str(self._print(expr))
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if isinstance(expr, Expr) and expr.is_number and not isinstance(
+            expr, (sympy.Integer, sympy.Rational, sympy.Float, sympy.NumberSymbol)
+        ) and not expr.has(S.Infinity, S.NegativeInfinity):
+            if expr.is_Mul and any(isinstance(a, sympy.NumberSymbol) for a in expr.args) or not expr.is_Atom:
+                return self._print_number(expr)
+        return str(super()._print(expr, **kwargs))
+
+    # -- arithmetic ------------------------------------------------------------------------
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        indicators = [a for a in expr.args if _is_indicator(a) and self.is_tensor(a)]
+        if indicators and len(indicators) < len(expr.args):
+            # `grad * (x > 0)`: a bool tensor times a float tensor keeps the float's dtype.
+            rest = sympy.Mul(*[a for a in expr.args if a not in indicators], evaluate=False)
+            conds = " * ".join(f"({self._print(i.args[0])})" for i in indicators)
+            return f"{self.parenthesize(rest, precedence(expr))} * {conds}"
+        numeric = [a for a in expr.args if a.is_number]
+        if numeric and len(numeric) < len(expr.args):
+            coeff = sympy.Mul(*numeric)
+            rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
+            sign = "-" if coeff.is_negative else ""
+            coeff = abs(coeff)
+            body = self.parenthesize(rest, precedence(expr), strict=True)
+            if coeff == 1:
+                return sign + body
+            if isinstance(coeff, sympy.Rational) and coeff.p == 1:
+                return f"{sign}{body}/{coeff.q}"
+            if isinstance(coeff, sympy.Rational) and len(self._print(coeff)) > 12:
+                return f"{sign}{coeff.p}*{body}/{coeff.q}"
+            return f"{sign}{self._print(coeff) if coeff.is_Rational else self._print_number(coeff)}*{body}"
+        return str(super()._print_Mul(expr))
+
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
+        base, exp = expr.args
+        if exp == S.Half:
+            return self._unary("sqrt", "sqrt", base)
+        if exp == -S.Half:
+            if self.is_tensor(base):
+                return f"{self.torch}.rsqrt({self._print(base)})"
+            return f"1 / {self.math}.sqrt({self._print(base)})"
+        if base == S.Exp1:
+            return self._unary("exp", "exp", exp)
+        if isinstance(exp, sympy.Rational) and not exp.is_Integer:
+            return f"{self.parenthesize(base, precedence(expr))}**{self._print(exp)}"
+        return str(super()._print_Pow(expr, rational=rational))
+
+    # -- functions ---------------------------------------------------------------------------
+
+    def _unary(self, torch_name: str, math_name: str | None, arg: sympy.Basic) -> str:
+        if self.is_tensor(arg):
+            return f"{self.torch}.{torch_name}({self._print(arg)})"
+        if math_name is None:
+            raise PrintError(f"{torch_name}() of a non-tensor value ({arg}) has no Python math equivalent")
+        return f"{self.math}.{math_name}({self._print(arg)})"
+
+    def _print_Function(self, expr: sympy.Function) -> str:
+        for cls, (torch_name, math_name) in _UNARY.items():
+            if type(expr) is cls:
+                return self._unary(torch_name, math_name, expr.args[0])
+        raise PrintError(f"no torch rule for {type(expr).__name__}")
+
+    _print_exp = _print_log = _print_sin = _print_cos = _print_tan = _print_Function
+    _print_asin = _print_acos = _print_atan = _print_sinh = _print_cosh = _print_Function
+    _print_tanh = _print_asinh = _print_acosh = _print_atanh = _print_Function
+    _print_erf = _print_erfc = _print_erfinv = _print_loggamma = _print_Abs = _print_Function
+    _print_sign = _print_floor = _print_ceil = _print_round = _print_Function
+    _print_sigmoid = _print_log1p = _print_expm1 = _print_Function
+
+    def _print_atan2(self, expr: sympy.atan2) -> str:
+        y, x = expr.args
+        if self.is_tensor(expr):
+            if not self.is_tensor(y):
+                return f"{self.torch}.atan2({self._as_tensor(y, x)}, {self._print(x)})"
+            if not self.is_tensor(x):
+                return f"{self.torch}.atan2({self._print(y)}, {self._as_tensor(x, y)})"
+            return self._call(f"{self.torch}.atan2", y, x)
+        return self._call(f"{self.math}.atan2", y, x)
+
+    def _as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str:
+        return f"{self._dtype_source(like)}.new_tensor({self._print(value)})"
+
+    def _print_softplus(self, expr: fn.softplus) -> str:
+        if not self.is_tensor(expr):
+            raise PrintError("softplus() of a non-tensor value has no Python math equivalent")
+        return self._call(f"{self.functional}.softplus", expr.args[0])
+
+    def _print_polygamma(self, expr: sympy.polygamma) -> str:
+        order, arg = expr.args
+        if not self.is_tensor(arg):
+            raise PrintError("polygamma of a non-tensor value has no Python math equivalent")
+        if order == 0:
+            return self._call(f"{self.torch}.digamma", arg)
+        return f"{self.torch}.polygamma({self._print(order)}, {self._print(arg)})"
+
+    def _print_heaviside(self, expr: fn.heaviside) -> str:
+        return self._print(fn.indicator(sympy.GreaterThan(expr.args[0], 0)))
+
+    def _print_where(self, expr: fn.where) -> str:
+        cond, a, b = expr.args
+        if not self.is_tensor(cond):
+            return f"({self._print(a)} if {self._print(cond)} else {self._print(b)})"
+        if a == 1 and b == 0:
+            return f"({self._print(cond)}).to({self._dtype_source(cond)}.dtype)"
+        if not self.is_tensor(a) and not self.is_tensor(b):
+            # Two plain numbers would make a default-dtype tensor; take the dtype from the condition.
+            return f"{self.torch}.where({self._print(cond)}, {self._as_tensor(a, cond)}, {self._print(b)})"
+        return self._call(f"{self.torch}.where", cond, a, b)
+
+    def _print_maximum(self, expr: fn.maximum) -> str:
+        return self._extremum(expr, "maximum", "clamp_min", ">")
+
+    def _print_minimum(self, expr: fn.minimum) -> str:
+        return self._extremum(expr, "minimum", "clamp_max", "<")
+
+    def _extremum(self, expr: sympy.Function, both: str, one: str, op: str) -> str:
+        a, b, _ = expr.args
+        ta, tb = self.is_tensor(a), self.is_tensor(b)
+        if ta and tb:
+            return self._call(f"{self.torch}.{both}", a, b)
+        if not ta and not tb:
+            pa, pb = self._print(a), self._print(b)
+            return f"({pa} if {pa} {op} {pb} else {pb})"
+        tensor, bound = (a, b) if ta else (b, a)
+        if bound == 0 and both == "maximum":
+            return self._call(f"{self.torch}.relu", tensor)
+        return self._call(f"{self.torch}.{one}", tensor, bound)
+
+    def _print_Max(self, expr: sympy.Max) -> str:
+        return self._print_number(expr)
+
+    _print_Min = _print_Max
+
+    def _print_clamp(self, expr: fn.clamp) -> str:
+        x, lo, hi = expr.args
+        if not self.is_tensor(x):
+            raise PrintError("clamp() of a non-tensor value")
+        return self._call(f"{self.torch}.clamp", x, lo, hi)
+
+    # -- conditions ----------------------------------------------------------------------------
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        prec = precedence(expr)
+        return f"{self.parenthesize(expr.lhs, prec)} {op} {self.parenthesize(expr.rhs, prec)}"
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return self._logic(expr, "&", "and")
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return self._logic(expr, "|", "or")
+
+    def _logic(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
+        args = sorted(expr.args, key=sympy.default_sort_key)
+        if self.is_tensor(expr):
+            return f" {tensor_op} ".join(f"({self._print(a)})" for a in args)
+        return f" {python_op} ".join(f"({self._print(a)})" for a in args)
+
+    def _print_Not(self, expr: sympy.Not) -> str:
+        if self.is_tensor(expr):
+            return f"~({self._print(expr.args[0])})"
+        return f"not ({self._print(expr.args[0])})"
+
+
+def _is_indicator(expr: sympy.Basic) -> bool:
+    return isinstance(expr, fn.where) and expr.args[1] == 1 and expr.args[2] == 0

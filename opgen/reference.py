@@ -1,0 +1,144 @@
+"""Reference printer: formula text -> plain torch code, straight from the syntax tree.
+
+The generated tests compare each op with this independent translation of the same
+formulas: it does not go through SymPy, the derivation or `TorchPrinter`, so a mistake
+in any of those shows up as a mismatch. Every value is a float64 tensor (`T(...)` wraps
+numbers), every function is PyTorch's own op, and autograd differentiates it.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from opgen.formula import parse_ast
+from opgen.model import Formula
+
+TORCH_FUNCTIONS = {
+    "exp": "torch.exp",
+    "log": "torch.log",
+    "log1p": "torch.log1p",
+    "expm1": "torch.expm1",
+    "sqrt": "torch.sqrt",
+    "rsqrt": "torch.rsqrt",
+    "sin": "torch.sin",
+    "cos": "torch.cos",
+    "tan": "torch.tan",
+    "asin": "torch.asin",
+    "acos": "torch.acos",
+    "atan": "torch.atan",
+    "atan2": "torch.atan2",
+    "sinh": "torch.sinh",
+    "cosh": "torch.cosh",
+    "tanh": "torch.tanh",
+    "asinh": "torch.asinh",
+    "acosh": "torch.acosh",
+    "atanh": "torch.atanh",
+    "sigmoid": "torch.sigmoid",
+    "softplus": "torch.nn.functional.softplus",
+    "erf": "torch.erf",
+    "erfc": "torch.erfc",
+    "erfinv": "torch.erfinv",
+    "lgamma": "torch.lgamma",
+    "digamma": "torch.digamma",
+    "abs": "torch.abs",
+    "sign": "torch.sign",
+    "floor": "torch.floor",
+    "ceil": "torch.ceil",
+    "round": "torch.round",
+    "where": "torch.where",
+    "max": "torch.maximum",
+    "min": "torch.minimum",
+    "clamp": "torch.clamp",
+}
+
+
+class _Translate(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str], wrap: str, torch: str, math: str) -> None:
+        self.names = names
+        self.wrap = wrap
+        self.torch = torch
+        self.math = math
+
+    def _attr(self, dotted: str) -> ast.expr:
+        head, *rest = dotted.split(".")
+        node: ast.expr = ast.Name({"torch": self.torch}.get(head, head), ast.Load())
+        for part in rest:
+            node = ast.Attribute(node, part, ast.Load())
+        return node
+
+    def _tensor(self, node: ast.expr) -> ast.expr:
+        """Wrap a plain number as a tensor; anything using a spec name is one already."""
+        spec_names = set(self.names.values())
+        if any(isinstance(n, ast.Name) and n.id in spec_names for n in ast.walk(node)):
+            return node
+        return ast.Call(ast.Name(self.wrap, ast.Load()), [node], [])
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802
+        if node.id in self.names:
+            return ast.Name(self.names[node.id], ast.Load())
+        if node.id in ("pi", "inf"):
+            return ast.Attribute(ast.Name(self.math, ast.Load()), node.id, ast.Load())
+        if node.id in ("true", "True"):
+            return ast.Constant(True)
+        if node.id in ("false", "False"):
+            return ast.Constant(False)
+        raise ValueError(f"unknown name {node.id}")  # the formula parser already rejected these
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
+        assert isinstance(node.func, ast.Name)
+        name = node.func.id
+        args = [self._tensor(self.visit(a)) for a in node.args]
+        if name == "heaviside":
+            return ast.Call(self._attr("torch.heaviside"), [args[0], self._tensor(ast.Constant(1.0))], [])
+        if name == "clamp":
+            return ast.Call(self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])])
+        return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, [])
+
+
+def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
+    """The syntax tree with every additive term that uses an absent name removed."""
+
+    def uses(n: ast.AST) -> bool:
+        return any(isinstance(sub, ast.Name) and sub.id in absent for sub in ast.walk(n))
+
+    if not uses(node):
+        return node
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        left, right = drop_names(node.left, absent), drop_names(node.right, absent)
+        if left is None and right is None:
+            return None
+        if right is None:
+            return left
+        if left is None:
+            return right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), right)
+        return ast.BinOp(left, node.op, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = drop_names(node.operand, absent)
+        return None if inner is None else ast.UnaryOp(node.op, inner)
+    children = [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
+    replaced = {id(child): drop_names(child, absent) for child in children}
+    if any(value is None for value in replaced.values()):
+        return None
+
+    class Swap(ast.NodeTransformer):
+        def generic_visit(self, n: ast.AST) -> ast.AST:
+            if id(n) in replaced and n is not node:
+                return replaced[id(n)]  # type: ignore[return-value]
+            return super().generic_visit(n)
+
+    return Swap().visit(node)  # type: ignore[no-any-return]
+
+
+def reference_expr(
+    formula: Formula, names: dict[str, str], wrap: str, torch: str, math: str, absent: set[str] | None = None
+) -> str | None:
+    """Plain torch source for a formula; None when every term uses an absent name."""
+    tree = parse_ast(formula)
+    if absent:
+        dropped = drop_names(tree, absent)
+        if dropped is None:
+            return None
+        tree = dropped
+    translator = _Translate(names, wrap, torch, math)
+    translated = translator._tensor(translator.visit(tree))
+    return ast.unparse(ast.fix_missing_locations(translated))
