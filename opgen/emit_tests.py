@@ -120,8 +120,8 @@ def _module_args(spec: Spec) -> tuple[list[str], dict[str, str]]:
 def emit_tests(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     spec = derived.spec
-    user = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
-    namer = Namer(user | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
+    user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
+    namer = Namer(set(user) | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
     torch, math, t = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T")
     names = {n: n for n in user}
     grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
