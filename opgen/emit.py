@@ -82,8 +82,13 @@ def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str
     table |= names.temps
     table |= extra or {}
     # Temporaries of the gradients hold tensors; conditions are never kept in them (plan).
-    tensors = symbols.tensors | frozenset(names.temps)
-    return TorchPrinter(table, tensors, torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
+    tensors = set(symbols.tensors | frozenset(names.temps))
+    # A `let` holds a tensor when its formula uses one (in any variant), else a plain number.
+    for variant in derived.variants:
+        for name, expr in variant.lets:
+            if expr.free_symbols & tensors:
+                tensors.add(symbols.lets[name])
+    return TorchPrinter(table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
 
 
 def _indent(lines: Lines, level: int = 1) -> Lines:
