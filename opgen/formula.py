@@ -36,7 +36,7 @@ class Scope:
 
     names: dict[str, Value]
     tensors: frozenset[sympy.Symbol]  # symbols of Tensor inputs (max/min tie rule)
-    extra_hint: str = ""  # appended to the unknown-name message
+    extra_hint: str = ""  # appended to the message for an unknown `grad...` name
 
 
 def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
@@ -159,7 +159,11 @@ class _Reader:
         known = sorted([*self.scope.names, *CONSTANTS])
         close = difflib.get_close_matches(node.id, known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise self.fail(node, f"unknown name '{node.id}'{hint}{self.scope.extra_hint if not close else ''}")
+        if not close and node.id.startswith("grad"):
+            hint = self.scope.extra_hint
+        elif not close:
+            hint = "; a formula can use the inputs, `let` names and outputs of its spec"
+        raise self.fail(node, f"unknown name '{node.id}'{hint}")
 
     def read_UnaryOp(self, node: ast.UnaryOp) -> Value:  # noqa: N802
         if isinstance(node.op, ast.USub):

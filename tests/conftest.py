@@ -1,0 +1,43 @@
+"""Shared helpers for opgen's own tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+GENERATED = ROOT / "generated"
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """Run `opgen ARGS...` in this process from `cwd`; returns (exit status, stdout, stderr)."""
+    from opgen.cli import main
+
+    def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        try:
+            status = main(list(args))
+        except SystemExit as exit:  # argparse errors and --help
+            status = int(exit.code or 0)
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run
+
+
+def import_package(path: Path, name: str):
+    """Import the generated package at `path/name` freshly (evicting an earlier import of that name)."""
+    import importlib
+
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]
+    sys.path.insert(0, str(path))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(path))

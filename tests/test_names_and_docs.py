@@ -1,0 +1,66 @@
+"""Spec text never changes what generated code does: hostile names and doc text."""
+
+from __future__ import annotations
+
+import torch
+from conftest import import_package
+
+HOSTILE = '''\
+name: torch
+doc: |
+  Ends early? """ or \'\'\' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t.
+inputs:
+  ctx: Tensor
+  grad: Tensor
+  self: float = 2.0
+  sum: Tensor?
+let:
+  math: exp(-ctx)
+outputs:
+  input: self * ctx * grad + math * sum
+  output: ctx * (1 + sum)
+module:
+  name: TorchFunction2
+  args:
+    size: int
+  parameters:
+    grad: {shape: [size], init: ones}
+'''
+
+
+def test_any_identifier_works_as_a_name(run_cli, tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "torch.yaml").write_text(HOSTILE, encoding="utf-8")
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "pkg"))
+    assert status == 0, err
+    package = import_package(tmp_path, "pkg")
+    op = package.torch
+    generator = torch.Generator().manual_seed(0)
+    ctx, grad, sum_ = (torch.randn(5, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(3))
+
+    out, other = op(ctx, grad, 3.0, sum_)
+    torch.testing.assert_close(out, 3.0 * ctx * grad + torch.exp(-ctx) * sum_)
+    torch.testing.assert_close(other, ctx * (1 + sum_))
+    assert torch.autograd.gradcheck(lambda a, b, c: op(a, b, 3.0, c), [ctx, grad, sum_])
+    assert torch.autograd.gradgradcheck(lambda a, b, c: op(a, b, 3.0, c), [ctx, grad, sum_])
+
+    # `sum` is a `Tensor?`: None drops its terms and returns no gradient for it.
+    out, other = op(ctx, grad, 3.0, None)
+    torch.testing.assert_close(out, 3.0 * ctx * grad)
+    torch.testing.assert_close(other, ctx)
+    (grads) = torch.autograd.grad(out.sum() + other.sum(), [ctx, grad])
+    torch.testing.assert_close(grads[0], 3.0 * grad + 1)
+
+    module = package.TorchFunction2(5)
+    torch.testing.assert_close(module.grad.detach(), torch.ones(5, dtype=module.grad.dtype))
+
+
+def test_doc_text_reaches_the_docstring_verbatim(run_cli, tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "torch.yaml").write_text(HOSTILE, encoding="utf-8")
+    assert run_cli("generate", str(specs), "-o", str(tmp_path / "pkg2"))[0] == 0
+    package = import_package(tmp_path, "pkg2")
+    doc = package.torch.__doc__
+    assert 'Ends early? """ or \'\'\' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t.' in doc
