@@ -239,10 +239,25 @@ def _variant(
             if factor != 0:
                 parts.append(Contribution(output.name, factor))
         gradients.append(Gradient(inp.name, tuple(parts), False))
-    lets = tuple((n, forward[n]) for n in (let.name for let in spec.lets) if n in forward)
+    needed = _needed_lets(spec, symbols, forward)
+    lets = tuple((n, forward[n]) for n in (let.name for let in spec.lets) if n in needed)
     outputs = tuple((o.name, forward[o.name]) for o in spec.outputs)
     inlined_outputs = tuple((o.name, inlined[symbols.outputs[o.name]]) for o in spec.outputs)
     return Variant(absent_names, lets, outputs, inlined_outputs, tuple(gradients))
+
+
+def _needed_lets(spec: Spec, symbols: Symbols, forward: dict[str, Expr]) -> set[str]:
+    """The lets the outputs use, directly or through other lets (a dropped term can orphan one)."""
+    by_symbol = {s: n for n, s in symbols.lets.items()}
+    needed: set[str] = set()
+    pending = [forward[o.name] for o in spec.outputs]
+    while pending:
+        for symbol in pending.pop().free_symbols:
+            name = by_symbol.get(symbol)
+            if name is not None and name in forward and name not in needed:
+                needed.add(name)
+                pending.append(forward[name])
+    return needed
 
 
 def derive(spec: Spec, problems: Problems) -> Derived | None:

@@ -120,8 +120,8 @@ def module_context(spec: Spec, names: object) -> ModuleContext:
     for inp in spec.inputs:
         if inp.name in params:
             call_args.append(f"{self_}.{param_attr[inp.name]}")
-        elif (arg := module.attribute_arg(inp.name)) is not None:
-            call_args.append(arg_repr[arg] if arg not in arg_attr else f"{self_}.{arg_attr[arg]}")
+        elif (source := module.attribute_arg(inp.name)) is not None:
+            call_args.append(arg_repr[source] if source not in arg_attr else f"{self_}.{arg_attr[source]}")
         else:
             call_args.append(inp.name)
     repr_parts = [f"{a.name}={{{arg_repr[a.name]}}}" for a in module.args]

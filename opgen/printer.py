@@ -196,10 +196,10 @@ class TorchPrinter(CodePrinter):
             raise PrintError(f"{torch_name}() of a non-tensor value ({arg}) has no Python math equivalent")
         return f"{self.math}.{math_name}({self._print(arg)})"
 
-    def _print_Function(self, expr: sympy.Function) -> str:
-        for cls, (torch_name, math_name) in _UNARY.items():
-            if type(expr) is cls:
-                return self._unary(torch_name, math_name, expr.args[0])
+    def _print_Function(self, expr: sympy.Basic) -> str:
+        rule = _UNARY.get(type(expr))
+        if rule is not None:
+            return self._unary(*rule, expr.args[0])
         raise PrintError(f"no torch rule for {type(expr).__name__}")
 
     _print_exp = _print_log = _print_sin = _print_cos = _print_tan = _print_Function
