@@ -171,8 +171,10 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
         lines.append(f"{ctx}.save_for_backward({', '.join(plan.saved)})")
     for name in plan.ctx_values:
         lines.append(f"{ctx}.{names.ctx_attrs[name]} = {name}")
+    optional = {i.name for i in spec.tensor_inputs if i.type.optional}
     for name in plan.shapes:
-        lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
+        shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
+        lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     if backward_varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
@@ -256,6 +258,14 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
     return lines
 
 
+def _same_gradients_in_every_variant(derived: Derived) -> bool:
+    """Whether each variant's gradients are the all-present ones minus those of its None inputs."""
+    full = derived.full.gradients
+    return all(
+        variant.gradients == tuple(g for g in full if g.input not in variant.absent) for variant in derived.variants
+    )
+
+
 def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Lines, bool]:
     spec = plan.derived.spec
     lines: Lines = []
@@ -267,7 +277,13 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Li
     lines.append(" = ".join([*grad_vars, "None"]))
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
-    bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in plan.backward]
+    bodies: list[tuple[tuple[str, ...], Lines]]
+    if _same_gradients_in_every_variant(plan.derived):
+        # A None input needs no gradient (`needs_input_grad` is False for it), so the
+        # all-present body serves every variant.
+        bodies = [((), _backward_variant(plan, plan.backward[-1], names, printer))]
+    else:
+        bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in plan.backward]
     varies = not all(body == bodies[-1][1] for _, body in bodies)
     lines += _branches(bodies, optional, is_none)
     returned = [names.grads_out[i.name] if i.is_tensor else "None" for i in spec.inputs]

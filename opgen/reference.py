@@ -103,6 +103,8 @@ def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
 
     if not uses(node):
         return node
+    if isinstance(node, ast.Name):
+        return None  # the absent name itself
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
         left, right = drop_names(node.left, absent), drop_names(node.right, absent)
         if left is None and right is None:
