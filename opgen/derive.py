@@ -4,7 +4,8 @@ Receives a `Spec`; returns `Derived`: for each combination of present/absent `Te
 inputs (a `Variant`), the forward `let`s and outputs as SymPy expressions and, for every
 Tensor input, its gradient as contributions `grad_<output> * factor` (or the spec's
 override). Formulas are read by `opgen.formula`; SymPy differentiates the fully inlined
-outputs, with PyTorch's conventions at kinks (`opgen.functions`).
+outputs, with PyTorch's conventions at kinks (`opgen.functions`) and the branches of
+`where` guarded against NaN (`opgen.guard`, Note [double where]).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sympy import Expr, S
 
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
+from opgen.guard import guard_branches, settle_indicators
 from opgen.model import Spec
 
 MAX_OPTIONAL = 3
@@ -108,7 +110,21 @@ def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
     if len(symbols.grads) == 1:
         names["grad"] = Value(next(iter(symbols.grads.values())), NUM)
     known = ", ".join(sorted(n for n in names if n.startswith("grad")))
-    return Scope(names, frozenset(symbols.tensor_inputs), f"; incoming gradients here are: {known}")
+    return Scope(names, frozenset(symbols.tensor_inputs), f"; incoming gradients here are: {known}", _unavailable(spec))
+
+
+def _unavailable(spec: Spec) -> tuple[tuple[str, str], ...]:
+    """Incoming-gradient names a `gradients:` formula might reach for that do not exist."""
+    differentiable = [o.name for o in spec.outputs if o.differentiable]
+    why = [
+        (f"grad_{o.name}", f"output '{o.name}' is `differentiable: false`, so it has no incoming gradient")
+        for o in spec.outputs
+        if not o.differentiable
+    ]
+    if len(differentiable) > 1:
+        choices = " or ".join(f"grad_{n}" for n in differentiable)
+        why.append(("grad", f"`grad` is only known when there is one differentiable output; use {choices}"))
+    return tuple(why)
 
 
 def _read_definitions(spec: Spec, symbols: Symbols) -> dict[str, Expr]:
@@ -226,7 +242,8 @@ def _variant(
             override = overrides[inp.name]
             lets_inlined = {symbols.lets[n]: e for n, e in ((n, inlined.get(symbols.lets[n])) for n in symbols.lets) if e is not None}
             kept = drop_terms(override.xreplace(lets_inlined), frozenset(absent))
-            contributions = (Contribution(None, kept if kept is not None else S.Zero),)
+            kept = S.Zero if kept is None else guard_branches(kept, symbols.tensors)
+            contributions = (Contribution(None, kept),)
             gradients.append(Gradient(inp.name, contributions, True))
             continue
         parts = []
@@ -235,7 +252,8 @@ def _variant(
                 continue
             what = f"d {output.name} / d {inp.name}"
             with located(output.formula.loc, what):
-                factor = _clean(sympy.diff(inlined[symbols.outputs[output.name]], x), output.formula.loc, what)
+                guarded = guard_branches(inlined[symbols.outputs[output.name]], symbols.tensors)
+                factor = _clean(settle_indicators(sympy.diff(guarded, x)), output.formula.loc, what)
             if factor != 0:
                 parts.append(Contribution(output.name, factor))
         gradients.append(Gradient(inp.name, tuple(parts), False))

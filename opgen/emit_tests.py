@@ -5,7 +5,8 @@ implementation of the spec's formulas written by `opgen.reference` (plain torch,
 from the formula text, never from SymPy), samples inputs as `tests:` says, and checks the
 generated op against it: forward values, gradients against autograd of the reference (or
 the override formula), gradcheck, gradgradcheck, broadcasting, `None` for `Tensor?` inputs,
-the saved tensors, and the Module.
+the saved tensors, and the Module; at `tests.points` that values and derivatives are
+finite, and, with `tests.native`, that the first output matches PyTorch's own op.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from opgen.formula import parse_ast
 from opgen.model import Formula, Spec
 from opgen.names import Namer
+from opgen.native import NATIVE_OPS
 from opgen.plan import Plan
 from opgen.reference import reference_expr
 from opgen.render import Renderer
@@ -174,4 +176,6 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         module_args=_module_args(spec)[0] if spec.module else None,
         module_arg_values=_module_args(spec)[1] if spec.module else {},
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
+        points=dict(spec.tests.points),
+        native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,
     )

@@ -37,6 +37,7 @@ class Scope:
     names: dict[str, Value]
     tensors: frozenset[sympy.Symbol]  # symbols of Tensor inputs (max/min tie rule)
     extra_hint: str = ""  # appended to the message for an unknown `grad...` name
+    unavailable: tuple[tuple[str, str], ...] = ()  # names that cannot be used here, and why
 
 
 def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
@@ -154,6 +155,9 @@ class _Reader:
             return CONSTANTS[node.id]
         if node.id in ALL_FUNCTIONS:
             raise self.fail(node, f"'{node.id}' is a function; call it as {node.id}(...)")
+        why = dict(self.scope.unavailable).get(node.id)
+        if why is not None:
+            raise self.fail(node, why)
         import difflib
 
         known = sorted([*self.scope.names, *CONSTANTS])

@@ -146,6 +146,8 @@ class TestConfig:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # dim names and input names
     values: tuple[tuple[str, Scalar], ...] = ()  # sample values of non-tensor inputs
     gradgrad: bool = True
+    points: tuple[tuple[str, tuple[float, ...]], ...] = ()  # input -> values at kinks and edges
+    native: str | None = None  # a key of `opgen.native.NATIVE_OPS`
 
     def domain_of(self, name: str) -> tuple[float, float]:
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))

@@ -30,11 +30,12 @@ from opgen.model import (
     Spec,
     TestConfig,
 )
+from opgen.native import NATIVE_OPS
 
 TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
 MODULE_KEYS = ("name", "args", "parameters", "attributes")
-TEST_KEYS = ("domain", "shapes", "values", "gradgrad")
+TEST_KEYS = ("domain", "shapes", "values", "gradgrad", "points", "native")
 PARAMETER_KEYS = ("shape", "init", "when")
 OUTPUT_KEYS = ("formula", "differentiable")
 
@@ -287,7 +288,60 @@ def _parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) 
             problems.add(SpecError(node_.loc, "tests.gradgrad must be true or false"))
         else:
             gradgrad = node_.value
-    return TestConfig(tuple(domain), tuple(shapes), tuple(values), gradgrad)
+    points = _parse_points(mapping.get("points"), by_name, problems)
+    native = _parse_native(mapping.get("native"), spec_inputs, problems)
+    return TestConfig(tuple(domain), tuple(shapes), tuple(values), gradgrad, points, native)
+
+
+Points = tuple[tuple[str, tuple[float, ...]], ...]
+
+
+def _parse_points(node: Raw | None, by_name: dict[str, Input], problems: Problems) -> Points:
+    """`tests.points`: `input: [values]`, lists of one length, read row by row."""
+    if node is None:
+        return ()
+    if not isinstance(node, RawMap):
+        problems.add(SpecError(node.loc, "tests.points must be a mapping `input: [values]`"))
+        return ()
+    points: list[tuple[str, tuple[float, ...]]] = []
+    for name, loc, value in node.entries:
+        with problems.collect():
+            if name not in by_name or not by_name[name].is_tensor:
+                raise SpecError(loc, f"tests.points: '{name}' is not a Tensor input")
+            if not isinstance(value, RawList) or not value.items:
+                example = "e.g. [-1.0, 0.0, 1.0]"
+                raise SpecError(value.loc, f"tests.points.{name} must be a non-empty list of numbers, {example}")
+            row = tuple(_number(v, f"tests.points.{name}") for v in value.items)
+            if points and len(row) != len(points[0][1]):
+                first, count = points[0][0], len(points[0][1])
+                raise SpecError(
+                    value.loc,
+                    f"tests.points.{name} has {len(row)} value(s) but tests.points.{first} has {count};"
+                    " the lists are read row by row, so they must have one length",
+                )
+            points.append((name, row))
+    return tuple(points)
+
+
+def _parse_native(node: Raw | None, inputs: tuple[Input, ...], problems: Problems) -> str | None:
+    """`tests.native`: the name of a PyTorch op (`opgen.native`) taking the spec's inputs in order."""
+    if node is None:
+        return None
+    with problems.collect():
+        if not isinstance(node, RawScalar) or not isinstance(node.value, str):
+            raise SpecError(node.loc, "tests.native must be the name of a PyTorch op, e.g. hardtanh")
+        op = NATIVE_OPS.get(node.value)
+        if op is None:
+            hint = _suggest(node.value, tuple(sorted(NATIVE_OPS)))
+            raise SpecError(node.loc, f"tests.native: unknown op '{node.value}'{hint}")
+        if op.arity != len(inputs):
+            raise SpecError(
+                node.loc,
+                f"tests.native: {node.value} takes {op.arity} arguments (the spec's inputs, in order),"
+                f" but this spec has {len(inputs)} input{'s' if len(inputs) != 1 else ''}",
+            )
+        return node.value
+    return None
 
 
 _INIT_RE = re.compile(r"^\s*(?P<kind>[a-z_]+)\s*(?:\((?P<args>[^)]*)\))?\s*$")

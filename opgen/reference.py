@@ -89,7 +89,10 @@ class _Translate(ast.NodeTransformer):
         name = node.func.id
         args = [self._tensor(self.visit(a)) for a in node.args]
         if name == "heaviside":
-            return ast.Call(self._attr("torch.heaviside"), [args[0], self._tensor(ast.Constant(1.0))], [])
+            # torch.heaviside has no derivative at all; this step has the zero one PyTorch's other steps have.
+            at_least_zero = ast.Compare(args[0], [ast.GtE()], [ast.Constant(0.0)])
+            one, zero = self._tensor(ast.Constant(1.0)), self._tensor(ast.Constant(0.0))
+            return ast.Call(self._attr("torch.where"), [at_least_zero, one, zero], [])
         if name == "clamp":
             return ast.Call(self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])])
         return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, [])

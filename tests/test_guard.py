@@ -1,0 +1,145 @@
+"""The branch guard of `where` (Note [double where]): unit tests and the generated ops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+import torch
+from spec_ops import build_ops
+
+from opgen import functions as fn
+from opgen.guard import guard_branches, settle_indicators
+
+x, y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
+TENSORS = frozenset([x, y])
+
+
+def test_guard_wraps_restricted_arguments_in_each_branch():
+    expr = fn.where(x > 0, sympy.log(x), sympy.sqrt(-x))
+    assert guard_branches(expr, TENSORS) == fn.where(
+        x > 0, sympy.log(fn.where(x > 0, x, 1)), sympy.sqrt(fn.where(x <= 0, -x, 1))
+    )
+
+
+@pytest.mark.parametrize(
+    ("function", "safe"),
+    [
+        (sympy.asin, 0),
+        (sympy.acos, 0),
+        (sympy.atanh, 0),
+        (sympy.erfinv, 0),
+        (sympy.acosh, 2),
+        (sympy.loggamma, 1),
+        (fn.log1p, 0),
+    ],
+)
+def test_guard_uses_a_point_where_the_function_is_finite(function, safe):
+    guarded = guard_branches(fn.where(x < 1, function(x), 0), TENSORS)
+    assert guarded == fn.where(x < 1, function(fn.where(x < 1, x, safe)), 0)
+    value = guarded.args[1].subs(x, 5)  # the branch not taken, where the guard chose `safe`
+    assert value.is_finite
+
+
+def test_guard_leaves_entire_functions_and_whole_powers_alone():
+    expr = fn.where(x > 0, sympy.sin(x) + x**2 + sympy.exp(x), 0)
+    assert guard_branches(expr, TENSORS) == expr
+
+
+def test_guard_ignores_arguments_without_tensors():
+    a = sympy.Symbol("a", real=True)
+    expr = fn.where(x > 0, x * sympy.log(a), 0)
+    assert guard_branches(expr, TENSORS) == expr
+
+
+def test_nested_branches_combine_their_conditions():
+    expr = fn.where(x > 0, fn.where(x < 5, sympy.log(x), 0), 0)
+    inner = guard_branches(expr, TENSORS).args[1].args[1]
+    assert inner == sympy.log(fn.where(sympy.And(x > 0, x < 5), x, 1))
+
+
+def test_guard_keeps_the_value_where_the_branch_is_taken():
+    expr = fn.where(y > 0, sympy.log(y) / x + sympy.sqrt(y), x)
+    guarded = guard_branches(expr, TENSORS)
+    for xv, yv in [(2.0, 3.0), (-1.5, 0.25)]:
+        a = expr.args[1].subs({x: xv, y: yv})
+        b = guarded.args[1].subs({x: xv, y: yv})
+        assert float(a) == pytest.approx(float(b.evalf()))
+
+
+def test_settle_indicators_drops_known_indicators_but_keeps_guards():
+    guard = fn.where(x > 0, x, 1)
+    expr = fn.where(x > 0, fn.indicator(x > 0) / guard, fn.indicator(x > 0))
+    assert settle_indicators(expr) == fn.where(x > 0, 1 / guard, 0)
+
+
+WHERE_SPECS = {
+    "root": "name: root\ninputs:\n  x: Tensor\noutputs:\n  y: where(x > 0, sqrt(x), 0)\n",
+    "sinc1": "name: sinc1\ninputs:\n  x: Tensor\noutputs:\n  y: where(x != 0, sin(x) / x, 1)\n",
+    "logpos": "name: logpos\ninputs:\n  x: Tensor\noutputs:\n  y: where(x > 0, log(x), 0)\n",
+}
+# Plain torch autograd of the formulas as written: NaN where a branch not taken is undefined.
+NAIVE = {
+    "root": lambda t: torch.where(t > 0, torch.sqrt(t), 0.0),
+    "sinc1": lambda t: torch.where(t != 0, torch.sin(t) / t, 1.0),
+    "logpos": lambda t: torch.where(t > 0, torch.log(t), 0.0),
+}
+# First and second derivatives, away from the kink, written out by hand.
+EXACT = {
+    "root": lambda v: (0.5 / math.sqrt(v), -0.25 * v**-1.5) if v > 0 else (0.0, 0.0),
+    "sinc1": lambda v: (
+        (math.cos(v) / v - math.sin(v) / v**2, -math.sin(v) / v - 2 * math.cos(v) / v**2 + 2 * math.sin(v) / v**3)
+        if v != 0
+        else (0.0, 0.0)
+    ),
+    "logpos": lambda v: (1 / v, -1 / v**2) if v > 0 else (0.0, 0.0),
+}
+# Where the branch not taken is undefined, and either side of it. (sin(x)/x itself overflows
+# its derivative at x = 1e-300: the sinc spec uses a Taylor branch near 0 for that.)
+POINTS = {
+    "root": [-3.0, -1.0, -1e-300, 0.0, 1e-300, 0.5, 2.0],
+    "sinc1": [-3.0, -1.0, 0.0, 0.5, 2.0],
+    "logpos": [-3.0, -1.0, -1e-300, 0.0, 1e-300, 0.5, 2.0],
+}
+
+
+@pytest.fixture(scope="module")
+def where_ops(tmp_path_factory):
+    return build_ops(tmp_path_factory.mktemp("where"), "where_ops", WHERE_SPECS)
+
+
+def derivatives(f, values):
+    t = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    (first,) = torch.autograd.grad(f(t).sum(), t, create_graph=True)
+    (second,) = torch.autograd.grad(first.sum(), t)
+    return first.detach(), second
+
+
+@pytest.mark.parametrize("name", sorted(WHERE_SPECS))
+def test_naive_formula_is_nan_at_the_bad_points(name):
+    first, second = derivatives(NAIVE[name], POINTS[name])
+    assert not (torch.isfinite(first).all() and torch.isfinite(second).all())
+
+
+@pytest.mark.parametrize("name", sorted(WHERE_SPECS))
+def test_first_and_second_derivatives_are_finite_and_right(where_ops, name):
+    first, second = derivatives(getattr(where_ops, name), POINTS[name])
+    finite = torch.isfinite(first) & torch.isfinite(second)
+    if name != "sinc1":
+        # At x = 1e-300, sqrt and log really have derivatives that overflow.
+        finite |= torch.tensor([v == 1e-300 for v in POINTS[name]])
+    assert finite.all(), (first, second)
+    for k, v in enumerate(POINTS[name]):
+        if abs(v) < 1e-100:
+            continue  # the kink itself, or overflowing
+        want1, want2 = EXACT[name](v)
+        assert first[k].item() == pytest.approx(want1, rel=1e-9), v
+        assert second[k].item() == pytest.approx(want2, rel=1e-9), v
+
+
+def test_generated_backward_guards_the_argument(where_ops):
+    import inspect
+
+    source = inspect.getsource(where_ops.LogposFunction.backward)
+    assert "torch.where(x > 0, x, 1)" in source
