@@ -3,21 +3,30 @@
 
 from .ops.affine import Affine, AffineFunction, affine
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
+from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
+from .ops.grad_reverse import GradReverseFunction, grad_reverse
+from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
+from .ops.leaky_relu import LeakyReluFunction, leaky_relu
 from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
+from .ops.relu6 import Relu6Function, relu6
+from .ops.round_ste import RoundSteFunction, round_ste
+from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
 from .ops.selu import SeluFunction, selu
 from .ops.sigmoid import SigmoidFunction, sigmoid
 from .ops.sign_ste import SignSteFunction, sign_ste
 from .ops.silu import SiluFunction, silu
+from .ops.sinc import SincFunction, sinc
 from .ops.softplus import SoftplusFunction, softplus
 from .ops.softsign import SoftsignFunction, softsign
+from .ops.spike import SpikeFunction, spike
 from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
 
@@ -25,41 +34,59 @@ __all__ = [
     "Affine",
     "AffineFunction",
     "BceWithLogitsFunction",
+    "ClipGradFunction",
     "EluFunction",
     "FocalLossFunction",
     "GeluFunction",
     "GeluTanhFunction",
+    "GradReverseFunction",
+    "HardtanhFunction",
     "HuberFunction",
+    "LeakyReluFunction",
     "LogsigmoidFunction",
     "MishFunction",
     "MulConstantFunction",
+    "Relu6Function",
+    "RoundSteFunction",
+    "SafeSqrtFunction",
     "ScaledWeight",
     "ScaledWeightFunction",
     "SeluFunction",
     "SigmoidFunction",
     "SignSteFunction",
     "SiluFunction",
+    "SincFunction",
     "SoftplusFunction",
     "SoftsignFunction",
+    "SpikeFunction",
     "SwishFunction",
     "TanhshrinkFunction",
     "affine",
     "bce_with_logits",
+    "clip_grad",
     "elu",
     "focal_loss",
     "gelu",
     "gelu_tanh",
+    "grad_reverse",
+    "hardtanh",
     "huber",
+    "leaky_relu",
     "logsigmoid",
     "mish",
     "mul_constant",
+    "relu6",
+    "round_ste",
+    "safe_sqrt",
     "scaled_weight",
     "selu",
     "sigmoid",
     "sign_ste",
     "silu",
+    "sinc",
     "softplus",
     "softsign",
+    "spike",
     "swish",
     "tanhshrink",
 ]
