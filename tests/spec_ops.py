@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 import textwrap
 from pathlib import Path
+
+from conftest import import_package
 
 from opgen.pipeline import build
 from opgen.render import Renderer
@@ -22,18 +22,4 @@ def build_ops(folder: Path, package: str, specs: dict[str, str]):
     assert not result.problems, result.problems.report()
     out = folder / package
     apply(out, changes(out, result.files))
-    for module in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-        del sys.modules[module]
-    sys.path.insert(0, str(folder))
-    try:
-        return importlib.import_module(package)
-    finally:
-        sys.path.remove(str(folder))
-
-
-def problems_of(folder: Path, name: str, text: str) -> list[str]:
-    """The error messages opgen reports for one spec, with paths relative to `folder`."""
-    path = folder / f"{name}.yaml"
-    path.write_text(textwrap.dedent(text))
-    result = build([str(path)], Renderer())
-    return [line.replace(str(folder) + "/", "") for line in result.problems.report()]
+    return import_package(folder, package)

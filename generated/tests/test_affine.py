@@ -66,11 +66,15 @@ def expected_gradients(args, reference_fn, grads_out):
     """Autograd of the reference, or the override formula, for every Tensor input."""
     values = reference_fn(*args)
     outs = outputs_of(values)
-    present = [k for k in TENSOR_INPUTS if args[k] is not None]
-    derived = torch.autograd.grad(
-        [outs[k] for k in DIFFERENTIABLE], [args[k] for k in present], grads_out,
-        allow_unused=True, materialize_grads=True,
-    )
+    present = [k for k in TENSOR_INPUTS if args[k] is not None and k in CHECKED]
+    # A reference output of steps only (sign, round, ...) has no autograd graph: zero gradient.
+    pairs = [(outs[k], g) for k, g in zip(DIFFERENTIABLE, grads_out) if outs[k].requires_grad]
+    derived = [torch.zeros_like(args[k]) for k in present]
+    if pairs and present:
+        derived = torch.autograd.grad(
+            [o for o, _ in pairs], [args[k] for k in present], [g for _, g in pairs],
+            allow_unused=True, materialize_grads=True,
+        )
     expected = dict(zip(present, derived))
     return expected
 
@@ -90,7 +94,11 @@ def check_against_reference(args, reference_fn):
     expected = expected_gradients(args, reference_fn, grads_out)
     for k, grad in zip(present, got):
         assert grad.shape == args[k].shape, f"gradient of {INPUTS[k]} has shape {tuple(grad.shape)}"
-        torch.testing.assert_close(grad, expected[k], msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
+        # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
+        # the op must stay finite there (gradcheck checks its value).
+        naive = ~torch.isfinite(expected[k])
+        assert torch.isfinite(grad[naive]).all(), f"gradient of {INPUTS[k]} is not finite"
+        torch.testing.assert_close(grad[~naive], expected[k][~naive], msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
 
 
 def only(args, positions):
@@ -130,6 +138,7 @@ def test_gradcheck():
 def test_gradgradcheck():
     args = detach_unchecked(sample_inputs(), CHECKED)
     assert torch.autograd.gradgradcheck(*only(args, CHECKED))
+
 
 
 def test_saves_only_what_backward_needs():
