@@ -143,3 +143,39 @@ def test_generated_backward_guards_the_argument(where_ops):
 
     source = inspect.getsource(where_ops.LogposFunction.backward)
     assert "torch.where(x > 0, x, 1)" in source
+
+
+MORE = {
+    "g_atanh": ("where(abs(x) < 1, atanh(x), 0)", lambda t: torch.where(t.abs() < 1, torch.atanh(t), 0.0)),
+    "g_asin": ("where(abs(x) < 1, asin(x), 0)", lambda t: torch.where(t.abs() < 1, torch.asin(t), 0.0)),
+    "g_acosh": ("where(x > 1, acosh(x), 0)", lambda t: torch.where(t > 1, torch.acosh(t), 0.0)),
+    "g_log1p": ("where(x > -1, log1p(x), 0)", lambda t: torch.where(t > -1, torch.log1p(t), 0.0)),
+    "g_gamma": (
+        "where(x > 0, lgamma(x) + digamma(x), 0)",
+        lambda t: torch.where(t > 0, torch.lgamma(t) + torch.digamma(t), 0.0),
+    ),
+    "g_erfinv": ("where(abs(x) < 1, erfinv(x), 0)", lambda t: torch.where(t.abs() < 1, torch.erfinv(t), 0.0)),
+    "g_rsqrt": ("where(x > 0, rsqrt(x), x)", lambda t: torch.where(t > 0, torch.rsqrt(t), t)),
+    "g_nested": ("where(x > 0, where(x < 2, log(2 - x) * sqrt(x), 0), 0)", None),
+}
+BAD = [-3.0, -1.0, 0.0, 1.0, 2.0, 3.0]
+GOOD = [-0.5, 0.25, 0.75, 1.25, 1.5]
+
+
+@pytest.fixture(scope="module")
+def more_ops(tmp_path_factory):
+    specs = {name: f"name: {name}\ninputs:\n  x: Tensor\noutputs:\n  y: {f}\n" for name, (f, _) in MORE.items()}
+    return build_ops(tmp_path_factory.mktemp("guards"), "guard_ops", specs)
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_every_restricted_function_is_guarded(more_ops, name):
+    first, second = derivatives(getattr(more_ops, name), BAD + GOOD)
+    assert torch.isfinite(first).all() and torch.isfinite(second).all(), (MORE[name][0], first, second)
+    naive = MORE[name][1]
+    if naive is not None:  # where the plain formula is finite, it is the reference
+        want_first, want_second = derivatives(naive, BAD + GOOD)
+        valid = torch.isfinite(want_first) & torch.isfinite(want_second)
+        assert valid[len(BAD) :].sum() >= 2
+        torch.testing.assert_close(first[valid], want_first[valid])
+        torch.testing.assert_close(second[valid], want_second[valid])

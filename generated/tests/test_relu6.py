@@ -172,6 +172,8 @@ def check_against_native(args):
     expected = native(*args)
     torch.testing.assert_close(out, expected)
     checked = [args[k] for k in CHECKED]
+    if not checked:
+        return  # every gradient is an override, meant to differ from the op's
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=DTYPE)
     got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
     want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)

@@ -176,6 +176,33 @@ def test_finite_at_points():
                 assert torch.isfinite(value).all(), f"d2 / d{INPUTS[k]} d{INPUTS[j]} at {POINTS}: {value}"
 
 
+def native(x):
+    """PyTorch's own op, which the first output must match, gradients included."""
+    return torch.round(x)
+
+
+def check_against_native(args):
+    out = as_tuple(round_ste(*args))[0]
+    expected = native(*args)
+    torch.testing.assert_close(out, expected)
+    checked = [args[k] for k in CHECKED]
+    if not checked:
+        return  # every gradient is an override, meant to differ from the op's
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=DTYPE)
+    got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
+    want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
+    for k, a, b in zip(CHECKED, got, want):
+        torch.testing.assert_close(a, b, msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
+
+
+def test_matches_native_op():
+    check_against_native(sample_inputs())
+
+
+def test_matches_native_op_at_points():
+    check_against_native(point_inputs())
+
+
 def test_saves_only_what_backward_needs():
     args = sample_inputs()
     saved = []
