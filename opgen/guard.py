@@ -43,6 +43,9 @@ DOMAINS: dict[type, tuple[tuple[int, ...], Expr]] = {
     sympy.erfinv: ((0,), S.Zero),
     sympy.acosh: ((0,), sympy.Integer(2)),
 }
+# Functions finite with all their derivatives at every positive argument: an argument SymPy
+# proves positive (`log(1 + exp(x))`) needs no guard.
+POSITIVE_IS_SAFE = (sympy.log, fn.log1p, sympy.loggamma, sympy.polygamma)
 
 
 def guard_branches(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr:
@@ -77,15 +80,18 @@ def _restrict(expr: sympy.Basic, cond: sympy.Basic, tensors: frozenset[sympy.Sym
             return sympy.Pow(_wrap(base, cond, S.One, tensors), exponent)
         return sympy.Pow(base, exponent)
     rule = DOMAINS.get(type(expr))
-    if rule is not None:
+    if rule is not None and not (isinstance(expr, POSITIVE_IS_SAFE) and expr.args[-1].is_positive):
         positions, safe = rule
         args = [_wrap(a, cond, safe, tensors) if k in positions else a for k, a in enumerate(args)]
     return expr.func(*args)
 
 
 def _restricted_power(base: sympy.Basic, exponent: sympy.Basic) -> bool:
-    """`u**e` is undefined or infinite somewhere unless `e` is a whole number >= 0 (or u a constant)."""
-    if base.is_number:
+    """`u**e` is undefined or infinite somewhere unless `e` is a whole number >= 0 (or u a constant).
+
+    A base SymPy can prove positive (`1 + x**2`, `1 + exp(-x)`) needs no guard either.
+    """
+    if base.is_number or base.is_positive:
         return False
     return not (exponent.is_Integer and exponent.is_nonnegative)
 

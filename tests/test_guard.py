@@ -179,3 +179,8 @@ def test_every_restricted_function_is_guarded(more_ops, name):
         assert valid[len(BAD) :].sum() >= 2
         torch.testing.assert_close(first[valid], want_first[valid])
         torch.testing.assert_close(second[valid], want_second[valid])
+
+
+def test_guard_skips_bases_sympy_proves_positive():
+    expr = fn.where(x > 0, 1 / (1 + x**2) + sympy.sqrt(1 + sympy.exp(-x)) + sympy.log(1 + x**2), 0)
+    assert guard_branches(expr, TENSORS) == expr
