@@ -15,6 +15,7 @@ from .ops.leaky_relu import LeakyReluFunction, leaky_relu
 from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
+from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.relu6 import Relu6Function, relu6
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
@@ -46,6 +47,7 @@ __all__ = [
     "LogsigmoidFunction",
     "MishFunction",
     "MulConstantFunction",
+    "QuantizeSteFunction",
     "Relu6Function",
     "RoundSteFunction",
     "SafeSqrtFunction",
@@ -75,6 +77,7 @@ __all__ = [
     "logsigmoid",
     "mish",
     "mul_constant",
+    "quantize_ste",
     "relu6",
     "round_ste",
     "safe_sqrt",

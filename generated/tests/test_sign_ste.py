@@ -77,7 +77,8 @@ def expected_gradients(args, reference_fn, grads_out):
             "grad_y": grads_out[0],
         }
         grads["grad"] = grads_out[0]
-        named = dict(zip(INPUTS, args)) | {name: value.detach() for name, value in values.items()}
+        # A condition output (a mask) is a bool tensor in the reference and a float one in the op.
+        named = dict(zip(INPUTS, args)) | {name: value.detach().to(DTYPE) for name, value in values.items()}
         expected[0] = reference_grad_x(**named, **grads).expand_as(
             args[0]
         )
