@@ -61,12 +61,8 @@ def _guard(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
     args = [_guard(a, tensors) for a in expr.args]
     if isinstance(expr, fn.where):
         cond, a, b = args
-        return fn.where(cond, _restrict(a, cond, tensors), _restrict(b, _negate(cond), tensors))
+        return fn.where(cond, _restrict(a, cond, tensors), _restrict(b, sympy.Not(cond), tensors))
     return expr.func(*args)
-
-
-def _negate(cond: sympy.Basic) -> sympy.Basic:
-    return sympy.Not(cond)
 
 
 def _restrict(expr: sympy.Basic, cond: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
