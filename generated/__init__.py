@@ -12,6 +12,7 @@ from .ops.grad_reverse import GradReverseFunction, grad_reverse
 from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
 from .ops.leaky_relu import LeakyReluFunction, leaky_relu
+from .ops.linear import Linear, LinearFunction, linear
 from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
@@ -44,6 +45,8 @@ __all__ = [
     "HardtanhFunction",
     "HuberFunction",
     "LeakyReluFunction",
+    "Linear",
+    "LinearFunction",
     "LogsigmoidFunction",
     "MishFunction",
     "MulConstantFunction",
@@ -74,6 +77,7 @@ __all__ = [
     "hardtanh",
     "huber",
     "leaky_relu",
+    "linear",
     "logsigmoid",
     "mish",
     "mul_constant",

@@ -11,15 +11,17 @@ outputs, with PyTorch's conventions at kinks (`opgen.functions`) and the branche
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy import Expr, S
 
+from opgen import tensor
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
 from opgen.guard import guard_branches, settle_indicators
 from opgen.model import Spec
+from opgen.vjp import LeafFit, fit_to_input, substitute_outputs, tensor_gradient
 
 MAX_OPTIONAL = 3
 
@@ -57,6 +59,9 @@ class Gradient:
     input: str
     contributions: tuple[Contribution, ...]
     overridden: bool
+    # Formulas with tensor operations: one contribution holding the whole gradient (`output`
+    # None), already summed to the input's shape except for what `fit` leaves to run time.
+    fit: LeafFit | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,12 @@ class Derived:
     spec: Spec
     symbols: Symbols
     variants: tuple[Variant, ...]  # the all-present variant last
+    shapes: dict[sympy.Symbol, tensor.Shape]  # static shape of every input, let, output and gradient
+
+    @property
+    def has_tensor_ops(self) -> bool:
+        """Some formula uses `@`, `.T` or a reduction (gradients by `opgen.vjp`)."""
+        return any(g.fit is not None for v in self.variants for g in v.gradients)
 
     @property
     def full(self) -> Variant:
@@ -127,14 +138,38 @@ def _unavailable(spec: Spec) -> tuple[tuple[str, str], ...]:
     return tuple(why)
 
 
-def _read_definitions(spec: Spec, symbols: Symbols) -> dict[str, Expr]:
-    """Every `let` and output formula as SymPy, in terms of the symbols of the names it uses."""
+def input_shapes(spec: Spec, symbols: Symbols) -> dict[sympy.Symbol, tensor.Shape]:
+    """Declared shapes: `Tensor[..., N]` -> ("...", "N"); a plain Tensor's is unknown; numbers are scalars."""
+    shapes: dict[sympy.Symbol, tensor.Shape] = {}
+    for inp in spec.inputs:
+        if inp.is_tensor:
+            shapes[symbols.inputs[inp.name]] = inp.type.dims
+        else:
+            shapes[symbols.inputs[inp.name]] = ()
+    return shapes
+
+
+def _read_definitions(
+    spec: Spec, symbols: Symbols, order: list[str] | None = None, shapes: dict[sympy.Symbol, tensor.Shape] | None = None
+) -> dict[str, Expr]:
+    """Every `let` and output formula as SymPy, in terms of the symbols of the names it uses.
+
+    Read once in spec order without shapes to find the order the formulas depend on each
+    other, then again in that order with `shapes`, which gains the shape of each formula read.
+    """
     scope = forward_scope(spec, symbols)
+    if shapes is not None:
+        scope = replace(scope, shapes=shapes)
+    defined = {**symbols.lets, **symbols.outputs}
     problems = Problems()
     definitions: dict[str, Expr] = {}
-    for name, formula in [*((let.name, let.formula) for let in spec.lets), *((o.name, o.formula) for o in spec.outputs)]:
+    formulas = {let.name: let.formula for let in spec.lets} | {o.name: o.formula for o in spec.outputs}
+    for name in order or list(formulas):
+        formula = formulas[name]
         with problems.collect(), located(formula.loc, f"formula of '{name}'"):
             definitions[name] = read_formula(formula, scope, NUM)  # type: ignore[assignment]
+            if shapes is not None:
+                shapes[defined[name]] = tensor.shape_of(definitions[name], shapes)
     if problems:
         raise _Many(problems)
     return definitions
@@ -211,8 +246,40 @@ def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
     return expr
 
 
+def _tensor_gradient(
+    spec: Spec,
+    symbols: Symbols,
+    inlined: dict[sympy.Symbol, Expr],
+    shapes: dict[sympy.Symbol, tensor.Shape],
+    name: str,
+) -> Gradient:
+    """The gradient of input `name` by reverse mode over the tensor operations (`opgen.vjp`)."""
+    x = symbols.inputs[name]
+    differentiable = [o for o in spec.outputs if o.differentiable]
+    pairs = [(guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name]) for o in differentiable]
+    loc = differentiable[0].formula.loc
+    what = f"gradient of '{name}'"
+    with located(loc, what):
+        try:
+            total = tensor_gradient(pairs, x, shapes, lambda e: _clean(settle_indicators(e), loc, what))
+            batch_inputs = sum(1 for i in spec.tensor_inputs if i.type.dims and tensor.BATCH in i.type.dims)
+            total, fit = fit_to_input(total, x, shapes, batch_inputs)
+        except tensor.ShapeError as error:
+            raise SpecError(loc, f"{what}: {error}") from None
+    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs]
+    total = substitute_outputs(total, outputs)
+    contributions = (Contribution(None, total),) if total != 0 else ()
+    return Gradient(name, contributions, False, fit)
+
+
 def _variant(
-    spec: Spec, symbols: Symbols, definitions: dict[str, Expr], order: list[str], overrides: dict[str, Expr], absent_names: tuple[str, ...]
+    spec: Spec,
+    symbols: Symbols,
+    definitions: dict[str, Expr],
+    order: list[str],
+    overrides: dict[str, Expr],
+    absent_names: tuple[str, ...],
+    shapes: dict[sympy.Symbol, tensor.Shape],
 ) -> Variant:
     absent = {symbols.inputs[n] for n in absent_names}
     defined = {**symbols.lets, **symbols.outputs}
@@ -234,6 +301,7 @@ def _variant(
         if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
             raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
     gradients = []
+    uses_tensor_ops = any(tensor.has_tensor_ops(inlined[symbols.outputs[o.name]]) for o in spec.outputs)
     for inp in spec.tensor_inputs:
         if inp.name in absent_names:
             continue
@@ -245,6 +313,9 @@ def _variant(
             kept = S.Zero if kept is None else guard_branches(kept, symbols.tensors)
             contributions = (Contribution(None, kept),)
             gradients.append(Gradient(inp.name, contributions, True))
+            continue
+        if uses_tensor_ops:
+            gradients.append(_tensor_gradient(spec, symbols, inlined, shapes, inp.name))
             continue
         parts = []
         for output in spec.outputs:
@@ -286,8 +357,22 @@ def derive(spec: Spec, problems: Problems) -> Derived | None:
     except _Many as many:
         problems.errors.extend(many.problems.errors)
         return None
+    shapes = input_shapes(spec, symbols)
+    try:
+        order = _definition_order(spec, symbols, definitions)
+        definitions = _read_definitions(spec, symbols, order, shapes)
+    except _Many as many:
+        problems.errors.extend(many.problems.errors)
+        return None
+    except SpecError as error:
+        problems.add(error)
+        return None
+    for output in spec.outputs:
+        if output.differentiable:
+            shapes[symbols.grads[output.name]] = shapes[symbols.outputs[output.name]]
     overrides: dict[str, Expr] = {}
     scope = gradient_scope(spec, symbols)
+    scope = replace(scope, shapes=shapes)
     before = len(problems.errors)
     for override in spec.gradients:
         with problems.collect(), located(override.formula.loc, f"gradient of '{override.input}'"):
@@ -299,14 +384,13 @@ def derive(spec: Spec, problems: Problems) -> Derived | None:
         if len(optional) > MAX_OPTIONAL:
             loc = spec.input(optional[MAX_OPTIONAL]).loc  # type: ignore[union-attr]
             raise SpecError(loc, f"at most {MAX_OPTIONAL} `Tensor?` inputs are supported per op")
-        order = _definition_order(spec, symbols, definitions)
         variants = []
         # Every subset of optional inputs may be None; the all-present variant comes last.
         for flags in itertools.product([True, False], repeat=len(optional)):
             absent = tuple(n for n, is_absent in zip(optional, flags) if is_absent)
-            variants.append(_variant(spec, symbols, definitions, order, overrides, absent))
+            variants.append(_variant(spec, symbols, definitions, order, overrides, absent, shapes))
     except SpecError as error:
         problems.add(error)
         return None
-    return Derived(spec, symbols, tuple(variants))
+    return Derived(spec, symbols, tuple(variants), shapes)
 

@@ -6,9 +6,10 @@ import sympy
 from sympy.printing.str import StrPrinter
 
 from opgen import functions as fn
+from opgen.tensor_print import TensorDisplay
 
 
-class DisplayPrinter(StrPrinter):
+class DisplayPrinter(TensorDisplay, StrPrinter):
     """SymPy's str printer with the spec's own function names and gradient names."""
 
     def __init__(self, names: dict[sympy.Symbol, str]) -> None:

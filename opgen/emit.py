@@ -8,6 +8,7 @@ the `nn.Module`. Statement bodies are built here as lines, every expression prin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import sympy
@@ -19,6 +20,7 @@ from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan
 from opgen.printer import TorchPrinter
 from opgen.render import Renderer, docstring
+from opgen.tensor import ShapeError, dim_size, shape_of
 
 Lines = list[str]
 
@@ -40,6 +42,8 @@ class OpNames:
     ctx_attrs: dict[str, str]  # non-tensor input -> ctx attribute
     shape_attrs: dict[str, str]  # input -> ctx attribute holding its shape
     temps: dict[sympy.Symbol, str]
+    size_attrs: dict[str, str]  # named dimension -> ctx attribute holding its size
+    check_shapes: str  # the module-level helper that checks argument shapes at call time
 
 
 def spec_names(spec: Spec) -> set[str]:
@@ -70,7 +74,12 @@ def make_names(plan: Plan) -> OpNames:
     attrs = ctx_namer()
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
-    return OpNames(torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out, ctx_attrs, shape_attrs, temps)
+    size_attrs = {n: attrs.fresh(n) for n in plan.dim_sizes}
+    check_shapes = namer.fresh("_check_shapes")
+    return OpNames(
+        torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out, ctx_attrs, shape_attrs, temps,
+        size_attrs, check_shapes,
+    )
 
 
 def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None) -> TorchPrinter:
@@ -80,6 +89,7 @@ def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str
         table |= {s: n for n, s in group.items()}
     table |= {symbols.grads[o]: names.grads_in[o] for o in symbols.grads}
     table |= names.temps
+    table |= {dim_size(n): f"{names.ctx}.{attr}" for n, attr in names.size_attrs.items()}
     table |= extra or {}
     # Temporaries of the gradients hold tensors; conditions are never kept in them (plan).
     tensors = set(symbols.tensors | frozenset(names.temps))
@@ -88,7 +98,21 @@ def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str
         for name, expr in variant.lets:
             if expr.free_symbols & tensors:
                 tensors.add(symbols.lets[name])
-    return TorchPrinter(table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
+    printer = TorchPrinter(table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
+    printer.tensor_shapes = dict(derived.shapes)
+    return printer
+
+
+def _with_temp_shapes(printer: TorchPrinter, plan: Plan) -> TorchPrinter:
+    """Let the printer know the shape of every temporary (`.T` or `.mT`)."""
+    for bp in plan.backward:
+        for group in bp.groups:
+            for temp in group.temps:
+                try:
+                    printer.tensor_shapes[temp.symbol] = shape_of(temp.expr, printer.tensor_shapes)
+                except ShapeError:
+                    printer.tensor_shapes[temp.symbol] = None
+    return printer
 
 
 def _indent(lines: Lines, level: int = 1) -> Lines:
@@ -154,7 +178,8 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     spec = plan.derived.spec
     ctx = names.ctx
     lines = []
-    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes)
+    sizes = _size_sources(spec, plan.dim_sizes)
+    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
     if backward_varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
     if needed_inputs & {i.name for i in spec.inputs}:
@@ -175,6 +200,8 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     for name in plan.shapes:
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
+    for dim, (source, index) in sizes.items():
+        lines.append(f"{ctx}.{names.size_attrs[dim]} = {source}.shape[{index}]")
     if backward_varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
@@ -187,6 +214,22 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     if not lines:
         lines.append("pass")
     return lines
+
+
+def _size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """For each named dimension, the first input that has it and where (counted from the end)."""
+    sources: dict[str, tuple[str, int]] = {}
+    for dim in dims:
+        for inp in spec.tensor_inputs:
+            if inp.type.dims and dim in inp.type.dims and not inp.type.optional:
+                sources[dim] = (inp.name, inp.type.dims.index(dim) - len(inp.type.dims))
+                break
+    return sources
+
+
+def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...]]]:
+    """The Tensor inputs with named dimensions, checked by the functional at call time."""
+    return [(i.name, i.type.dims) for i in spec.tensor_inputs if i.type.dims is not None]
 
 
 # -- backward ------------------------------------------------------------------------------------
@@ -204,10 +247,10 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     first_grad = names.grads_in[next(iter(symbols.grads))]
     lines: Lines = []
     if not grad.contributions:
-        if plan.gate_none:
+        if plan.gate_none or plan.derived.has_tensor_ops:
             return [f"{var} = None  # {grad.input} has a zero gradient"]
         lines.append(f"{var} = {names.torch}.zeros_like({first_grad})")
-    elif grad.overridden:
+    elif grad.overridden or grad.contributions[0].output is None:
         expr = grad.contributions[0].factor
         text = printer.doprint_expr(expr)
         if not printer.is_tensor(expr):
@@ -226,8 +269,12 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     else:
         total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
         lines.append(f"{var} = {printer.doprint_expr(total)}")
-    if grad.reduce:
-        shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs[grad.input]}"
+    shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
+    if grad.expand and grad.reduce:
+        lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")
+    elif grad.expand:
+        lines.append(f"{var} = {var}.expand({shape})")
+    elif grad.reduce:
         if plan.gate_none and grad.contributions:
             lines.append(f"if {var} is not None:")
             lines.append(f"    {var} = {var}.sum_to_size({shape})")
@@ -343,7 +390,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     spec = derived.spec
     names = make_names(plan)
-    printer = make_printer(derived, names)
+    printer = _with_temp_shapes(make_printer(derived, names), plan)
     backward, varies = backward_body(plan, names, printer)
     if varies:
         plan = _save_optionals(plan)
@@ -367,6 +414,9 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         docstring=docstring(doc_lines, indent=4),
         class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
         module=module_context(spec, names) if spec.module else None,
+        shape_checks=[
+            (name, ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else "")) for name, dims in shape_checks(spec)
+        ],
         uses_math=any(f"{names.math}." in line for line in forward + backward),
     )
     return text

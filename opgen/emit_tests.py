@@ -21,11 +21,42 @@ from opgen.native import NATIVE_OPS
 from opgen.plan import Plan
 from opgen.reference import reference_expr
 from opgen.render import Renderer
+from opgen.tensor import BATCH
 
 DEFAULT_SHAPE = (3, 4)
 DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
 DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
+BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
+
+
+def _shape_error(spec: Spec) -> dict[str, object] | None:
+    """A wrong shape for one input, which the functional must reject at call time.
+
+    Preferably a named dimension that an earlier input fixed, given another size (the inner
+    dimensions of `@` disagree); else a rank that the declaration does not allow.
+    """
+    shapes = _sample_shapes(spec, False)
+    seen: set[str] = set()
+    for k, inp in enumerate(spec.inputs):
+        if not inp.is_tensor or not inp.type.dims or inp.name in dict(spec.tests.shapes):
+            continue
+        named = [d for d in inp.type.dims if d != BATCH]
+        shared = [d for d in named if d in seen]
+        if shared:
+            wrong = list(shapes[inp.name])
+            position = len(wrong) - len(named) + named.index(shared[0])
+            wrong[position] += 1
+            return {"name": inp.name, "index": k, "shape": wrong}
+        seen.update(named)
+    for k, inp in enumerate(spec.inputs):
+        if inp.is_tensor and inp.type.dims:
+            batch = inp.type.dims[:1] == (BATCH,)
+            if batch and len(inp.type.dims) == 1:
+                continue
+            wrong = [] if batch else [2, *shapes[inp.name]]
+            return {"name": inp.name, "index": k, "shape": wrong}
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,20 +105,28 @@ def _reference(spec: Spec, names: dict[str, str], fname: str, absent: set[str], 
     return ReferenceFunction(fname, params, converts, lines, returns)
 
 
-def _sample_shapes(spec: Spec, broadcast: bool) -> dict[str, tuple[int, ...]]:
+def dim_sizes(spec: Spec) -> dict[str, int]:
+    """The size each named dimension has in the sampled inputs."""
+    shapes = dict(spec.tests.shapes)
+    dims: dict[str, int] = {}
+    for inp in spec.tensor_inputs:
+        for dim in inp.type.dims or ():
+            if dim != BATCH and dim not in dims:
+                dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
+    return dims
+
+
+def _sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> dict[str, tuple[int, ...]]:
+    """Sample shapes; inputs with batch dimensions `...` get `batch` in front."""
     shapes = dict(spec.tests.shapes)
     result = {}
-    dims: dict[str, int] = {}
+    dims = dim_sizes(spec)
     for inp in spec.tensor_inputs:
         if inp.name in shapes:
             result[inp.name] = shapes[inp.name]
         elif inp.type.dims is not None:
-            sizes = []
-            for k, dim in enumerate(inp.type.dims):
-                if dim not in dims:
-                    dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
-                sizes.append(dims[dim])
-            result[inp.name] = tuple(sizes)
+            front = batch if inp.type.dims[:1] == (BATCH,) else ()
+            result[inp.name] = front + tuple(dims[d] for d in inp.type.dims if d != BATCH)
         else:
             result[inp.name] = DEFAULT_SHAPE
     if broadcast:
@@ -101,9 +140,12 @@ def _sample_shapes(spec: Spec, broadcast: bool) -> dict[str, tuple[int, ...]]:
 
 
 def _module_args(spec: Spec) -> tuple[list[str], dict[str, str]]:
-    """Constructor arguments for the Module test, and the value each arg ends up with."""
+    """Constructor arguments for the Module test, and the value each arg ends up with.
+
+    An int arg named like a dimension (`in_features`) gets that dimension's sample size.
+    """
     assert spec.module is not None
-    values = dict(spec.tests.values)
+    values: dict[str, object] = {**dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
     for arg in spec.module.args:
@@ -152,6 +194,7 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     checked = [n for n in tensor_inputs if spec.override(n) is None]
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
+    has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
     return renderer.render(
         "test_op.py.j2",
         spec=spec,
@@ -164,6 +207,8 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         samples=samples,
         shapes=_sample_shapes(spec, False),
         broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
+        batched_shapes=_sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
+        shape_error=_shape_error(spec),
         tensor_inputs=tensor_inputs,
         tensor_index=[index[n] for n in tensor_inputs],
         checked_index=[index[n] for n in checked],

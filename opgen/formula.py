@@ -17,6 +17,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen import functions as fn
+from opgen import tensor
 from opgen.errors import Loc, SpecError
 from opgen.model import Formula
 
@@ -38,6 +39,9 @@ class Scope:
     tensors: frozenset[sympy.Symbol]  # symbols of Tensor inputs (max/min tie rule)
     extra_hint: str = ""  # appended to the message for an unknown `grad...` name
     unavailable: tuple[tuple[str, str], ...] = ()  # names that cannot be used here, and why
+    # The static shape of each tensor symbol (`opgen.tensor`); None: shapes are not checked
+    # yet and reduction dims stay as written (a first reading, only to order the formulas).
+    shapes: dict[sympy.Symbol, tensor.Shape] | None = None
 
 
 def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
@@ -118,6 +122,19 @@ class _Reader:
     def fail(self, node: ast.AST, message: str) -> SpecError:
         return SpecError(self.loc(node), f"in `{self.formula.text}`: {message}")
 
+    def shape(self, node: ast.AST, expr: sympy.Basic) -> tensor.Shape:
+        """The shape of what `node` built; shapes that do not fit are an error at `node`."""
+        if self.scope.shapes is None:
+            return None
+        try:
+            return tensor.shape_of(expr, self.scope.shapes)
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+
+    def checked(self, node: ast.AST, value: Value) -> Value:
+        self.shape(node, value.expr)
+        return value
+
     def number(self, node: ast.expr) -> Expr:
         value = self.read(node)
         if value.kind == BOOL:
@@ -184,21 +201,21 @@ class _Reader:
             left = self.condition(node.left, "each side of `&` and `|`")
             right = self.condition(node.right, "each side of `&` and `|`")
             return Value(sympy.And(left, right) if isinstance(op, ast.BitAnd) else sympy.Or(left, right), BOOL)
-        if isinstance(op, ast.MatMult):
-            raise self.fail(node, "`@` (matrix product) is not supported yet; elementwise formulas only")
         a, b = self.number(node.left), self.number(node.right)
+        if isinstance(op, ast.MatMult):
+            return self.checked(node, Value(tensor.MatMul(a, b), NUM))
         if isinstance(op, ast.Add):
-            return Value(a + b, NUM)
+            return self.checked(node, Value(a + b, NUM))
         if isinstance(op, ast.Sub):
-            return Value(a - b, NUM)
+            return self.checked(node, Value(a - b, NUM))
         if isinstance(op, ast.Mult):
-            return Value(a * b, NUM)
+            return self.checked(node, Value(a * b, NUM))
         if isinstance(op, ast.Div):
             if b == 0:
                 raise self.fail(node, "division by the constant zero")
-            return Value(a / b, NUM)
+            return self.checked(node, Value(a / b, NUM))
         if isinstance(op, ast.Pow):
-            return Value(a**b, NUM)
+            return self.checked(node, Value(a**b, NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
 
     def read_Compare(self, node: ast.Compare) -> Value:  # noqa: N802
@@ -220,7 +237,7 @@ class _Reader:
 
     def read_Attribute(self, node: ast.Attribute) -> Value:  # noqa: N802
         if node.attr == "T":
-            raise self.fail(node, "`.T` (transpose) is not supported yet; elementwise formulas only")
+            return self.checked(node, Value(tensor.Transpose(self.number(node.value)), NUM))
         raise self.fail(node, f"attribute `.{node.attr}` is not allowed; only `.T` is")
 
     def read_Call(self, node: ast.Call) -> Value:  # noqa: N802
@@ -230,7 +247,7 @@ class _Reader:
         if name in self.scope.names:
             raise self.fail(node, f"'{name}' is an input or intermediate, not a function")
         if name in REDUCTIONS:
-            raise self.fail(node, f"the reduction `{name}` is not supported yet; elementwise formulas only")
+            return self.read_reduction(node, name)
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
             import difflib
 
@@ -244,10 +261,11 @@ class _Reader:
         if name == "where":
             self._arity(node, name, 3)
             cond = self.condition(node.args[0], "the first argument of where()")
-            return Value(fn.where(cond, self.number(node.args[1]), self.number(node.args[2])), NUM)
+            return self.checked(node, Value(fn.where(cond, self.number(node.args[1]), self.number(node.args[2])), NUM))
         if name in ("max", "min"):
             self._arity(node, name, 2)
             a, b = self.number(node.args[0]), self.number(node.args[1])
+            self.shape(node, a + b)
             both = int(bool(a.free_symbols & self.scope.tensors) and bool(b.free_symbols & self.scope.tensors))
             cls = fn.maximum if name == "max" else fn.minimum
             if a.is_number and b.is_number:
@@ -255,7 +273,35 @@ class _Reader:
             return Value(cls(a, b, sympy.Integer(both)), NUM)
         arity, build = FUNCTIONS[name]
         self._arity(node, name, arity)
-        return Value(build(*(self.number(a) for a in node.args)), NUM)
+        return self.checked(node, Value(build(*(self.number(a) for a in node.args)), NUM))
+
+    def read_reduction(self, node: ast.Call, name: str) -> Value:
+        """`sum(x, dim=-1, keepdim=true)`; dim is required, keepdim defaults to false."""
+        if len(node.args) != 1:
+            raise self.fail(node, f"{name}() takes one tensor argument and `dim=` (and `keepdim=`), got {len(node.args)} arguments")
+        options = {}
+        for kw in node.keywords:
+            if kw.arg not in ("dim", "keepdim"):
+                raise self.fail(node, f"{name}() takes the keywords `dim` and `keepdim`, not `{kw.arg}`")
+            options[kw.arg] = kw.value
+        if "dim" not in options:
+            raise self.fail(node, f"{name}() needs `dim=`, e.g. {name}(x, dim=-1)")
+        dim = _int_literal(options["dim"])
+        if dim is None:
+            raise self.fail(options["dim"], f"`dim` of {name}() must be a whole number such as -1")
+        keepdim = False
+        if "keepdim" in options:
+            flag = self.read(options["keepdim"])
+            if flag.expr not in (S.true, S.false):
+                raise self.fail(options["keepdim"], f"`keepdim` of {name}() must be true or false")
+            keepdim = flag.expr is S.true
+        operand = self.number(node.args[0])
+        if self.scope.shapes is not None:
+            try:
+                dim = tensor.reduce_dim(self.shape(node.args[0], operand), dim, f"{name}()")
+            except tensor.ShapeError as error:
+                raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(tensor.reduction(name, operand, dim, keepdim), NUM))
 
     def _arity(self, node: ast.Call, name: str, count: int) -> None:
         if len(node.args) != count:
@@ -285,6 +331,15 @@ def _describe(node: ast.AST) -> str:
         "Slice": "a slice",
     }
     return names.get(type(node).__name__, f"`{type(node).__name__}`")
+
+
+def _int_literal(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_literal(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    return None
 
 
 def _float(value: float) -> Expr:

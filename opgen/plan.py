@@ -20,6 +20,7 @@ import sympy
 from sympy import Expr
 
 from opgen.derive import Contribution, Derived, Variant
+from opgen.tensor import is_dim_size
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class GradPlan:
     contributions: tuple[Contribution, ...]  # factors after CSE; empty: a zero gradient
     overridden: bool
     reduce: bool  # sum back to the input's shape (it may have been broadcast)
+    expand: bool = False  # expand to the input's shape (a reduction left a dimension out)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Plan:
     backward: tuple[BackwardPlan, ...]  # one per variant, same order as derived.variants
     gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
     temps: frozenset[sympy.Symbol]  # every temporary symbol
+    dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
 
 
 def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
@@ -118,6 +121,10 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
         for contribution in gradient.contributions:
             contributions.append(Contribution(contribution.output, reduced[position]))
             position += 1
+        if gradient.fit is not None:
+            fit = gradient.fit
+            grads.append(GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), False, fit.sum_to_size, fit.expand))
+            continue
         grads.append(GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), gradient.overridden, may_broadcast))
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
 
@@ -140,11 +147,13 @@ def plan(derived: Derived) -> Plan:
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     shapes = tuple(
         sorted(
-            {g.input for bp in backward for g in bp.grads if g.reduce and g.input not in saved},
+            {g.input for bp in backward for g in bp.grads if (g.reduce or g.expand) and g.input not in saved},
             key=index_of.__getitem__,
         )
     )
     differentiable = [o for o in spec.outputs if o.differentiable]
-    gate_none = len(differentiable) > 1 and not spec.gradients
+    # Gradients through tensor operations take every incoming gradient materialized.
+    gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
-    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps)
+    dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
+    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes)

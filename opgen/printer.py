@@ -18,6 +18,7 @@ from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import precedence
 
 from opgen import functions as fn
+from opgen.tensor_print import TensorPrinting
 
 # SymPy class -> (torch function, math function or None)
 _UNARY: dict[type, tuple[str, str | None]] = {
@@ -55,7 +56,7 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(CodePrinter):
+class TorchPrinter(TensorPrinting, CodePrinter):
     printmethod = "_opgen_torch"
     language = "Python"
     _default_settings = dict(CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False)

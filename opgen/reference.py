@@ -49,6 +49,10 @@ TORCH_FUNCTIONS = {
     "max": "torch.maximum",
     "min": "torch.minimum",
     "clamp": "torch.clamp",
+    "sum": "torch.sum",
+    "mean": "torch.mean",
+    "amax": "torch.amax",
+    "logsumexp": "torch.logsumexp",
 }
 
 
@@ -95,7 +99,12 @@ class _Translate(ast.NodeTransformer):
             return ast.Call(self._attr("torch.where"), [at_least_zero, one, zero], [])
         if name == "clamp":
             return ast.Call(self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])])
-        return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, [])
+        keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
+        return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:  # noqa: N802
+        # `.T` of the formula language swaps the last two dimensions, batched or not: torch's `.mT`.
+        return ast.Attribute(self.visit(node.value), "mT", ast.Load())
 
 
 def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:

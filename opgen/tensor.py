@@ -1,0 +1,263 @@
+"""Tensor-level formula nodes and their shapes: `@`, `.T`, reductions, over named dimensions.
+
+The formula parser builds these SymPy `Function` subclasses for the non-elementwise parts of
+a formula; to SymPy they are opaque nodes inside ordinary (elementwise) expressions, so
+`sympy.diff`, `cse` and printing treat everything between them as usual. `opgen.vjp` gives
+their gradients by exact rules, `opgen.tensor_print` prints them as torch code.
+
+Shapes are static: a tuple of dimension names (`"N"`), literal `1`s (from `keepdim=true`)
+and, first, an optional `"..."` standing for any number of leading batch dimensions that
+broadcast as in PyTorch (Note [batch dimensions]). `None` is the shape of a plain `Tensor`
+input, whose rank is unknown: elementwise formulas accept it, tensor operations do not.
+
+Note [batch dimensions]
+~~~~~~~~~~~~~~~~~~~~~~~
+`Tensor[N, K]` is exactly two-dimensional. `Tensor[..., N, K]` has any number (also zero) of
+leading batch dimensions before `N, K`; the batch dimensions of all inputs broadcast together
+as PyTorch broadcasts them. Reduction dims are counted from the end (`dim=-1`) whenever a
+`...` is involved, and may not reach into the batch. `@` needs two operands with at least two
+dimensions each and contracts the last dimension of the left one with the second-to-last of
+the right one; everything before those broadcasts (batch matmul). `x.T` swaps the last two
+dimensions (`.mT` when batch dimensions are possible).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import sympy
+from sympy import Expr, Function, S
+from sympy.printing.precedence import PRECEDENCE
+
+BATCH = "..."
+Dim = Union[str, int]  # a dimension name, the literal 1, or BATCH (first only)
+Shape = Union[tuple[Dim, ...], None]
+
+
+class ShapeError(Exception):
+    """Shapes that do not fit; the parser adds where."""
+
+
+def show(shape: Shape) -> str:
+    if shape is None:
+        return "[any shape]"
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
+    """(has leading batch dimensions, the dimensions after them)."""
+    if shape[:1] == (BATCH,):
+        return True, shape[1:]
+    return False, shape
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+
+class TensorOp(Function):
+    """A non-elementwise node; the subclasses say how it prints, what shape it has and its gradient."""
+
+    is_real = True
+    is_commutative = True  # as a value inside elementwise products; `@` keeps its own order
+
+
+class MatMul(TensorOp):
+    """`a @ b` (torch.matmul): batch dimensions broadcast, the inner dimension contracts."""
+
+    nargs = 2
+    precedence = PRECEDENCE["Mul"]
+
+
+class Transpose(TensorOp):
+    """`a.T`: swaps the last two dimensions."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, a: Expr) -> Expr | None:
+        if isinstance(a, Transpose):
+            return a.args[0]  # type: ignore[no-any-return]
+        if isinstance(a, MatMul):
+            # (a @ b).T == b.T @ a.T: the form a careful person writes for weight gradients.
+            return MatMul(Transpose(a.args[1]), Transpose(a.args[0]))
+        if isinstance(a, sympy.Mul) and any(isinstance(f, TensorOp) for f in a.args):
+            numbers = [f for f in a.args if f.is_number]
+            rest = [f for f in a.args if not f.is_number]
+            if numbers and len(rest) == 1:
+                return sympy.Mul(*numbers) * Transpose(rest[0])
+        return None
+
+
+class Reduction(TensorOp):
+    """`f(a, dim, keepdim)`: `dim` a SymPy Integer counted from the end, `keepdim` 0 or 1."""
+
+    nargs = 3
+    spec_name = ""
+
+    @property
+    def operand(self) -> Expr:
+        return self.args[0]  # type: ignore[no-any-return]
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def keepdim(self) -> bool:
+        return bool(self.args[2])
+
+
+class ReduceSum(Reduction):
+    spec_name = "sum"
+
+
+class ReduceMean(Reduction):
+    spec_name = "mean"
+
+
+class ReduceAmax(Reduction):
+    spec_name = "amax"
+
+
+class ReduceLogSumExp(Reduction):
+    spec_name = "logsumexp"
+
+
+REDUCTION_CLASSES: dict[str, type[Reduction]] = {
+    cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp)
+}
+
+
+def reduction(name: str, a: Expr, dim: int, keepdim: bool) -> Expr:
+    return REDUCTION_CLASSES[name](a, sympy.Integer(dim), sympy.Integer(int(keepdim)))
+
+
+class Unsqueeze(TensorOp):
+    """`g.unsqueeze(dim)`, `dim` counted from the end; only gradients use it."""
+
+    nargs = 2
+
+
+class SumDims(TensorOp):
+    """`g.sum(dims)` over leading dims (`keepdim` 0) or dims from the end (`keepdim` 1); gradients only."""
+
+    nargs = 3
+
+
+def dim_size(name: str) -> sympy.Symbol:
+    """The size of the named dimension `name`, a positive integer known at call time."""
+    return sympy.Symbol("size:" + name, integer=True, positive=True)
+
+
+def is_dim_size(symbol: sympy.Basic) -> bool:
+    return isinstance(symbol, sympy.Symbol) and symbol.name.startswith("size:")
+
+
+def has_tensor_ops(expr: sympy.Basic) -> bool:
+    return bool(expr.atoms(TensorOp))
+
+
+# -- shapes --------------------------------------------------------------------------------------
+
+
+def broadcast(a: Shape, b: Shape) -> Shape:
+    """The shape of an elementwise result, as PyTorch broadcasts; a mismatch is a `ShapeError`."""
+    if a is None or b is None:
+        return None
+    batch_a, dims_a = split(a)
+    batch_b, dims_b = split(b)
+    n = max(len(dims_a), len(dims_b))
+    padded_a = (1,) * (n - len(dims_a)) + dims_a
+    padded_b = (1,) * (n - len(dims_b)) + dims_b
+    out: list[Dim] = []
+    for x, y in zip(padded_a, padded_b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError(f"cannot broadcast {show(a)} with {show(b)}: dimension {x} does not match {y}")
+    return ((BATCH,) if batch_a or batch_b else ()) + tuple(out)
+
+
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    if a is None or b is None:
+        raise ShapeError("`@` needs operands with declared dimensions, e.g. Tensor[N, K]")
+    batch_a, dims_a = split(a)
+    batch_b, dims_b = split(b)
+    for shape, dims in ((a, dims_a), (b, dims_b)):
+        if len(dims) < 2:
+            raise ShapeError(f"`@` needs operands with at least two dimensions; {show(shape)} has {len(dims)}")
+    if dims_a[-1] != dims_b[-2]:
+        raise ShapeError(
+            f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[-1]} and {dims_b[-2]} differ"
+        )
+    left = ((BATCH,) if batch_a else ()) + dims_a[:-2]
+    right = ((BATCH,) if batch_b else ()) + dims_b[:-2]
+    return (broadcast(left, right) or ()) + (dims_a[-2], dims_b[-1])
+
+
+def transpose_shape(a: Shape) -> Shape:
+    if a is None:
+        raise ShapeError("`.T` needs an operand with declared dimensions, e.g. Tensor[N, K]")
+    batch, dims = split(a)
+    if len(dims) < 2:
+        raise ShapeError(f"`.T` needs at least two dimensions; {show(a)} has {len(dims)}")
+    return a[: len(a) - 2] + (a[-1], a[-2])
+
+
+def reduce_dim(a: Shape, dim: int, what: str) -> int:
+    """`dim` as a negative index into `a`; a dimension that is not there is a `ShapeError`."""
+    if a is None:
+        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
+    batch, dims = split(a)
+    rank = len(dims)
+    if batch and dim >= 0:
+        raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1 is the last of {show(a)})")
+    if not -rank <= dim < rank:
+        raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank}")
+    return dim - rank if dim >= 0 else dim
+
+
+def reduce_shape(a: Shape, dim: int, keepdim: bool) -> Shape:
+    assert a is not None and dim < 0
+    k = len(a) + dim
+    return a[:k] + ((1,) if keepdim else ()) + a[k + 1 :]
+
+
+def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
+    """The static shape of `expr`; symbols not in `table` are plain numbers."""
+    if isinstance(expr, sympy.Symbol):
+        return table.get(expr, ())
+    if not expr.args or expr.is_number:
+        return ()
+    if isinstance(expr, MatMul):
+        return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
+    if isinstance(expr, Transpose):
+        return transpose_shape(shape_of(expr.args[0], table))
+    if isinstance(expr, Reduction):
+        return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
+    if isinstance(expr, Unsqueeze):
+        inner = shape_of(expr.args[0], table)
+        assert inner is not None
+        k = len(inner) + int(expr.args[1]) + 1
+        return inner[:k] + (1,) + inner[k:]
+    if isinstance(expr, SumDims):
+        inner = shape_of(expr.args[0], table)
+        assert inner is not None
+        dims = [int(d) for d in expr.args[1]]
+        if expr.args[2]:
+            return tuple(1 if k - len(inner) in dims else d for k, d in enumerate(inner))
+        return tuple(d for k, d in enumerate(inner) if k not in dims)
+    shape: Shape = ()
+    for arg in expr.args:
+        if isinstance(arg, (sympy.Basic)) and not isinstance(arg, sympy.logic.boolalg.BooleanAtom):
+            shape = broadcast(shape, shape_of(arg, table))
+    return shape
+
+
+def known_rank(shape: Shape) -> bool:
+    return shape is not None and BATCH not in shape
+
+
+S_ONE = S.One

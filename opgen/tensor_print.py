@@ -1,0 +1,98 @@
+"""Printing the tensor nodes of `opgen.tensor`: as torch code and as formulas in docstrings.
+
+`TensorPrinting` is mixed into `TorchPrinter`: `a @ b`, `a.T` (`a.mT` when the operand may
+have batch dimensions), `a.sum(-1, keepdim=True)`, `g.unsqueeze(-1)`, `g.sum(0)`.
+`TensorDisplay` is mixed into the docstring printer and writes the spec's own notation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+from sympy.printing.precedence import PRECEDENCE
+
+from opgen.tensor import BATCH, MatMul, Reduction, Shape, SumDims, TensorOp, Transpose, Unsqueeze, shape_of
+
+
+def _is_postfix_safe(expr: sympy.Basic) -> bool:
+    """Whether `expr` prints as something a method call can follow without parentheses."""
+    if isinstance(expr, MatMul):
+        return False
+    return bool(expr.is_Symbol or isinstance(expr, (sympy.Function, TensorOp)))
+
+
+class TensorPrinting:
+    """`_print_<node>` methods for a `CodePrinter` that prints torch code."""
+
+    tensor_shapes: dict[sympy.Symbol, Shape] = {}  # set by the emitter: static shapes of symbols
+
+    if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+        def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
+
+    def _postfix(self, expr: sympy.Basic) -> str:
+        text = self._print(expr)
+        return text if _is_postfix_safe(expr) else f"({text})"
+
+    def _print_MatMul(self, expr: MatMul) -> str:
+        a, b = expr.args
+        level = PRECEDENCE["Mul"]
+        return f"{self.parenthesize(a, level)} @ {self.parenthesize(b, level)}"
+
+    def _print_Transpose(self, expr: Transpose) -> str:
+        operand = expr.args[0]
+        try:
+            shape = shape_of(operand, self.tensor_shapes)
+        except Exception:  # noqa: BLE001 - a shape we cannot tell: the batch-safe spelling
+            shape = None
+        plain = shape is not None and len(shape) == 2 and BATCH not in shape
+        return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
+
+    def _print_Reduction(self, expr: Reduction) -> str:
+        method = {"sum": "sum", "mean": "mean", "amax": "amax", "logsumexp": "logsumexp"}[expr.spec_name]
+        keep = ", keepdim=True" if expr.keepdim else ""
+        return f"{self._postfix(expr.operand)}.{method}({expr.dim}{keep})"
+
+    def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
+
+    def _print_SumDims(self, expr: SumDims) -> str:
+        dims = [int(d) for d in expr.args[1]]
+        dim_text = str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
+        keep = ", keepdim=True" if expr.args[2] else ""
+        return f"{self._postfix(expr.args[0])}.sum({dim_text}{keep})"
+
+
+class TensorDisplay:
+    """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
+
+    if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+        def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
+
+    def _print_MatMul(self, expr: MatMul) -> str:
+        level = PRECEDENCE["Mul"]
+        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
+
+    def _print_Transpose(self, expr: Transpose) -> str:
+        operand = expr.args[0]
+        text = self._print(operand)
+        return f"{text if _is_postfix_safe(operand) else f'({text})'}.T"
+
+    def _print_Reduction(self, expr: Reduction) -> str:
+        keep = ", keepdim=true" if expr.keepdim else ""
+        return f"{expr.spec_name}({self._print(expr.operand)}, dim={expr.dim}{keep})"
+
+    def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_SumDims(self, expr: SumDims) -> str:
+        dims = [int(d) for d in expr.args[1]]
+        dim_text = str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
+        keep = ", keepdim=true" if expr.args[2] else ""
+        return f"sum({self._print(expr.args[0])}, dim={dim_text}{keep})"

@@ -1,0 +1,202 @@
+"""Reverse-mode gradients of formulas with tensor operations (`@`, `.T`, reductions).
+
+Receives an output formula (SymPy, inputs only), the symbol of its incoming gradient and an
+input symbol; returns the input's gradient as one expression in the incoming gradient. The
+elementwise stretches between tensor operations are differentiated by `sympy.diff`; each
+tensor operation passes the gradient on by an exact rule (the approach of PyTorch's
+`derivatives.yaml`), so the result is the code a careful person writes: `grad @ weight`,
+`grad.T @ input`, `grad.sum(0)`, never a Jacobian.
+
+Note [carried batch dimensions]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Every rule is linear in the incoming gradient and acts on the trailing dimensions only (dims
+are counted from the end), so a gradient may carry extra leading dimensions that its node
+lacks (an input broadcast against a bigger one) all the way down to the input, where they are
+summed once. Only a dimension that a node keeps as size 1 (`keepdim=true`) while the gradient
+has it in full is summed on the spot, since the rule of that node needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen import functions as fn
+from opgen.tensor import (
+    BATCH,
+    MatMul,
+    ReduceAmax,
+    ReduceLogSumExp,
+    ReduceMean,
+    ReduceSum,
+    Reduction,
+    Shape,
+    ShapeError,
+    SumDims,
+    TensorOp,
+    Transpose,
+    Unsqueeze,
+    dim_size,
+    shape_of,
+    split,
+)
+
+Clean = Callable[[Expr], Expr]
+
+
+@dataclass(frozen=True)
+class LeafFit:
+    """What turns a gradient into the shape of its input beyond the static sums in the formula."""
+
+    expand: bool  # some dimension of the input is 1 (or missing) in the gradient
+    sum_to_size: bool  # batch dimensions may have been broadcast: sum back at run time
+
+
+class _Vjp:
+    def __init__(self, table: dict[sympy.Symbol, Shape], clean: Clean) -> None:
+        self.table = table
+        self.clean = clean
+
+    def shape(self, expr: sympy.Basic) -> Shape:
+        return shape_of(expr, self.table)
+
+    def vjp(self, expr: Expr, grad: Expr, x: sympy.Symbol) -> Expr:
+        """The gradient of `sum(grad * expr)` with respect to `x` (maybe with extra leading dims)."""
+        if x not in expr.free_symbols:
+            return S.Zero
+        if expr == x:
+            return grad
+        if isinstance(expr, TensorOp):
+            return self.rule(expr, grad, x)
+        leaves = sorted(_top_tensor_ops(expr, x), key=sympy.default_sort_key)
+        dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
+        back = {d: leaf for leaf, d in dummies.items()}
+        flat = expr.xreplace(dummies)
+        total: Expr = S.Zero
+        direct = self.clean(sympy.diff(flat, x)).xreplace(back)
+        if direct != 0:
+            total += grad * direct
+        for leaf, dummy in dummies.items():
+            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            if factor == 0:
+                continue
+            total += self.rule(leaf, self.keep_sums(grad * factor, leaf), x)
+        return total
+
+    def keep_sums(self, grad: Expr, node: Expr) -> Expr:
+        """Sum `grad` over the dimensions `node` keeps as size 1 (Note [carried batch dimensions])."""
+        have, want = self.shape(grad), self.shape(node)
+        if have is None or want is None:
+            raise ShapeError(
+                "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
+            )
+        dims = _kept_dims(split(have)[1], split(want)[1])
+        if not dims:
+            return grad
+        return SumDims(grad, sympy.Tuple(*dims), S.One)
+
+    def rule(self, node: Expr, grad: Expr, x: sympy.Symbol) -> Expr:
+        if isinstance(node, MatMul):
+            a, b = node.args
+            return self.vjp(a, MatMul(grad, Transpose(b)), x) + self.vjp(b, MatMul(Transpose(a), grad), x)
+        if isinstance(node, Transpose):
+            return self.vjp(node.args[0], Transpose(grad), x)
+        assert isinstance(node, Reduction), type(node)
+        a, dim = node.operand, node.dim
+        full = grad if node.keepdim else Unsqueeze(grad, sympy.Integer(dim))
+        if isinstance(node, ReduceSum):
+            return self.vjp(a, full, x)
+        if isinstance(node, ReduceMean):
+            return self.vjp(a, full / self.size(a, dim), x)
+        if isinstance(node, ReduceLogSumExp):
+            return self.vjp(a, full * sympy.exp(a - ReduceLogSumExp(a, sympy.Integer(dim), S.One)), x)
+        if isinstance(node, ReduceAmax):
+            # PyTorch's amax gradient: shared evenly among the entries that tie for the maximum.
+            mask = fn.indicator(sympy.Eq(a, ReduceAmax(a, sympy.Integer(dim), S.One), evaluate=False))
+            return self.vjp(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One), x)
+        raise AssertionError(type(node))
+
+    def size(self, expr: Expr, dim: int) -> Expr:
+        shape = self.shape(expr)
+        assert shape is not None
+        entry = shape[dim]
+        if entry == 1:
+            return S.One
+        if entry == BATCH:
+            raise ShapeError("mean() over a batch dimension `...` is not supported; name the dimension")
+        return dim_size(str(entry))
+
+
+def _kept_dims(have: tuple, want: tuple) -> tuple[int, ...]:
+    """Dims (from the end) that `want` has as 1 and `have` in full: summed with keepdim."""
+    return tuple(-k for k in range(len(want), 0, -1) if want[-k] == 1 and k <= len(have) and have[-k] != 1)
+
+
+def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
+    """The outermost tensor operations in `expr` that depend on `x`."""
+    found: set[Expr] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if x not in node.free_symbols:
+            continue
+        if isinstance(node, TensorOp):
+            found.add(node)  # type: ignore[arg-type]
+            continue
+        stack.extend(node.args)
+    return found
+
+
+def tensor_gradient(
+    outputs: list[tuple[Expr, sympy.Symbol]], x: sympy.Symbol, table: dict[sympy.Symbol, Shape], clean: Clean
+) -> Expr:
+    """The gradient of every `(formula, incoming gradient)` pair with respect to `x`, summed."""
+    engine = _Vjp(table, clean)
+    total: Expr = S.Zero
+    for expr, grad in outputs:
+        total += engine.vjp(expr, grad, x)
+    return total
+
+
+def fit_to_input(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int) -> tuple[Expr, LeafFit]:
+    """`grad` summed to the shape of input `x` where that is known statically, and what is left for run time.
+
+    `batch_inputs` is how many inputs have batch dimensions `...`: with more than one, the
+    batch of the gradient may be bigger than `x`'s own.
+    """
+    have, want = shape_of(grad, table), table[x]
+    if grad == 0 or want is None or have is None:
+        return grad, LeafFit(False, have is None or want is None)
+    have_batch, have_dims = split(have)
+    want_batch, want_dims = split(want)
+    keep = _kept_dims(have_dims, want_dims)
+    if keep:
+        grad = SumDims(grad, sympy.Tuple(*keep), S.One)
+    expand = any(
+        want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1) for k in range(1, len(want_dims) + 1)
+    )
+    extra = len(have_dims) - len(want_dims)
+    runtime = have_batch and (not want_batch or batch_inputs > 1)
+    if extra > 0 and not have_batch:
+        grad = SumDims(grad, sympy.Tuple(*range(extra)), S.Zero)
+    elif extra > 0:
+        runtime = True
+    if want_batch and not have_batch:
+        expand = True
+    return grad, LeafFit(expand, runtime)
+
+
+def substitute_outputs(expr: Expr, outputs: list[tuple[sympy.Symbol, Expr]]) -> Expr:
+    """Use a saved output where the gradient recomputes its formula (softmax, log-softmax, logsumexp)."""
+    replacements = {
+        formula: symbol
+        for symbol, formula in outputs
+        if not formula.is_Symbol and formula.atoms(TensorOp) and formula != 0
+    }
+    if not replacements:
+        return expr
+    # `exp(x - lse)` of log-softmax becomes `exp(y)`: the saved output, not x and a recomputation.
+    return expr.xreplace(replacements)
