@@ -13,7 +13,9 @@ from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
 from .ops.leaky_relu import LeakyReluFunction, leaky_relu
 from .ops.linear import Linear, LinearFunction, linear
+from .ops.log_softmax import LogSoftmaxFunction, log_softmax
 from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
+from .ops.logsumexp import LogsumexpFunction, logsumexp
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
 from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
@@ -26,6 +28,7 @@ from .ops.sigmoid import SigmoidFunction, sigmoid
 from .ops.sign_ste import SignSteFunction, sign_ste
 from .ops.silu import SiluFunction, silu
 from .ops.sinc import SincFunction, sinc
+from .ops.softmax import SoftmaxFunction, softmax
 from .ops.softplus import SoftplusFunction, softplus
 from .ops.softsign import SoftsignFunction, softsign
 from .ops.spike import SpikeFunction, spike
@@ -47,7 +50,9 @@ __all__ = [
     "LeakyReluFunction",
     "Linear",
     "LinearFunction",
+    "LogSoftmaxFunction",
     "LogsigmoidFunction",
+    "LogsumexpFunction",
     "MishFunction",
     "MulConstantFunction",
     "QuantizeSteFunction",
@@ -61,6 +66,7 @@ __all__ = [
     "SignSteFunction",
     "SiluFunction",
     "SincFunction",
+    "SoftmaxFunction",
     "SoftplusFunction",
     "SoftsignFunction",
     "SpikeFunction",
@@ -78,7 +84,9 @@ __all__ = [
     "huber",
     "leaky_relu",
     "linear",
+    "log_softmax",
     "logsigmoid",
+    "logsumexp",
     "mish",
     "mul_constant",
     "quantize_ste",
@@ -91,6 +99,7 @@ __all__ = [
     "sign_ste",
     "silu",
     "sinc",
+    "softmax",
     "softplus",
     "softsign",
     "spike",

@@ -56,4 +56,8 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "hardsigmoid": NativeOp(_F + "hardsigmoid", 1),
     "hardswish": NativeOp(_F + "hardswish", 1),
     "elu": NativeOp(_F + "elu", 2),
+    # Reductions over the last dimension and matrix ops (`Tensor[..., N]` specs).
+    "softmax": NativeOp("torch.softmax", 1, fixed=(("dim", "-1"),)),
+    "log_softmax": NativeOp("torch.log_softmax", 1, fixed=(("dim", "-1"),)),
+    "logsumexp": NativeOp("torch.logsumexp", 1, fixed=(("dim", "-1"),)),
 }

@@ -14,7 +14,7 @@ Note [batch dimensions]
 ~~~~~~~~~~~~~~~~~~~~~~~
 `Tensor[N, K]` is exactly two-dimensional. `Tensor[..., N, K]` has any number (also zero) of
 leading batch dimensions before `N, K`; the batch dimensions of all inputs broadcast together
-as PyTorch broadcasts them. Reduction dims are counted from the end (`dim=-1`) whenever a
+as PyTorch broadcasts them. ReductionBase dims are counted from the end (`dim=-1`) whenever a
 `...` is involved, and may not reach into the batch. `@` needs two operands with at least two
 dimensions each and contracts the last dimension of the left one with the second-to-last of
 the right one; everything before those broadcasts (batch matmul). `x.T` swaps the last two
@@ -26,12 +26,12 @@ from __future__ import annotations
 from typing import Union
 
 import sympy
-from sympy import Expr, Function, S
+from sympy import Expr, Function
 from sympy.printing.precedence import PRECEDENCE
 
 BATCH = "..."
-Dim = Union[str, int]  # a dimension name, the literal 1, or BATCH (first only)
-Shape = Union[tuple[Dim, ...], None]
+Dim = Union[str, int]  # noqa: UP007 - a runtime alias, also on Python 3.9 tooling  # a dimension name, the literal 1, or BATCH (first only)
+Shape = Union[tuple[Dim, ...], None]  # noqa: UP007
 
 
 class ShapeError(Exception):
@@ -61,14 +61,38 @@ class TensorOp(Function):
     is_commutative = True  # as a value inside elementwise products; `@` keeps its own order
 
 
+def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr | None:
+    """A linear node of `-2*g` is `-2` times the node of `g`: `-(g.sum(-1))`, not `(-g).sum(-1)`."""
+    coeff, body = operand.as_coeff_Mul()
+    if coeff == 1 or body == 1:
+        return None
+    return coeff * cls(body, *rest)  # type: ignore[no-any-return]
+
+
+class _Linear(TensorOp):
+    """A node linear in its first argument: numeric factors move outside."""
+
+    @classmethod
+    def eval(cls, operand: Expr, *rest: sympy.Basic) -> Expr | None:
+        return _pull_number(cls, operand, *rest)
+
+
 class MatMul(TensorOp):
     """`a @ b` (torch.matmul): batch dimensions broadcast, the inner dimension contracts."""
 
     nargs = 2
     precedence = PRECEDENCE["Mul"]
 
+    @classmethod
+    def eval(cls, a: Expr, b: Expr) -> Expr | None:
+        ca, ba = a.as_coeff_Mul()
+        cb, bb = b.as_coeff_Mul()
+        if (ca == 1 and cb == 1) or ba == 1 or bb == 1:
+            return None
+        return ca * cb * MatMul(ba, bb)  # type: ignore[no-any-return]
 
-class Transpose(TensorOp):
+
+class Transpose(_Linear):
     """`a.T`: swaps the last two dimensions."""
 
     nargs = 1
@@ -80,15 +104,10 @@ class Transpose(TensorOp):
         if isinstance(a, MatMul):
             # (a @ b).T == b.T @ a.T: the form a careful person writes for weight gradients.
             return MatMul(Transpose(a.args[1]), Transpose(a.args[0]))
-        if isinstance(a, sympy.Mul) and any(isinstance(f, TensorOp) for f in a.args):
-            numbers = [f for f in a.args if f.is_number]
-            rest = [f for f in a.args if not f.is_number]
-            if numbers and len(rest) == 1:
-                return sympy.Mul(*numbers) * Transpose(rest[0])
-        return None
+        return _pull_number(cls, a)
 
 
-class Reduction(TensorOp):
+class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_ReductionBase` for subclasses
     """`f(a, dim, keepdim)`: `dim` a SymPy Integer counted from the end, `keepdim` 0 or 1."""
 
     nargs = 3
@@ -107,23 +126,31 @@ class Reduction(TensorOp):
         return bool(self.args[2])
 
 
-class ReduceSum(Reduction):
+class ReduceSum(ReductionBase):
     spec_name = "sum"
 
+    @classmethod
+    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
+        return _pull_number(cls, operand, dim, keepdim)
 
-class ReduceMean(Reduction):
+
+class ReduceMean(ReductionBase):
     spec_name = "mean"
 
+    @classmethod
+    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
+        return _pull_number(cls, operand, dim, keepdim)
 
-class ReduceAmax(Reduction):
+
+class ReduceAmax(ReductionBase):
     spec_name = "amax"
 
 
-class ReduceLogSumExp(Reduction):
+class ReduceLogSumExp(ReductionBase):
     spec_name = "logsumexp"
 
 
-REDUCTION_CLASSES: dict[str, type[Reduction]] = {
+REDUCTION_CLASSES: dict[str, type[ReductionBase]] = {
     cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp)
 }
 
@@ -132,13 +159,13 @@ def reduction(name: str, a: Expr, dim: int, keepdim: bool) -> Expr:
     return REDUCTION_CLASSES[name](a, sympy.Integer(dim), sympy.Integer(int(keepdim)))
 
 
-class Unsqueeze(TensorOp):
+class Unsqueeze(_Linear):
     """`g.unsqueeze(dim)`, `dim` counted from the end; only gradients use it."""
 
     nargs = 2
 
 
-class SumDims(TensorOp):
+class SumDims(_Linear):
     """`g.sum(dims)` over leading dims (`keepdim` 0) or dims from the end (`keepdim` 1); gradients only."""
 
     nargs = 3
@@ -170,7 +197,7 @@ def broadcast(a: Shape, b: Shape) -> Shape:
     padded_a = (1,) * (n - len(dims_a)) + dims_a
     padded_b = (1,) * (n - len(dims_b)) + dims_b
     out: list[Dim] = []
-    for x, y in zip(padded_a, padded_b):
+    for x, y in zip(padded_a, padded_b, strict=True):
         if x == y or y == 1:
             out.append(x)
         elif x == 1:
@@ -213,7 +240,7 @@ def reduce_dim(a: Shape, dim: int, what: str) -> int:
     batch, dims = split(a)
     rank = len(dims)
     if batch and dim >= 0:
-        raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1 is the last of {show(a)})")
+        raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1: the last of {show(a)})")
     if not -rank <= dim < rank:
         raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank}")
     return dim - rank if dim >= 0 else dim
@@ -235,7 +262,7 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
     if isinstance(expr, Transpose):
         return transpose_shape(shape_of(expr.args[0], table))
-    if isinstance(expr, Reduction):
+    if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
     if isinstance(expr, Unsqueeze):
         inner = shape_of(expr.args[0], table)
@@ -259,5 +286,3 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
 def known_rank(shape: Shape) -> bool:
     return shape is not None and BATCH not in shape
 
-
-S_ONE = S.One

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 from sympy.printing.precedence import PRECEDENCE
 
-from opgen.tensor import BATCH, MatMul, Reduction, Shape, SumDims, TensorOp, Transpose, Unsqueeze, shape_of
+from opgen.tensor import BATCH, MatMul, ReductionBase, Shape, SumDims, TensorOp, Transpose, Unsqueeze, shape_of
 
 
 def _is_postfix_safe(expr: sympy.Basic) -> bool:
@@ -51,7 +51,7 @@ class TensorPrinting:
         plain = shape is not None and len(shape) == 2 and BATCH not in shape
         return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
 
-    def _print_Reduction(self, expr: Reduction) -> str:
+    def _print_ReductionBase(self, expr: ReductionBase) -> str:
         method = {"sum": "sum", "mean": "mean", "amax": "amax", "logsumexp": "logsumexp"}[expr.spec_name]
         keep = ", keepdim=True" if expr.keepdim else ""
         return f"{self._postfix(expr.operand)}.{method}({expr.dim}{keep})"
@@ -84,7 +84,7 @@ class TensorDisplay:
         text = self._print(operand)
         return f"{text if _is_postfix_safe(operand) else f'({text})'}.T"
 
-    def _print_Reduction(self, expr: Reduction) -> str:
+    def _print_ReductionBase(self, expr: ReductionBase) -> str:
         keep = ", keepdim=true" if expr.keepdim else ""
         return f"{expr.spec_name}({self._print(expr.operand)}, dim={expr.dim}{keep})"
 

@@ -32,7 +32,7 @@ from opgen.tensor import (
     ReduceLogSumExp,
     ReduceMean,
     ReduceSum,
-    Reduction,
+    ReductionBase,
     Shape,
     ShapeError,
     SumDims,
@@ -104,18 +104,20 @@ class _Vjp:
             return self.vjp(a, MatMul(grad, Transpose(b)), x) + self.vjp(b, MatMul(Transpose(a), grad), x)
         if isinstance(node, Transpose):
             return self.vjp(node.args[0], Transpose(grad), x)
-        assert isinstance(node, Reduction), type(node)
+        assert isinstance(node, ReductionBase), type(node)
         a, dim = node.operand, node.dim
         full = grad if node.keepdim else Unsqueeze(grad, sympy.Integer(dim))
         if isinstance(node, ReduceSum):
             return self.vjp(a, full, x)
         if isinstance(node, ReduceMean):
             return self.vjp(a, full / self.size(a, dim), x)
+        # The reduced value itself, kept at size 1: the op's saved output when it is one.
+        kept = node if node.keepdim else Unsqueeze(node, sympy.Integer(dim))
         if isinstance(node, ReduceLogSumExp):
-            return self.vjp(a, full * sympy.exp(a - ReduceLogSumExp(a, sympy.Integer(dim), S.One)), x)
+            return self.vjp(a, full * sympy.exp(a - kept), x)
         if isinstance(node, ReduceAmax):
             # PyTorch's amax gradient: shared evenly among the entries that tie for the maximum.
-            mask = fn.indicator(sympy.Eq(a, ReduceAmax(a, sympy.Integer(dim), S.One), evaluate=False))
+            mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
             return self.vjp(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One), x)
         raise AssertionError(type(node))
 
@@ -161,7 +163,9 @@ def tensor_gradient(
     return total
 
 
-def fit_to_input(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int) -> tuple[Expr, LeafFit]:
+def fit_to_input(
+    grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int
+) -> tuple[Expr, LeafFit]:
     """`grad` summed to the shape of input `x` where that is known statically, and what is left for run time.
 
     `batch_inputs` is how many inputs have batch dimensions `...`: with more than one, the
