@@ -218,6 +218,7 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
     if dims_a[-1] != dims_b[-2]:
         raise ShapeError(
             f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[-1]} and {dims_b[-2]} differ"
+            " (is a `.T` missing?)"
         )
     left = ((BATCH,) if batch_a else ()) + dims_a[:-2]
     right = ((BATCH,) if batch_b else ()) + dims_b[:-2]
@@ -242,7 +243,7 @@ def reduce_dim(a: Shape, dim: int, what: str) -> int:
     if batch and dim >= 0:
         raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1: the last of {show(a)})")
     if not -rank <= dim < rank:
-        raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank}")
+        raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank} dimensions")
     return dim - rank if dim >= 0 else dim
 
 
