@@ -109,8 +109,19 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
     names = {n: Value(s, NUM) for n, s in symbols.inputs.items()}
     names |= {n: Value(s, NUM) for n, s in symbols.lets.items()}
     names |= {n: Value(s, NUM) for n, s in symbols.outputs.items()}
+    # A named dimension is also a number: its size (`q @ k.T / sqrt(D)`); spec names win.
+    for dim in dimension_names(spec):
+        names.setdefault(dim, Value(tensor.dim_size(dim), NUM))
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
     return Scope(names, frozenset(symbols.tensor_inputs), hint)
+
+
+def dimension_names(spec: Spec) -> list[str]:
+    """The named dimensions of the Tensor inputs, in order of first appearance."""
+    dims: list[str] = []
+    for inp in spec.tensor_inputs:
+        dims += [d for d in inp.type.dims or () if d != tensor.BATCH and d not in dims]
+    return dims
 
 
 def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:

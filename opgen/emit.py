@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.derive import Derived, Variant
+from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan
 from opgen.printer import TorchPrinter
 from opgen.render import Renderer, docstring
-from opgen.tensor import ShapeError, dim_size, shape_of
+from opgen.tensor import ShapeError, dim_size, is_dim_size, shape_of
 
 Lines = list[str]
 
@@ -43,6 +43,7 @@ class OpNames:
     shape_attrs: dict[str, str]  # input -> ctx attribute holding its shape
     temps: dict[sympy.Symbol, str]
     size_attrs: dict[str, str]  # named dimension -> ctx attribute holding its size
+    size_locals: dict[str, str]  # named dimension -> forward's local variable holding its size
     check_shapes: str  # the module-level helper that checks argument shapes at call time
 
 
@@ -75,11 +76,18 @@ def make_names(plan: Plan) -> OpNames:
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
     size_attrs = {n: attrs.fresh(n) for n in plan.dim_sizes}
+    size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("_check_shapes")
     return OpNames(
         torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out, ctx_attrs, shape_attrs, temps,
-        size_attrs, check_shapes,
+        size_attrs, size_locals, check_shapes,
     )
+
+
+def forward_dims(derived: Derived) -> list[str]:
+    """Named dimensions whose size a forward formula uses as a number."""
+    used = {s for v in derived.variants for _, e in (*v.lets, *v.outputs) for s in e.free_symbols if is_dim_size(s)}
+    return sorted(s.name.split(":", 1)[1] for s in used)
 
 
 def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None) -> TorchPrinter:
@@ -160,8 +168,11 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     derived = plan.derived
     optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
+    sizes = size_sources(derived.spec, tuple(names.size_locals))
+    lines = [f"{names.size_locals[d]} = {source}.shape[{index}]" for d, (source, index) in sizes.items()]
+    printer = make_printer(derived, names, {dim_size(d): local for d, local in names.size_locals.items()})
     bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
-    lines = _branches(bodies, optional, is_none)
+    lines += _branches(bodies, optional, is_none)
     outputs = [o.name for o in derived.spec.outputs]
     lines.append(f"return {', '.join(outputs)}")
     return lines
@@ -178,7 +189,7 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     spec = plan.derived.spec
     ctx = names.ctx
     lines = []
-    sizes = _size_sources(spec, plan.dim_sizes)
+    sizes = size_sources(spec, plan.dim_sizes)
     needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
     if backward_varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
@@ -216,7 +227,7 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     return lines
 
 
-def _size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
     """For each named dimension, the first input that has it and where (counted from the end)."""
     sources: dict[str, tuple[str, int]] = {}
     for dim in dims:
@@ -367,6 +378,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
     single = len(symbols.grads) == 1
     table |= {s: ("grad" if single else f"grad_{o}") for o, s in symbols.grads.items()}
+    table |= {dim_size(d): d for d in dimension_names(spec)}
     lines = ["Forward:"]
     full = derived.full
     for name, expr in [*full.lets, *full.outputs]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from opgen.derive import dimension_names
+from opgen.emit import size_sources
 from opgen.formula import parse_ast
 from opgen.model import Formula, Spec
 from opgen.names import Namer
@@ -68,6 +70,12 @@ class ReferenceFunction:
     returns: str
 
 
+def _size_texts(spec: Spec, names: dict[str, str]) -> dict[str, str]:
+    """Source text for the size of each named dimension not shadowed by a spec name."""
+    sizes = size_sources(spec, tuple(dimension_names(spec)))
+    return {d: f"{names[source]}.shape[{index}]" for d, (source, index) in sizes.items() if d not in names}
+
+
 def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Formula]]:
     defined = {name for name, _ in formulas}
     uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} & defined for name, f in formulas}
@@ -93,7 +101,7 @@ def _reference(spec: Spec, names: dict[str, str], fname: str, absent: set[str], 
     lines = []
     gone = set(absent)
     for name, formula in _dependency_order(formulas):
-        text = reference_expr(formula, names, t, torch, math, gone)
+        text = reference_expr(formula, names, t, torch, math, gone, _size_texts(spec, names))
         if text is None:
             gone.add(name)
             continue
@@ -178,7 +186,7 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
         if len(grads_in) == 1:
             scope["grad"] = next(iter(grads_in.values()))
-        text = reference_expr(override.formula, scope, t, torch, math)
+        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names))
         params = ", ".join([*names.values(), *grads_in.values()])
         overrides.append({"input": override.input, "params": params, "expr": text})
     values = dict(spec.tests.values)

@@ -57,8 +57,9 @@ TORCH_FUNCTIONS = {
 
 
 class _Translate(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str], wrap: str, torch: str, math: str) -> None:
+    def __init__(self, names: dict[str, str], wrap: str, torch: str, math: str, sizes: dict[str, str]) -> None:
         self.names = names
+        self.sizes = sizes
         self.wrap = wrap
         self.torch = torch
         self.math = math
@@ -80,6 +81,8 @@ class _Translate(ast.NodeTransformer):
     def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802
         if node.id in self.names:
             return ast.Name(self.names[node.id], ast.Load())
+        if node.id in self.sizes:  # a named dimension used as a number: its size
+            return ast.Call(ast.Name(self.wrap, ast.Load()), [ast.parse(self.sizes[node.id], mode="eval").body], [])
         if node.id in ("pi", "inf"):
             return ast.Attribute(ast.Name(self.math, ast.Load()), node.id, ast.Load())
         if node.id in ("true", "True"):
@@ -144,15 +147,24 @@ def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
 
 
 def reference_expr(
-    formula: Formula, names: dict[str, str], wrap: str, torch: str, math: str, absent: set[str] | None = None
+    formula: Formula,
+    names: dict[str, str],
+    wrap: str,
+    torch: str,
+    math: str,
+    absent: set[str] | None = None,
+    sizes: dict[str, str] | None = None,
 ) -> str | None:
-    """Plain torch source for a formula; None when every term uses an absent name."""
+    """Plain torch source for a formula; None when every term uses an absent name.
+
+    `sizes` gives, for each named dimension, source text for its size (`q.shape[-1]`).
+    """
     tree = parse_ast(formula)
     if absent:
         dropped = drop_names(tree, absent)
         if dropped is None:
             return None
         tree = dropped
-    translator = _Translate(names, wrap, torch, math)
+    translator = _Translate(names, wrap, torch, math, sizes or {})
     translated = translator._tensor(translator.visit(tree))
     return ast.unparse(ast.fix_missing_locations(translated))

@@ -56,35 +56,52 @@ class LeafFit:
 
 
 class _Vjp:
-    def __init__(self, table: dict[sympy.Symbol, Shape], clean: Clean) -> None:
+    """Reverse mode over the tensor operations of formulas, for one input `x`.
+
+    A tensor operation that several paths reach (a `let` used twice) first collects all of its
+    incoming gradient and then applies its rule once: `(g1 + g2) @ k`, not `g1 @ k + g2 @ k`.
+    """
+
+    def __init__(self, table: dict[sympy.Symbol, Shape], clean: Clean, x: sympy.Symbol) -> None:
         self.table = table
         self.clean = clean
+        self.x = x
+        self.pending: dict[Expr, Expr] = {}  # tensor operation -> gradient collected so far
+        self.total: Expr = S.Zero  # the gradient of x (maybe with extra leading dims)
 
     def shape(self, expr: sympy.Basic) -> Shape:
         return shape_of(expr, self.table)
 
-    def vjp(self, expr: Expr, grad: Expr, x: sympy.Symbol) -> Expr:
-        """The gradient of `sum(grad * expr)` with respect to `x` (maybe with extra leading dims)."""
-        if x not in expr.free_symbols:
-            return S.Zero
+    def run(self) -> Expr:
+        """Apply the rules, each node after every node that contains it."""
+        while self.pending:
+            ready = [n for n in self.pending if not any(o is not n and o.has(n) for o in self.pending)]
+            node = min(ready, key=sympy.default_sort_key)
+            self.rule(node, self.pending.pop(node))
+        return self.total
+
+    def push(self, expr: Expr, grad: Expr) -> None:
+        """Pass `grad`, the gradient of `sum(grad * expr)`, on towards `x`."""
+        x = self.x
+        if x not in expr.free_symbols or grad == 0:
+            return
         if expr == x:
-            return grad
+            self.total += grad
+            return
         if isinstance(expr, TensorOp):
-            return self.rule(expr, grad, x)
+            self.pending[expr] = self.pending.get(expr, S.Zero) + grad
+            return
         leaves = sorted(_top_tensor_ops(expr, x), key=sympy.default_sort_key)
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
-        total: Expr = S.Zero
         direct = self.clean(sympy.diff(flat, x)).xreplace(back)
         if direct != 0:
-            total += grad * direct
+            self.total += grad * direct
         for leaf, dummy in dummies.items():
             factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
-            if factor == 0:
-                continue
-            total += self.rule(leaf, self.keep_sums(grad * factor, leaf), x)
-        return total
+            if factor != 0:
+                self.push(leaf, self.keep_sums(grad * factor, leaf))
 
     def keep_sums(self, grad: Expr, node: Expr) -> Expr:
         """Sum `grad` over the dimensions `node` keeps as size 1 (Note [carried batch dimensions])."""
@@ -98,28 +115,32 @@ class _Vjp:
             return grad
         return SumDims(grad, sympy.Tuple(*dims), S.One)
 
-    def rule(self, node: Expr, grad: Expr, x: sympy.Symbol) -> Expr:
+    def rule(self, node: Expr, grad: Expr) -> None:
         if isinstance(node, MatMul):
             a, b = node.args
-            return self.vjp(a, MatMul(grad, Transpose(b)), x) + self.vjp(b, MatMul(Transpose(a), grad), x)
+            self.push(a, MatMul(grad, Transpose(b)))
+            self.push(b, MatMul(Transpose(a), grad))
+            return
         if isinstance(node, Transpose):
-            return self.vjp(node.args[0], Transpose(grad), x)
+            self.push(node.args[0], Transpose(grad))
+            return
         assert isinstance(node, ReductionBase), type(node)
         a, dim = node.operand, node.dim
         full = grad if node.keepdim else Unsqueeze(grad, sympy.Integer(dim))
-        if isinstance(node, ReduceSum):
-            return self.vjp(a, full, x)
-        if isinstance(node, ReduceMean):
-            return self.vjp(a, full / self.size(a, dim), x)
         # The reduced value itself, kept at size 1: the op's saved output when it is one.
         kept = node if node.keepdim else Unsqueeze(node, sympy.Integer(dim))
-        if isinstance(node, ReduceLogSumExp):
-            return self.vjp(a, full * sympy.exp(a - kept), x)
-        if isinstance(node, ReduceAmax):
+        if isinstance(node, ReduceSum):
+            self.push(a, full)
+        elif isinstance(node, ReduceMean):
+            self.push(a, full / self.size(a, dim))
+        elif isinstance(node, ReduceLogSumExp):
+            self.push(a, full * sympy.exp(a - kept))
+        elif isinstance(node, ReduceAmax):
             # PyTorch's amax gradient: shared evenly among the entries that tie for the maximum.
             mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
-            return self.vjp(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One), x)
-        raise AssertionError(type(node))
+            self.push(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One))
+        else:
+            raise AssertionError(type(node))
 
     def size(self, expr: Expr, dim: int) -> Expr:
         shape = self.shape(expr)
@@ -156,11 +177,10 @@ def tensor_gradient(
     outputs: list[tuple[Expr, sympy.Symbol]], x: sympy.Symbol, table: dict[sympy.Symbol, Shape], clean: Clean
 ) -> Expr:
     """The gradient of every `(formula, incoming gradient)` pair with respect to `x`, summed."""
-    engine = _Vjp(table, clean)
-    total: Expr = S.Zero
+    engine = _Vjp(table, clean, x)
     for expr, grad in outputs:
-        total += engine.vjp(expr, grad, x)
-    return total
+        engine.push(expr, grad)
+    return engine.run()
 
 
 def fit_to_input(

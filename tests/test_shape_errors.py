@@ -46,7 +46,8 @@ def test_each_bad_shape_gets_one_located_message(path, monkeypatch):
     monkeypatch.chdir(HERE.parent)
     found = messages(path)
     assert len(found) == 1, found
-    assert re.match(rf"^tests/shape_errors/{re.escape(path.name)}:\d+:\d+: in (native reference )?`", found[0]), found[0]
+    located = rf"^tests/shape_errors/{re.escape(path.name)}:\d+:\d+: in (native reference )?`"
+    assert re.match(located, found[0]), found[0]
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,11 @@ def test_call_time_messages_match_snapshot(ops):
 
 
 def test_call_time_message_names_argument_expected_and_actual_shape(ops):
-    with pytest.raises(ValueError, match=re.escape(
-        "linear(): argument 'weight' must have shape [out_features, in_features] with in_features=4 (from 'input'), got [3, 5]"
-    )):
+    expected = (
+        "linear(): argument 'weight' must have shape [out_features, in_features]"
+        " with in_features=4 (from 'input'), got [3, 5]"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
         ops.linear(torch.randn(2, 4), torch.randn(3, 5))
 
 
