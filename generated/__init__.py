@@ -4,7 +4,9 @@
 from .ops.affine import Affine, AffineFunction, affine
 from .ops.attention_scores import AttentionScoresFunction, attention_scores
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
+from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
+from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
 from .ops.gelu import GeluFunction, gelu
@@ -20,6 +22,7 @@ from .ops.logsumexp import LogsumexpFunction, logsumexp
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
 from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
+from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
@@ -41,7 +44,10 @@ __all__ = [
     "AffineFunction",
     "AttentionScoresFunction",
     "BceWithLogitsFunction",
+    "Bilinear",
+    "BilinearFunction",
     "ClipGradFunction",
+    "CosineSimilarityFunction",
     "EluFunction",
     "FocalLossFunction",
     "GeluFunction",
@@ -58,6 +64,7 @@ __all__ = [
     "MishFunction",
     "MulConstantFunction",
     "QuantizeSteFunction",
+    "RbfKernelFunction",
     "Relu6Function",
     "RoundSteFunction",
     "SafeSqrtFunction",
@@ -77,7 +84,9 @@ __all__ = [
     "affine",
     "attention_scores",
     "bce_with_logits",
+    "bilinear",
     "clip_grad",
+    "cosine_similarity",
     "elu",
     "focal_loss",
     "gelu",
@@ -93,6 +102,7 @@ __all__ = [
     "mish",
     "mul_constant",
     "quantize_ste",
+    "rbf_kernel",
     "relu6",
     "round_ste",
     "safe_sqrt",

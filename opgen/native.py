@@ -17,6 +17,9 @@ class NativeOp:
     positional: int  # how many spec inputs are passed positionally
     keywords: tuple[str, ...] = ()  # the keyword of each further spec input
     fixed: tuple[tuple[str, str], ...] = ()  # keyword -> Python literal
+    # For a reference that is not one call (`exp(-gamma * cdist(x, y) ** 2)`): Python source
+    # with `{torch}` and `{0}`, `{1}`, ... for the spec's inputs; written here, never by a spec.
+    expression: str = ""
 
     @property
     def arity(self) -> int:
@@ -26,6 +29,8 @@ class NativeOp:
         """The call of this op on the given argument expressions, `torch` as named in the file."""
         head, _, rest = self.function.partition(".")
         assert head == "torch" and len(args) == self.arity
+        if self.expression:
+            return self.expression.format(*args, torch=torch)
         parts = args[: self.positional]
         parts += [f"{k}={v}" for k, v in self.fixed]
         parts += [f"{k}={a}" for k, a in zip(self.keywords, args[self.positional :], strict=True)]
@@ -60,4 +65,10 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "softmax": NativeOp("torch.softmax", 1, fixed=(("dim", "-1"),)),
     "log_softmax": NativeOp("torch.log_softmax", 1, fixed=(("dim", "-1"),)),
     "logsumexp": NativeOp("torch.logsumexp", 1, fixed=(("dim", "-1"),)),
+    "attention_softmax": NativeOp(
+        "torch.softmax", 2, expression="{torch}.softmax({0} @ {1}.mT / {0}.shape[-1] ** 0.5, dim=-1)"
+    ),
+    "cosine_similarity": NativeOp(_F + "cosine_similarity", 2, ("eps",), (("dim", "-1"),)),
+    "bilinear": NativeOp(_F + "bilinear", 4),
+    "rbf_kernel": NativeOp("torch.cdist", 3, expression="{torch}.exp(-{2} * {torch}.cdist({0}, {1}) ** 2)"),
 }
