@@ -267,7 +267,9 @@ def _tensor_gradient(
     """The gradient of input `name` by reverse mode over the tensor operations (`opgen.vjp`)."""
     x = symbols.inputs[name]
     differentiable = [o for o in spec.outputs if o.differentiable]
-    pairs = [(guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name]) for o in differentiable]
+    pairs = [
+        (guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name]) for o in differentiable
+    ]
     loc = differentiable[0].formula.loc
     what = f"gradient of '{name}'"
     with located(loc, what):

@@ -79,8 +79,8 @@ def make_names(plan: Plan) -> OpNames:
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("_check_shapes")
     return OpNames(
-        torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out, ctx_attrs, shape_attrs, temps,
-        size_attrs, size_locals, check_shapes,
+        torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out,
+        ctx_attrs, shape_attrs, temps, size_attrs, size_locals, check_shapes,
     )
 
 
