@@ -273,9 +273,9 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     if isinstance(expr, SumDims):
         inner = shape_of(expr.args[0], table)
         assert inner is not None
-        dims = [int(d) for d in expr.args[1]]
+        dims = {int(d) % len(inner) for d in expr.args[1]}  # from the front or the end
         if expr.args[2]:
-            return tuple(1 if k - len(inner) in dims else d for k, d in enumerate(inner))
+            return tuple(1 if k in dims else d for k, d in enumerate(inner))
         return tuple(d for k, d in enumerate(inner) if k not in dims)
     shape: Shape = ()
     for arg in expr.args:

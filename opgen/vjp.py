@@ -9,11 +9,13 @@ tensor operation passes the gradient on by an exact rule (the approach of PyTorc
 
 Note [carried batch dimensions]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Every rule is linear in the incoming gradient and acts on the trailing dimensions only (dims
-are counted from the end), so a gradient may carry extra leading dimensions that its node
-lacks (an input broadcast against a bigger one) all the way down to the input, where they are
-summed once. Only a dimension that a node keeps as size 1 (`keepdim=true`) while the gradient
-has it in full is summed on the spot, since the rule of that node needs it.
+A gradient that reaches a node (or the input) with dimensions the node lacks (it was broadcast
+against something bigger) is summed back to the node's shape on arrival: named dimensions in
+front of the node's own, and dimensions the node keeps as size 1 (`keepdim=true`). Only batch
+dimensions `...` may be carried further: every rule is linear in the gradient and acts on the
+trailing dimensions (dims are counted from the end), and every gradient carries the output's
+whole batch, so summing the batch once at the input (`sum_to_size`, at run time, when inputs
+of different batch shapes were broadcast) gives the same result.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ class _Vjp:
         if x not in expr.free_symbols or grad == 0:
             return
         if expr == x:
-            self.total += grad
+            self.total += self.fit(grad, expr)
             return
         if isinstance(expr, TensorOp):
-            self.pending[expr] = self.pending.get(expr, S.Zero) + grad
+            self.pending[expr] = self.pending.get(expr, S.Zero) + self.fit(grad, expr)
             return
         leaves = sorted(_top_tensor_ops(expr, x), key=sympy.default_sort_key)
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
@@ -101,19 +103,28 @@ class _Vjp:
         for leaf, dummy in dummies.items():
             factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
             if factor != 0:
-                self.push(leaf, self.keep_sums(grad * factor, leaf))
+                self.push(leaf, grad * factor)
 
-    def keep_sums(self, grad: Expr, node: Expr) -> Expr:
-        """Sum `grad` over the dimensions `node` keeps as size 1 (Note [carried batch dimensions])."""
+    def fit(self, grad: Expr, node: Expr) -> Expr:
+        """`grad` summed over the dimensions `node` does not have (Note [carried batch dimensions])."""
         have, want = self.shape(grad), self.shape(node)
+        if want is None and node == self.x:
+            return grad  # a plain Tensor input: summed to its shape at run time
         if have is None or want is None:
             raise ShapeError(
                 "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
             )
-        dims = _kept_dims(split(have)[1], split(want)[1])
-        if not dims:
-            return grad
-        return SumDims(grad, sympy.Tuple(*dims), S.One)
+        have_batch, have_dims = split(have)
+        want_dims = split(want)[1]
+        keep = _kept_dims(have_dims, want_dims)
+        if keep:
+            grad = SumDims(grad, sympy.Tuple(*keep), S.One)
+        extra = len(have_dims) - len(want_dims)
+        if extra > 0:
+            # Named dimensions in front of the node's own: by position when they lead, else from the end.
+            dims = range(extra) if not have_batch else range(-len(have_dims), -len(want_dims))
+            grad = SumDims(grad, sympy.Tuple(*dims), S.Zero)
+        return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:
         if isinstance(node, MatMul):
