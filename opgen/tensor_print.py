@@ -15,6 +15,11 @@ from sympy.printing.precedence import PRECEDENCE
 from opgen.tensor import BATCH, MatMul, ReductionBase, Shape, SumDims, TensorOp, Transpose, Unsqueeze, shape_of
 
 
+def _products_first(terms: list[Any]) -> list[Any]:
+    """Sum terms with a matrix product first: `input @ weight.T + bias`, as people write it."""
+    return [t for t in terms if t.atoms(MatMul)] + [t for t in terms if not t.atoms(MatMul)]
+
+
 def _is_postfix_safe(expr: sympy.Basic) -> bool:
     """Whether `expr` prints as something a method call can follow without parentheses."""
     if isinstance(expr, MatMul):
@@ -32,6 +37,9 @@ class TensorPrinting:
         def _print(self, expr: Any, **kwargs: Any) -> str: ...
 
         def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
+        return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
 
     def _postfix(self, expr: sympy.Basic) -> str:
         text = self._print(expr)
@@ -68,6 +76,9 @@ class TensorPrinting:
 
 class TensorDisplay:
     """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
+        return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
 
     if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
 

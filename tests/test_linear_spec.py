@@ -84,3 +84,15 @@ def test_backward_is_the_hand_written_linear():
     ):
         assert line in backward
     assert "einsum" not in backward
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gradcheck_and_gradgradcheck(generated, rows, with_bias):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, generator=generator, dtype=torch.float64, requires_grad=True)
+    inputs = (x, w, b) if with_bias else (x, w)
+    assert torch.autograd.gradcheck(generated.linear, inputs)
+    assert torch.autograd.gradgradcheck(generated.linear, inputs)

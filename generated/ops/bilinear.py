@@ -12,7 +12,7 @@ class BilinearFunction(torch.autograd.Function):
         if bias is None:
             y = (x2*(x1 @ weight)).sum(-1).T
         else:
-            y = bias + (x2*(x1 @ weight)).sum(-1).T
+            y = (x2*(x1 @ weight)).sum(-1).T + bias
         return y
 
     @staticmethod
@@ -66,7 +66,7 @@ def bilinear(x1, x2, weight, bias=None):
     """Bilinear layer y = x1ᵀ A x2 + b, one A per output feature; F.bilinear(x1, x2, weight, bias).
 
     Forward:
-        y = bias + sum(x2*(x1 @ weight), dim=-1).T
+        y = sum(x2*(x1 @ weight), dim=-1).T + bias
 
     Gradients:
         grad_x1 = sum((x2*unsqueeze(grad.T, dim=-1)) @ weight.T, dim=0)

@@ -12,7 +12,7 @@ class LinearFunction(torch.autograd.Function):
         if bias is None:
             out = input @ weight.T
         else:
-            out = bias + input @ weight.T
+            out = input @ weight.T + bias
         return out
 
     @staticmethod
@@ -58,7 +58,7 @@ def _check_shapes(op, *arguments):
 
 def linear(input, weight, bias=None):
     """Forward:
-        out = bias + input @ weight.T
+        out = input @ weight.T + bias
 
     Gradients:
         grad_input = grad @ weight

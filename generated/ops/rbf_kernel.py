@@ -28,10 +28,10 @@ class RbfKernelFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = gamma*grad_k*k
         if ctx.needs_input_grad[0]:
-            grad_x = -2*x*tmp0.sum(-1, keepdim=True) + 2*tmp0 @ y
+            grad_x = 2*tmp0 @ y - 2*x*tmp0.sum(-1, keepdim=True)
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = -2*y*tmp0.sum(-2, keepdim=True).mT + 2*tmp0.mT @ x
+            grad_y = 2*tmp0.mT @ x - 2*y*tmp0.sum(-2, keepdim=True).mT
             grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
 
@@ -67,8 +67,8 @@ def rbf_kernel(x, y, gamma=0.5):
         k = exp(-gamma*squared_distance)
 
     Gradients:
-        grad_x = -2*x*sum(gamma*grad*k, dim=-1, keepdim=true) + 2*((gamma*grad*k) @ y)
-        grad_y = -2*y*sum(gamma*grad*k, dim=-2, keepdim=true).T + 2*((gamma*grad*k).T @ x)
+        grad_x = 2*((gamma*grad*k) @ y) - 2*x*sum(gamma*grad*k, dim=-1, keepdim=true)
+        grad_y = 2*((gamma*grad*k).T @ x) - 2*y*sum(gamma*grad*k, dim=-2, keepdim=true).T
     """
     _check_shapes(
         "rbf_kernel",
