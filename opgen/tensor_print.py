@@ -12,7 +12,18 @@ from typing import TYPE_CHECKING, Any
 import sympy
 from sympy.printing.precedence import PRECEDENCE
 
-from opgen.tensor import BATCH, MatMul, ReductionBase, Shape, SumDims, TensorOp, Transpose, Unsqueeze, shape_of
+from opgen.tensor import (
+    BATCH,
+    MatMul,
+    ReductionBase,
+    Shape,
+    ShapeError,
+    SumDims,
+    TensorOp,
+    Transpose,
+    Unsqueeze,
+    shape_of,
+)
 
 
 def _products_first(terms: list[Any]) -> list[Any]:
@@ -27,10 +38,13 @@ def _is_postfix_safe(expr: sympy.Basic) -> bool:
     return bool(expr.is_Symbol or isinstance(expr, (sympy.Function, TensorOp)))
 
 
-class TensorPrinting:
-    """`_print_<node>` methods for a `CodePrinter` that prints torch code."""
+def _dims_text(expr: SumDims) -> str:
+    dims = [int(d) for d in expr.args[1]]
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
 
-    tensor_shapes: dict[sympy.Symbol, Shape] = {}  # set by the emitter: static shapes of symbols
+
+class _TensorNodes:
+    """What both printers share: `a @ b`, and sums with their matrix products first."""
 
     if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
 
@@ -40,55 +54,44 @@ class TensorPrinting:
 
     def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
         return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
+
+    def _print_MatMul(self, expr: MatMul) -> str:
+        level = PRECEDENCE["Mul"]
+        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
+
+
+class TensorPrinting(_TensorNodes):
+    """`_print_<node>` methods for a `CodePrinter` that prints torch code."""
+
+    tensor_shapes: dict[sympy.Symbol, Shape] = {}  # set by the emitter: static shapes of symbols
 
     def _postfix(self, expr: sympy.Basic) -> str:
         text = self._print(expr)
         return text if _is_postfix_safe(expr) else f"({text})"
 
-    def _print_MatMul(self, expr: MatMul) -> str:
-        a, b = expr.args
-        level = PRECEDENCE["Mul"]
-        return f"{self.parenthesize(a, level)} @ {self.parenthesize(b, level)}"
-
     def _print_Transpose(self, expr: Transpose) -> str:
         operand = expr.args[0]
         try:
             shape = shape_of(operand, self.tensor_shapes)
-        except Exception:  # noqa: BLE001 - a shape we cannot tell: the batch-safe spelling
+        except ShapeError:  # a shape we cannot tell: the batch-safe spelling
             shape = None
         plain = shape is not None and len(shape) == 2 and BATCH not in shape
         return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
-        method = {"sum": "sum", "mean": "mean", "amax": "amax", "logsumexp": "logsumexp"}[expr.spec_name]
         keep = ", keepdim=True" if expr.keepdim else ""
-        return f"{self._postfix(expr.operand)}.{method}({expr.dim}{keep})"
+        return f"{self._postfix(expr.operand)}.{expr.spec_name}({expr.dim}{keep})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
 
     def _print_SumDims(self, expr: SumDims) -> str:
-        dims = [int(d) for d in expr.args[1]]
-        dim_text = str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
         keep = ", keepdim=True" if expr.args[2] else ""
-        return f"{self._postfix(expr.args[0])}.sum({dim_text}{keep})"
+        return f"{self._postfix(expr.args[0])}.sum({_dims_text(expr)}{keep})"
 
 
-class TensorDisplay:
+class TensorDisplay(_TensorNodes):
     """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
-
-    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
-        return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
-
-    if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
-
-        def _print(self, expr: Any, **kwargs: Any) -> str: ...
-
-        def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
-
-    def _print_MatMul(self, expr: MatMul) -> str:
-        level = PRECEDENCE["Mul"]
-        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
 
     def _print_Transpose(self, expr: Transpose) -> str:
         operand = expr.args[0]
@@ -103,7 +106,5 @@ class TensorDisplay:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
 
     def _print_SumDims(self, expr: SumDims) -> str:
-        dims = [int(d) for d in expr.args[1]]
-        dim_text = str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
         keep = ", keepdim=true" if expr.args[2] else ""
-        return f"sum({self._print(expr.args[0])}, dim={dim_text}{keep})"
+        return f"sum({self._print(expr.args[0])}, dim={_dims_text(expr)}{keep})"
