@@ -385,6 +385,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
         lines.append(f"    {name} = {display(expr, table)}")
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
+    lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
     for gradient in full.gradients:
         if not gradient.contributions:
             lines.append(f"    grad_{gradient.input} = 0")
@@ -393,9 +394,19 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
             ((symbols.grads[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
             sympy.S.Zero,
         )
+        if gradient.fit is not None:
+            total = total.xreplace(lets)
         mark = "  (override)" if gradient.overridden else ""
         lines.append(f"    grad_{gradient.input} = {display(total, table)}{mark}")
     return lines
+
+
+def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
+    """Each `let` of the all-present variant, in terms of inputs only -> its symbol (for docstrings)."""
+    inlined: dict[sympy.Basic, sympy.Basic] = {}
+    for name, expr in derived.full.lets:
+        inlined[derived.symbols.lets[name]] = expr.xreplace(inlined)
+    return {expr: symbol for symbol, expr in inlined.items() if not expr.is_Atom}  # type: ignore[misc]
 
 
 def emit_op(plan: Plan, renderer: Renderer) -> str:

@@ -1,7 +1,7 @@
 """Shape errors of tensor formulas: at generation time (located) and at call time (ValueError).
 
 Generation: a corpus of bad specs in `tests/shape_errors/`, each message read and judged when
-the snapshot was written. Call time: the generated `linear` and `softmax` reject arguments
+the snapshot was written. Call time: the generated `linear`, `softmax` and `attention_scores` reject arguments
 whose shapes do not fit their named dimensions, naming the argument, the expected and the
 actual shape. Refresh after an intended change of wording with
 `OPGEN_UPDATE_SNAPSHOTS=1 pytest tests/test_shape_errors.py` and review the diff.
@@ -55,7 +55,7 @@ def ops(tmp_path_factory):
     from opgen.cli import main
 
     out = tmp_path_factory.mktemp("shape_ops")
-    specs = [str(SPECS / name) for name in ("linear.yaml", "softmax.yaml")]
+    specs = [str(SPECS / name) for name in ("linear.yaml", "softmax.yaml", "attention_scores.yaml")]
     assert main(["generate", *specs, "-o", str(out / "shape_ops")]) == 0
     return import_package(out, "shape_ops")
 
@@ -69,6 +69,8 @@ def bad_calls(ops):
         ("weight rank", lambda: ops.linear(x, torch.randn(4), None)),
         ("0-d softmax", lambda: ops.softmax(torch.tensor(1.0))),
         ("module input", lambda: ops.Linear(4, 3)(torch.randn(2, 5))),
+        ("attention keys", lambda: ops.attention_scores(torch.randn(2, 3, 4), torch.randn(5, 3))),
+        ("attention batch", lambda: ops.attention_scores(torch.randn(2, 3, 4), torch.randn(5, 6, 4))),
     ]
 
 

@@ -46,6 +46,7 @@ class CosineSimilarityFunction(torch.autograd.Function):
 def _check_shapes(op, *arguments):
     """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
     sizes = {}
+    batches = []
     for name, tensor, dims in arguments:
         if tensor is None:
             continue
@@ -64,6 +65,14 @@ def _check_shapes(op, *arguments):
             raise ValueError(
                 f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
             )
+        if batch:
+            batches.append((name, shape[: len(shape) - len(named)]))
+    if len(batches) > 1:
+        try:
+            torch.broadcast_shapes(*(b for _, b in batches))
+        except RuntimeError:
+            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
+            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
 
 
 def cosine_similarity(x1, x2, eps=1e-08):
@@ -75,8 +84,8 @@ def cosine_similarity(x1, x2, eps=1e-08):
         y = sum(x1*x2/(norm1*norm2), dim=-1)
 
     Gradients:
-        grad_x1 = -2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)**2*max(sqrt(sum(x2**2, dim=-1, keepdim=true)), eps)), dim=-1, keepdim=true) + x2*unsqueeze(grad, dim=-1)/(max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)*max(sqrt(sum(x2**2, dim=-1, keepdim=true)), eps))
-        grad_x2 = x1*unsqueeze(grad, dim=-1)/(max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)*max(sqrt(sum(x2**2, dim=-1, keepdim=true)), eps)) - 2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)*max(sqrt(sum(x2**2, dim=-1, keepdim=true)), eps)**2), dim=-1, keepdim=true)
+        grad_x1 = -2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(norm1**2*norm2), dim=-1, keepdim=true) + x2*unsqueeze(grad, dim=-1)/(norm1*norm2)
+        grad_x2 = -2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(norm1*norm2**2), dim=-1, keepdim=true) + x1*unsqueeze(grad, dim=-1)/(norm1*norm2)
     """
     _check_shapes(
         "cosine_similarity",

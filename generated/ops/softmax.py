@@ -30,6 +30,7 @@ class SoftmaxFunction(torch.autograd.Function):
 def _check_shapes(op, *arguments):
     """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
     sizes = {}
+    batches = []
     for name, tensor, dims in arguments:
         if tensor is None:
             continue
@@ -48,6 +49,14 @@ def _check_shapes(op, *arguments):
             raise ValueError(
                 f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
             )
+        if batch:
+            batches.append((name, shape[: len(shape) - len(named)]))
+    if len(batches) > 1:
+        try:
+            torch.broadcast_shapes(*(b for _, b in batches))
+        except RuntimeError:
+            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
+            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
 
 
 def softmax(x):
