@@ -21,7 +21,7 @@ from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
 from opgen.guard import guard_branches, settle_indicators
 from opgen.model import Spec
-from opgen.vjp import LeafFit, fit_to_input, substitute_outputs, tensor_gradient
+from opgen.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 
 MAX_OPTIONAL = 3
 
@@ -276,7 +276,7 @@ def _tensor_gradient(
         try:
             total = tensor_gradient(pairs, x, shapes, lambda e: _clean(settle_indicators(e), loc, what))
             batch_inputs = sum(1 for i in spec.tensor_inputs if i.type.dims and tensor.BATCH in i.type.dims)
-            total, fit = fit_to_input(total, x, shapes, batch_inputs)
+            fit = leaf_fit(total, x, shapes, batch_inputs)
         except tensor.ShapeError as error:
             raise SpecError(loc, f"{what}: {error}") from None
     outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs]

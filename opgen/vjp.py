@@ -99,7 +99,7 @@ class _Vjp:
         flat = expr.xreplace(dummies)
         direct = self.clean(sympy.diff(flat, x)).xreplace(back)
         if direct != 0:
-            self.total += grad * direct
+            self.total += self.fit(grad * direct, x)
         for leaf, dummy in dummies.items():
             factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
             if factor != 0:
@@ -194,34 +194,21 @@ def tensor_gradient(
     return engine.run()
 
 
-def fit_to_input(
-    grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int
-) -> tuple[Expr, LeafFit]:
-    """`grad` summed to the shape of input `x` where that is known statically, and what is left for run time.
+def leaf_fit(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int) -> LeafFit:
+    """What is left at run time to give `grad` (already summed to `x`'s named dimensions) `x`'s shape.
 
     `batch_inputs` is how many inputs have batch dimensions `...`: with more than one, the
     batch of the gradient may be bigger than `x`'s own.
     """
     have, want = shape_of(grad, table), table[x]
     if grad == 0 or want is None or have is None:
-        return grad, LeafFit(False, have is None or want is None)
+        return LeafFit(False, have is None or want is None)
     have_batch, have_dims = split(have)
     want_batch, want_dims = split(want)
-    keep = _kept_dims(have_dims, want_dims)
-    if keep:
-        grad = SumDims(grad, sympy.Tuple(*keep), S.One)
-    expand = any(
+    expand = (want_batch and not have_batch) or any(
         want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1) for k in range(1, len(want_dims) + 1)
     )
-    extra = len(have_dims) - len(want_dims)
-    runtime = have_batch and (not want_batch or batch_inputs > 1)
-    if extra > 0 and not have_batch:
-        grad = SumDims(grad, sympy.Tuple(*range(extra)), S.Zero)
-    elif extra > 0:
-        runtime = True
-    if want_batch and not have_batch:
-        expand = True
-    return grad, LeafFit(expand, runtime)
+    return LeafFit(expand, have_batch and (not want_batch or batch_inputs > 1))
 
 
 def substitute_outputs(expr: Expr, outputs: list[tuple[sympy.Symbol, Expr]]) -> Expr:

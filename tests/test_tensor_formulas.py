@@ -54,6 +54,12 @@ CASES = {
         {"x": (2, 3, 4), "w": (4, 5)},
         lambda x, w: torch.tanh(x @ w),
     ),
+    "batched_affine": (
+        {"x": "Tensor[..., N, K]", "w": "Tensor[M, K]", "b": "Tensor[M]"},
+        "x @ w.T + b",
+        {"x": (2, 3, 4), "w": (5, 4), "b": (5,)},
+        lambda x, w, b: torch.nn.functional.linear(x, w, b),
+    ),
     "transposed_product": (
         {"a": "Tensor[N, K]", "b": "Tensor[M, K]"},
         "(a @ b.T).T * 2",
