@@ -180,6 +180,7 @@ def _read_definitions(
         with problems.collect(), located(formula.loc, f"formula of '{name}'"):
             definitions[name] = read_formula(formula, scope, NUM)  # type: ignore[assignment]
             if shapes is not None:
+                definitions[name] = tensor.fuse_softmax(definitions[name])
                 shapes[defined[name]] = tensor.shape_of(definitions[name], shapes)
     if problems:
         raise _Many(problems)

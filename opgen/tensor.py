@@ -159,6 +159,42 @@ def reduction(name: str, a: Expr, dim: int, keepdim: bool) -> Expr:
     return REDUCTION_CLASSES[name](a, sympy.Integer(dim), sympy.Integer(int(keepdim)))
 
 
+class Softmax(TensorOp):
+    """`exp(a - logsumexp(a, dim, keepdim=true))`, computed by `torch.softmax` (one fused kernel)."""
+
+    nargs = 2
+
+
+class LogSoftmax(TensorOp):
+    """`a - logsumexp(a, dim, keepdim=true)`, computed by `torch.log_softmax`."""
+
+    nargs = 2
+
+
+def _log_softmax_parts(expr: Expr) -> tuple[Expr, sympy.Integer] | None:
+    """(a, dim) when `expr` is `a - logsumexp(a, dim, keepdim=true)`."""
+    if not isinstance(expr, sympy.Add):
+        return None
+    for term in expr.args:
+        coeff, body = term.as_coeff_Mul()
+        if coeff == -1 and isinstance(body, ReduceLogSumExp) and body.keepdim:
+            rest = sympy.Add(*[t for t in expr.args if t is not term])
+            if rest == body.operand:
+                return body.operand, body.args[1]
+    return None
+
+
+def fuse_softmax(expr: Expr) -> Expr:
+    """Softmax and log-softmax written through logsumexp become PyTorch's fused ops (same values)."""
+    found: dict[sympy.Basic, Expr] = {}
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, sympy.exp) and (parts := _log_softmax_parts(node.args[0])):
+            found[node] = Softmax(*parts)
+        elif isinstance(node, sympy.Add) and (parts := _log_softmax_parts(node)):
+            found[node] = LogSoftmax(*parts)
+    return expr.xreplace(found) if found else expr
+
+
 class Unsqueeze(_Linear):
     """`g.unsqueeze(dim)`, `dim` counted from the end; only gradients use it."""
 
@@ -263,6 +299,8 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
     if isinstance(expr, Transpose):
         return transpose_shape(shape_of(expr.args[0], table))
+    if isinstance(expr, (Softmax, LogSoftmax)):
+        return shape_of(expr.args[0], table)
     if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
     if isinstance(expr, Unsqueeze):

@@ -14,10 +14,13 @@ from sympy.printing.precedence import PRECEDENCE
 
 from opgen.tensor import (
     BATCH,
+    LogSoftmax,
     MatMul,
+    ReduceLogSumExp,
     ReductionBase,
     Shape,
     ShapeError,
+    Softmax,
     SumDims,
     TensorOp,
     Transpose,
@@ -36,6 +39,12 @@ def _is_postfix_safe(expr: sympy.Basic) -> bool:
     if isinstance(expr, MatMul):
         return False
     return bool(expr.is_Symbol or isinstance(expr, (sympy.Function, TensorOp)))
+
+
+def _log_softmax_formula(expr: Softmax | LogSoftmax) -> sympy.Basic:
+    """`a - logsumexp(a, dim, keepdim=true)`: how docstrings show a fused softmax, as specs write it."""
+    a, dim = expr.args
+    return a - ReduceLogSumExp(a, dim, sympy.S.One)
 
 
 def _dims_text(expr: SumDims) -> str:
@@ -64,6 +73,8 @@ class TensorPrinting(_TensorNodes):
     """`_print_<node>` methods for a `CodePrinter` that prints torch code."""
 
     tensor_shapes: dict[sympy.Symbol, Shape] = {}  # set by the emitter: static shapes of symbols
+    if TYPE_CHECKING:
+        torch: str  # how the generated file names torch
 
     def _postfix(self, expr: sympy.Basic) -> str:
         text = self._print(expr)
@@ -85,6 +96,12 @@ class TensorPrinting(_TensorNodes):
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
 
+    def _print_Softmax(self, expr: Softmax) -> str:
+        return f"{self.torch}.softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
+
+    def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
+        return f"{self.torch}.log_softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
+
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=True" if expr.args[2] else ""
         return f"{self._postfix(expr.args[0])}.sum({_dims_text(expr)}{keep})"
@@ -104,6 +121,12 @@ class TensorDisplay(_TensorNodes):
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_Softmax(self, expr: Softmax) -> str:
+        return f"exp({self._print(_log_softmax_formula(expr))})"
+
+    def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
+        return self._print(_log_softmax_formula(expr))
 
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=true" if expr.args[2] else ""

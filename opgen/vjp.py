@@ -29,6 +29,7 @@ from sympy import Expr, S
 from opgen import functions as fn
 from opgen.tensor import (
     BATCH,
+    LogSoftmax,
     MatMul,
     ReduceAmax,
     ReduceLogSumExp,
@@ -37,6 +38,7 @@ from opgen.tensor import (
     ReductionBase,
     Shape,
     ShapeError,
+    Softmax,
     SumDims,
     TensorOp,
     Transpose,
@@ -69,7 +71,7 @@ class _Vjp:
         self.clean = clean
         self.x = x
         self.pending: dict[Expr, Expr] = {}  # tensor operation -> gradient collected so far
-        self.total: Expr = S.Zero  # the gradient of x (maybe with extra leading dims)
+        self.total: Expr = S.Zero  # the gradient of x (its batch dimensions maybe broadcast)
 
     def shape(self, expr: sympy.Basic) -> Shape:
         return shape_of(expr, self.table)
@@ -134,6 +136,13 @@ class _Vjp:
             return
         if isinstance(node, Transpose):
             self.push(node.args[0], Transpose(grad))
+            return
+        if isinstance(node, (Softmax, LogSoftmax)):
+            a, dim = node.args
+            if isinstance(node, Softmax):  # y * (g - sum(g * y)), as torch.softmax's backward
+                self.push(a, node * grad - node * ReduceSum(node * grad, dim, S.One))
+            else:  # g - exp(y) * sum(g), as torch.log_softmax's backward
+                self.push(a, grad - sympy.exp(node) * ReduceSum(grad, dim, S.One))
             return
         assert isinstance(node, ReductionBase), type(node)
         a, dim = node.operand, node.dim

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import import_package
+from conftest import ROOT, import_package
 
 CASES = {
     # name: (inputs, formula, shapes, torch reference)
@@ -127,3 +127,20 @@ def test_weight_shared_across_the_batch_gets_the_summed_gradient(ops):
     (want,) = torch.autograd.grad(torch.tanh(x @ w).sum(), [w])
     assert got.shape == (4, 5)
     torch.testing.assert_close(got, want)
+
+
+def test_softmax_family_is_safe_for_large_inputs():
+    generated = import_package(ROOT, "generated")
+    x = torch.tensor([[1000.0, 0.0, -1000.0], [-800.0, -800.0, -799.0]], dtype=torch.float64, requires_grad=True)
+    for op, native in (
+        (generated.softmax, lambda t: torch.softmax(t, -1)),
+        (generated.log_softmax, lambda t: torch.log_softmax(t, -1)),
+        (generated.logsumexp, lambda t: torch.logsumexp(t, -1)),
+    ):
+        out, expected = op(x), native(x)
+        torch.testing.assert_close(out, expected)
+        grad = torch.ones_like(out)
+        (got,) = torch.autograd.grad(out, [x], grad)
+        (want,) = torch.autograd.grad(expected, [x], grad)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want)

@@ -13,7 +13,7 @@ class AttentionScoresFunction(torch.autograd.Function):
     def forward(q, k):
         D = q.shape[-1]
         scores = (q @ k.mT)/math.sqrt(D)
-        weights = torch.exp(scores - scores.logsumexp(-1, keepdim=True))
+        weights = torch.softmax(scores, -1)
         return weights
 
     @staticmethod
@@ -28,14 +28,13 @@ class AttentionScoresFunction(torch.autograd.Function):
         q, k, weights = ctx.saved_tensors
         grad_q = grad_k = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = 1 / math.sqrt(ctx.D)
-            tmp1 = grad_weights*weights
-            tmp2 = tmp0*tmp1 - tmp0*weights*tmp1.sum(-1, keepdim=True)
+            tmp0 = grad_weights*weights
+            tmp1 = (tmp0 - weights*tmp0.sum(-1, keepdim=True))/math.sqrt(ctx.D)
         if ctx.needs_input_grad[0]:
-            grad_q = tmp2 @ k
+            grad_q = tmp1 @ k
             grad_q = grad_q.sum_to_size(q.shape)
         if ctx.needs_input_grad[1]:
-            grad_k = tmp2.mT @ q
+            grad_k = tmp1.mT @ q
             grad_k = grad_k.sum_to_size(k.shape)
         return grad_q, grad_k
 
@@ -80,8 +79,8 @@ def attention_scores(q, k):
         weights = exp(scores - logsumexp(scores, dim=-1, keepdim=true))
 
     Gradients:
-        grad_q = (grad*weights/sqrt(D) - weights*sum(grad*weights, dim=-1, keepdim=true)/sqrt(D)) @ k
-        grad_k = (grad*weights/sqrt(D) - weights*sum(grad*weights, dim=-1, keepdim=true)/sqrt(D)).T @ q
+        grad_q = ((grad*weights - weights*sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
+        grad_k = ((grad*weights - weights*sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
     _check_shapes(
         "attention_scores",

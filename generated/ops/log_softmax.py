@@ -9,7 +9,7 @@ class LogSoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x - x.logsumexp(-1, keepdim=True)
+        y = torch.log_softmax(x, -1)
         return y
 
     @staticmethod
