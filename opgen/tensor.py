@@ -229,6 +229,13 @@ def broadcast(a: Shape, b: Shape) -> Shape:
         return None
     batch_a, dims_a = split(a)
     batch_b, dims_b = split(b)
+    for batch, dims, shape, other_dims, other in ((batch_a, dims_a, a, dims_b, b), (batch_b, dims_b, b, dims_a, a)):
+        if batch and len(other_dims) > len(dims):
+            # Which dimensions `...` would line up with depends on its length at run time.
+            raise ShapeError(
+                f"the batch dimensions `...` of {show(shape)} would line up with {other_dims[-len(dims) - 1]} of"
+                f" {show(other)}; declare the same dimensions after `...` on both sides"
+            )
     n = max(len(dims_a), len(dims_b))
     padded_a = (1,) * (n - len(dims_a)) + dims_a
     padded_b = (1,) * (n - len(dims_b)) + dims_b
