@@ -169,7 +169,7 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
     sizes = size_sources(derived.spec, tuple(names.size_locals))
-    lines = [f"{names.size_locals[d]} = {source}.shape[{index}]" for d, (source, index) in sizes.items()]
+    lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(derived, names, {dim_size(d): local for d, local in names.size_locals.items()})
     bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
     lines += _branches(bodies, optional, is_none)
@@ -211,8 +211,8 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
     for name in plan.shapes:
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
-    for dim, (source, index) in sizes.items():
-        lines.append(f"{ctx}.{names.size_attrs[dim]} = {source}.shape[{index}]")
+    for dim, where in sizes.items():
+        lines.append(f"{ctx}.{names.size_attrs[dim]} = {_size_text(spec, *where)}")
     if backward_varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
@@ -228,14 +228,22 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
 
 
 def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """For each named dimension, the first input that has it and where (counted from the end)."""
+    """For each named dimension, an input that has it (not a `Tensor?` if possible) and where, from the end."""
     sources: dict[str, tuple[str, int]] = {}
+    inputs = sorted(spec.tensor_inputs, key=lambda i: i.type.optional)  # stable: spec order otherwise
     for dim in dims:
-        for inp in spec.tensor_inputs:
-            if inp.type.dims and dim in inp.type.dims and not inp.type.optional:
+        for inp in inputs:
+            if inp.type.dims and dim in inp.type.dims:
                 sources[dim] = (inp.name, inp.type.dims.index(dim) - len(inp.type.dims))
                 break
     return sources
+
+
+def _size_text(spec: Spec, source: str, index: int) -> str:
+    """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks)."""
+    inp = spec.input(source)
+    text = f"{source}.shape[{index}]"
+    return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text
 
 
 def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...]]]:
