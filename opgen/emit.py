@@ -106,7 +106,9 @@ def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str
         for name, expr in variant.lets:
             if expr.free_symbols & tensors:
                 tensors.add(symbols.lets[name])
-    printer = TorchPrinter(table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional")
+    printer = TorchPrinter(
+        table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional"
+    )
     printer.tensor_shapes = dict(derived.shapes)
     return printer
 
@@ -446,7 +448,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
         module=module_context(spec, names) if spec.module else None,
         shape_checks=[
-            (name, ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else "")) for name, dims in shape_checks(spec)
+            (name, ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else ""))
+            for name, dims in shape_checks(spec)
         ],
         uses_math=any(f"{names.math}." in line for line in forward + backward),
     )
