@@ -1,0 +1,1 @@
+"""Benchmarks of the generated ops: `python -m benchmarks.run` (see the README's "Benchmarks")."""

@@ -1,0 +1,306 @@
+"""Forward+backward time and bytes saved for backward of every elementwise op in `specs/`.
+
+    .venv/bin/python -m benchmarks.run [--size 1000000] [--repeats 15] [--ops silu mish ...]
+
+Each op is run four ways, interleaved in one process, on one thread, in float32:
+
+- `generated`: the committed `generated` package (the op as opgen writes it);
+- `naive`: the spec's formula in plain torch under autograd -- the `reference` function of
+  the op's generated test, which is translated from the formula text without SymPy, opgen's
+  derivation or its printer (so it is the formula as written, not as opgen rewrites it);
+- `native`: PyTorch's own op, where one exists (`NATIVE` below);
+- `fused`: the generated op with its math compiled by `torch.compile`, where the spec asks
+  for it.
+
+Time is the median over `--repeats` runs of `forward + torch.autograd.grad`, after warm-up
+runs. Bytes saved for backward are counted with `torch.autograd.graph.saved_tensors_hooks`,
+each storage once. Prints a table of ratios and writes the raw numbers to
+`benchmarks/results/latest.csv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from opgen.errors import Problems
+from opgen.load import load_file
+from opgen.model import Spec
+from opgen.parse import parse_spec
+from opgen.pipeline import find_spec_files, source_name
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# The ops the targets are measured over.
+TARGETS = ("silu", "mish", "gelu", "gelu_tanh", "softplus", "logsigmoid", "sigmoid", "elu", "tanhshrink", "softsign")
+
+# PyTorch's own op for a spec, called with the spec's inputs in spec order.
+NATIVE: dict[str, Callable[..., torch.Tensor]] = {
+    "silu": F.silu,
+    "mish": F.mish,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "softplus": lambda x, beta: F.softplus(x, beta),
+    "logsigmoid": F.logsigmoid,
+    "sigmoid": torch.sigmoid,
+    "elu": lambda x, alpha: F.elu(x, alpha),
+    "selu": F.selu,
+    "tanhshrink": F.tanhshrink,
+    "softsign": F.softsign,
+    "swish": lambda x, beta: F.silu(x) if beta == 1.0 else x * torch.sigmoid(beta * x),
+    "bce_with_logits": lambda logits, target: F.binary_cross_entropy_with_logits(logits, target, reduction="none"),
+    "huber": lambda input, target, delta: F.huber_loss(input, target, reduction="none", delta=delta),
+    "mul_constant": torch.mul,
+    "scaled_weight": torch.mul,
+}
+
+DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}
+VARIANTS = ("generated", "naive", "native", "fused")
+
+
+@dataclass
+class Case:
+    spec: Spec
+    calls: dict[str, Callable[..., object]]
+    args: list[object]
+    tensors: list[int]  # positions of the Tensor inputs
+    times: dict[str, list[float]] = field(default_factory=dict)
+    saved: dict[str, int] = field(default_factory=dict)
+
+
+def elementwise_specs(folder: Path) -> list[Spec]:
+    """The specs whose Tensor inputs have no named dimensions (elementwise, broadcasting)."""
+    problems = Problems()
+    specs = []
+    for path, display in find_spec_files([str(folder)], problems):
+        spec = parse_spec(load_file(path, display), source_name(path), problems)
+        if spec is not None and spec.tensor_inputs and all(i.type.dims is None for i in spec.tensor_inputs):
+            specs.append(spec)
+    if problems:
+        sys.exit("\n".join(problems.report()))
+    return specs
+
+
+def _naive(spec: Spec) -> Callable[..., object]:
+    tests = importlib.import_module(f"generated.tests.test_{spec.name}")
+    tests.DTYPE = torch.float32  # its `T(...)` makes numbers tensors of the benchmark's dtype
+    names = [o.name for o in spec.outputs]
+
+    def naive(*args: object) -> object:
+        values = tests.reference(*args)
+        outs = tuple(values[n] for n in names)
+        return outs[0] if len(outs) == 1 else outs
+
+    return naive
+
+
+def _fused(spec: Spec) -> Callable[..., object] | None:
+    module = importlib.import_module(f"generated.ops.{spec.name}")
+    return getattr(module, f"{spec.name}_fused", None)
+
+
+def make_case(spec: Spec, size: int, seed: int) -> Case:
+    generator = torch.Generator().manual_seed(seed)
+    values = dict(spec.tests.values)
+    args: list[object] = []
+    tensors = []
+    for k, inp in enumerate(spec.inputs):
+        if inp.is_tensor:
+            low, high = spec.tests.domain_of(inp.name)
+            sample = low + (high - low) * torch.rand(size, generator=generator, dtype=torch.float32)
+            args.append(sample.requires_grad_())
+            tensors.append(k)
+        else:
+            args.append(
+                values.get(inp.name, inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind])
+            )
+    generated = importlib.import_module("generated")
+    calls: dict[str, Callable[..., object]] = {"generated": getattr(generated, spec.name), "naive": _naive(spec)}
+    if spec.name in NATIVE:
+        calls["native"] = NATIVE[spec.name]
+    fused = _fused(spec)
+    if fused is not None:
+        calls["fused"] = fused
+    return Case(spec, calls, args, tensors)
+
+
+def _outputs(value: object) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)  # type: ignore[return-value]
+
+
+def run_once(case: Case, variant: str, grads: list[torch.Tensor]) -> float:
+    inputs = [case.args[k] for k in case.tensors]
+    start = time.perf_counter()
+    outs = _outputs(case.calls[variant](*case.args))
+    torch.autograd.grad(outs, inputs, grads[: len(outs)])  # type: ignore[arg-type]
+    return time.perf_counter() - start
+
+
+def saved_bytes(case: Case, variant: str) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        case.calls[variant](*case.args)
+    return sum(storages.values())
+
+
+def measure(cases: list[Case], repeats: int, warmup: int) -> None:
+    grads = [torch.randn(cases[0].args[cases[0].tensors[0]].shape, generator=torch.Generator().manual_seed(1))]  # type: ignore[union-attr]
+    grads = grads * 4
+    for case in cases:
+        for variant in case.calls:
+            case.saved[variant] = saved_bytes(case, variant)
+            for _ in range(warmup):
+                run_once(case, variant, grads)
+            case.times[variant] = []
+    # Interleaved: every round runs every op and variant once, in a rotating order, so slow
+    # drifts of the machine (other processes, frequency) spread over all of them alike.
+    for round_ in range(repeats):
+        for case in cases:
+            variants = list(case.calls)
+            shift = round_ % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                case.times[variant].append(run_once(case, variant, grads))
+
+
+def median_ms(case: Case, variant: str) -> float | None:
+    times = case.times.get(variant)
+    return statistics.median(times) * 1e3 if times else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+ROW_HEADERS = (
+    "op",
+    "gen ms",
+    "gen/naive time",
+    "gen/native time",
+    "fused/native time",
+    "gen/naive bytes",
+    "gen/native bytes",
+)
+
+
+def rows(cases: list[Case]) -> list[dict[str, float | None | str]]:
+    table = []
+    for case in cases:
+        gen, naive, native, fused = (median_ms(case, v) for v in VARIANTS)
+        saved = case.saved
+        table.append(
+            {
+                "op": case.spec.name,
+                "gen ms": gen,
+                "gen/naive time": ratio(gen, naive),
+                "gen/native time": ratio(gen, native),
+                "fused/native time": ratio(fused, native),
+                "gen/naive bytes": ratio(saved.get("generated"), saved.get("naive")),
+                "gen/native bytes": ratio(saved.get("generated"), saved.get("native")),
+            }
+        )
+    return table
+
+
+def summary(table: list[dict[str, float | None | str]], names: tuple[str, ...]) -> dict[str, float | None | str]:
+    picked = [r for r in table if r["op"] in names]
+    row: dict[str, float | None | str] = {"op": f"geomean ({len(picked)} target ops)"}
+    for key in ROW_HEADERS[1:]:
+        values = [r[key] for r in picked if isinstance(r[key], float)]
+        row[key] = geomean(values) if len(values) == len(picked) else None  # type: ignore[arg-type]
+    return row
+
+
+def markdown(table: list[dict[str, float | None | str]]) -> str:
+    lines = ["| " + " | ".join(ROW_HEADERS) + " |", "|" + "---|" * len(ROW_HEADERS)]
+    for row in table:
+        cells = [str(row["op"])] + [_fmt(row[k], 1 if k == "gen ms" else 2) for k in ROW_HEADERS[1:]]  # type: ignore[arg-type]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, cases: list[Case]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["op", "variant", "median_ms", "min_ms", "repeats", "saved_bytes"])
+        for case in cases:
+            for variant in VARIANTS:
+                times = case.times.get(variant)
+                if not times:
+                    continue
+                writer.writerow(
+                    [
+                        case.spec.name,
+                        variant,
+                        f"{statistics.median(times) * 1e3:.4f}",
+                        f"{min(times) * 1e3:.4f}",
+                        len(times),
+                        case.saved[variant],
+                    ]
+                )
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} thread, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=1_000_000, help="elements per tensor input (default 1M)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per op and variant (median taken)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ops", nargs="*", help="only these ops (default: every elementwise spec)")
+    parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
+    parser.add_argument("--csv", default=str(RESULTS / "latest.csv"), help="where the raw numbers go")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    specs = [s for s in elementwise_specs(Path(args.specs)) if not args.ops or s.name in args.ops]
+    cases = [make_case(spec, args.size, seed=k) for k, spec in enumerate(specs)]
+    measure(cases, args.repeats, args.warmup)
+    table = rows(cases)
+    print(f"{args.size:,} float32 elements, forward + backward, median of {args.repeats}; {machine()}")
+    print("Times share the machine's cores with whatever else runs: ratios are noisy, rerun to compare.")
+    print()
+    print(markdown([*table, summary(table, TARGETS)]))
+    write_csv(Path(args.csv), cases)
+    print(f"\nraw numbers: {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
