@@ -11,6 +11,7 @@ outputs, with PyTorch's conventions at kinks (`opgen.functions`) and the branche
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import sympy
@@ -363,8 +364,16 @@ def _needed_lets(spec: Spec, symbols: Symbols, forward: dict[str, Expr]) -> set[
     return needed
 
 
-def derive(spec: Spec, problems: Problems) -> Derived | None:
-    """Derive every gradient of `spec`; record located errors in `problems`."""
+def _unchanged(expr: Expr) -> Expr:
+    return expr
+
+
+def derive(spec: Spec, problems: Problems, rewrite: Callable[[Expr], Expr] = _unchanged) -> Derived | None:
+    """Derive every gradient of `spec`; record located errors in `problems`.
+
+    `rewrite` is applied to each formula as read, before it is differentiated (the
+    pipeline passes `opgen.rewrite.rewrite`, so gradients come from stable functions).
+    """
     symbols = make_symbols(spec)
     try:
         definitions = _read_definitions(spec, symbols)
@@ -374,7 +383,8 @@ def derive(spec: Spec, problems: Problems) -> Derived | None:
     shapes = input_shapes(spec, symbols)
     try:
         order = _definition_order(spec, symbols, definitions)
-        definitions = _read_definitions(spec, symbols, order, shapes)
+        read = _read_definitions(spec, symbols, order, shapes)
+        definitions = {name: rewrite(expr) for name, expr in read.items()}
     except _Many as many:
         problems.errors.extend(many.problems.errors)
         return None
@@ -390,7 +400,7 @@ def derive(spec: Spec, problems: Problems) -> Derived | None:
     before = len(problems.errors)
     for override in spec.gradients:
         with problems.collect(), located(override.formula.loc, f"gradient of '{override.input}'"):
-            overrides[override.input] = read_formula(override.formula, scope, NUM)  # type: ignore[assignment]
+            overrides[override.input] = rewrite(read_formula(override.formula, scope, NUM))  # type: ignore[arg-type]
     if len(problems.errors) > before:
         return None
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]

@@ -154,6 +154,14 @@ class TestConfig:
 
 
 @dataclass(frozen=True)
+class Optimize:
+    """The spec's `optimize:` section: which optimizations apply (all by default)."""
+
+    rewrite: bool = True  # stable rewrites (opgen.rewrite)
+    lower: bool = True  # native kernels for known primitives (opgen.lower)
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     doc: str
@@ -165,6 +173,7 @@ class Spec:
     tests: TestConfig
     source: str  # how the generated header names the spec file, e.g. specs/swish.yaml
     loc: Loc
+    optimize: Optimize = Optimize()
 
     @property
     def class_name(self) -> str:

@@ -8,6 +8,7 @@ checked to be text here; `opgen.formula` reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
 
@@ -24,6 +25,7 @@ from opgen.model import (
     InputType,
     Let,
     Module,
+    Optimize,
     Output,
     Parameter,
     Scalar,
@@ -32,11 +34,12 @@ from opgen.model import (
 )
 from opgen.native import NATIVE_OPS
 
-TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests")
+TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
 MODULE_KEYS = ("name", "args", "parameters", "attributes")
 TEST_KEYS = ("domain", "shapes", "values", "gradgrad", "points", "native")
 PARAMETER_KEYS = ("shape", "init", "when")
+OPTIMIZE_KEYS = tuple(f.name for f in dataclasses.fields(Optimize))
 OUTPUT_KEYS = ("formula", "differentiable")
 
 _TYPE_RE = re.compile(
@@ -490,10 +493,26 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     with problems.collect():
         if (node := top.get("tests")) is not None:
             tests = _parse_tests(node, inputs, problems)
+    optimize = Optimize()
+    with problems.collect():
+        if (node := top.get("optimize")) is not None:
+            optimize = _parse_optimize(node, problems)
     _check_unique_names(inputs, lets, outputs, problems)
     if len(problems.errors) > before:
         return None
-    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc)
+    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize)
+
+
+def _parse_optimize(node: Raw, problems: Problems) -> Optimize:
+    mapping = _need_map(node, "optimize")
+    _check_keys(mapping, OPTIMIZE_KEYS, "optimize", problems)
+    flags: dict[str, bool] = {}
+    for key, _, value in mapping.entries:
+        if key in OPTIMIZE_KEYS:
+            if not isinstance(value, RawScalar) or not isinstance(value.value, bool):
+                raise SpecError(value.loc, f"optimize.{key} must be true or false")
+            flags[key] = value.value
+    return Optimize(**flags)
 
 
 def _check_unique_names(

@@ -19,6 +19,7 @@ from opgen.parse import parse_spec
 from opgen.plan import plan
 from opgen.printer import PrintError
 from opgen.render import Renderer
+from opgen.rewrite import rewrite, rewrite_gradients
 
 
 @dataclass
@@ -53,9 +54,12 @@ def source_name(path: Path) -> str:
 
 def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
     before = len(result.problems.errors)
-    derived = derive(spec, result.problems)
+    stable = spec.optimize.rewrite
+    derived = derive(spec, result.problems, rewrite) if stable else derive(spec, result.problems)
     if derived is None or len(result.problems.errors) > before:
         return
+    if stable:
+        derived = rewrite_gradients(derived)
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived)

@@ -9,7 +9,7 @@ class EluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, alpha):
-        y = torch.where(x > 0, x, alpha*(torch.exp(x) - 1))
+        y = torch.where(x > 0, x, alpha*torch.expm1(x))
         return y
 
     @staticmethod
@@ -32,7 +32,7 @@ def elu(x, alpha=1.0):
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
     Forward:
-        y = where(x > 0, x, alpha*(exp(x) - 1))
+        y = where(x > 0, x, alpha*expm1(x))
 
     Gradients:
         grad_x = grad*where(x > 0, 1, alpha*exp(x))

@@ -9,7 +9,7 @@ class LogsigmoidFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = -torch.log(1 + torch.exp(-x))
+        y = torch.nn.functional.logsigmoid(x)
         return y
 
     @staticmethod
@@ -22,8 +22,7 @@ class LogsigmoidFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.exp(-x)
-            grad_x = grad_y*tmp0/(tmp0 + 1)
+            grad_x = grad_y*torch.sigmoid(-x)
         return grad_x
 
 
@@ -31,9 +30,9 @@ def logsigmoid(x):
     """Log-sigmoid, log(1 / (1 + exp(-x))); torch.nn.functional.logsigmoid.
 
     Forward:
-        y = -log(1 + exp(-x))
+        y = logsigmoid(x)
 
     Gradients:
-        grad_x = grad*exp(-x)/(1 + exp(-x))
+        grad_x = grad*sigmoid(-x)
     """
     return LogsigmoidFunction.apply(x)

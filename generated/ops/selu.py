@@ -11,7 +11,7 @@ class SeluFunction(torch.autograd.Function):
     def forward(x):
         alpha = 1.6732632423543772
         scale = 1.0507009873554805
-        y = scale*torch.where(x > 0, x, alpha*(torch.exp(x) - 1))
+        y = scale*torch.where(x > 0, x, alpha*torch.expm1(x))
         return y
 
     @staticmethod
@@ -34,7 +34,7 @@ def selu(x):
     Forward:
         alpha = 1.6732632423543772
         scale = 1.0507009873554805
-        y = scale*where(x > 0, x, alpha*(exp(x) - 1))
+        y = scale*where(x > 0, x, alpha*expm1(x))
 
     Gradients:
         grad_x = 1.0507009873554805*grad*where(x > 0, 1, 1.6732632423543772*exp(x))

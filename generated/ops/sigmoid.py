@@ -9,7 +9,7 @@ class SigmoidFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = 1/(1 + torch.exp(-x))
+        y = torch.sigmoid(x)
         return y
 
     @staticmethod
@@ -22,8 +22,8 @@ class SigmoidFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.exp(-x)
-            grad_x = grad_y*tmp0/(tmp0 + 1)**2
+            tmp0 = torch.sigmoid(x)
+            grad_x = grad_y*tmp0*(1 - tmp0)
         return grad_x
 
 
@@ -31,9 +31,9 @@ def sigmoid(x):
     """The logistic function; torch.sigmoid.
 
     Forward:
-        y = 1/(1 + exp(-x))
+        y = sigmoid(x)
 
     Gradients:
-        grad_x = grad*exp(-x)/(1 + exp(-x))**2
+        grad_x = grad*(1 - sigmoid(x))*sigmoid(x)
     """
     return SigmoidFunction.apply(x)

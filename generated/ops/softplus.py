@@ -9,7 +9,7 @@ class SoftplusFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        y = torch.log(torch.exp(beta*x) + 1)/beta
+        y = torch.nn.functional.softplus(beta*x)/beta
         return y
 
     @staticmethod
@@ -24,8 +24,7 @@ class SoftplusFunction(torch.autograd.Function):
         beta = ctx.beta
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.exp(beta*x)
-            grad_x = grad_y*tmp0/(tmp0 + 1)
+            grad_x = grad_y*torch.sigmoid(beta*x)
         return grad_x, None
 
 
@@ -33,9 +32,9 @@ def softplus(x, beta=1.0):
     """Softplus with a sharpness beta, log(1 + exp(beta * x)) / beta; torch.nn.functional.softplus.
 
     Forward:
-        y = log(exp(beta*x) + 1)/beta
+        y = softplus(beta*x)/beta
 
     Gradients:
-        grad_x = grad*exp(beta*x)/(exp(beta*x) + 1)
+        grad_x = grad*sigmoid(beta*x)
     """
     return SoftplusFunction.apply(x, beta)

@@ -9,7 +9,7 @@ class SwishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        y = x/(1 + torch.exp(-beta*x))
+        y = x*torch.sigmoid(beta*x)
         return y
 
     @staticmethod
@@ -25,17 +25,16 @@ class SwishFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             tmp0 = beta*x
-            tmp1 = torch.exp(-tmp0)
-            tmp2 = tmp1 + 1
-            grad_x = grad_y*(tmp0*tmp1/tmp2**2 + 1/tmp2)
+            tmp1 = torch.sigmoid(tmp0)
+            grad_x = grad_y*(tmp0*tmp1*(1 - tmp1) + tmp1)
         return grad_x, None
 
 
 def swish(x, beta=1.0):
     """Forward:
-        y = x/(1 + exp(-beta*x))
+        y = x*sigmoid(beta*x)
 
     Gradients:
-        grad_x = grad*(beta*x*exp(-beta*x)/(1 + exp(-beta*x))**2 + 1/(1 + exp(-beta*x)))
+        grad_x = grad*(beta*x*(1 - sigmoid(beta*x))*sigmoid(beta*x) + sigmoid(beta*x))
     """
     return SwishFunction.apply(x, beta)
