@@ -15,6 +15,7 @@ import sympy
 
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
+from opgen.lower import backward_lines
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan
@@ -289,7 +290,10 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
                 lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
     else:
         total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
-        lines.append(f"{var} = {printer.doprint_expr(total)}")
+        if plan.derived.spec.optimize.lower:
+            lines += backward_lines(var, total, printer, names.torch)
+        else:
+            lines.append(f"{var} = {printer.doprint_expr(total)}")
     shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
     if grad.expand and grad.reduce:
         lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")

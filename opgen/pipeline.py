@@ -6,14 +6,19 @@ run. Pure: reads the spec files, writes nothing (`opgen.write` does that).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import sympy
+from sympy import Expr
 
 from opgen.derive import derive
 from opgen.emit import emit_op
 from opgen.emit_tests import emit_tests
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.load import load_file
+from opgen.lower import lower, use_outputs
 from opgen.model import Spec
 from opgen.parse import parse_spec
 from opgen.plan import plan
@@ -52,14 +57,29 @@ def source_name(path: Path) -> str:
     return f"{resolved.parent.name}/{resolved.name}" if resolved.parent.name else resolved.name
 
 
+def _optimizer(spec: Spec) -> Callable[[Expr], Expr]:
+    """What `derive` does to each formula before differentiating it, as `optimize:` says."""
+    numbers = frozenset(sympy.Symbol(i.name, real=True) for i in spec.inputs if not i.is_tensor)
+
+    def optimize(expr: Expr) -> Expr:
+        if spec.optimize.rewrite:
+            expr = rewrite(expr)
+        if spec.optimize.lower:
+            expr = lower(expr, numbers)
+        return expr
+
+    return optimize
+
+
 def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
     before = len(result.problems.errors)
-    stable = spec.optimize.rewrite
-    derived = derive(spec, result.problems, rewrite) if stable else derive(spec, result.problems)
+    derived = derive(spec, result.problems, _optimizer(spec))
     if derived is None or len(result.problems.errors) > before:
         return
-    if stable:
+    if spec.optimize.rewrite:
         derived = rewrite_gradients(derived)
+    if spec.optimize.lower:
+        derived = use_outputs(derived)
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived)

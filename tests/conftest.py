@@ -41,3 +41,14 @@ def import_package(path: Path, name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(path))
+
+
+def generate_op(folder: Path, text: str) -> str:
+    """The source opgen writes for the spec `text` (named `op`), generated in memory."""
+    from opgen.pipeline import build
+    from opgen.render import Renderer
+
+    (folder / "op.yaml").write_text(text)
+    result = build([str(folder / "op.yaml")], Renderer())
+    assert not result.problems, result.problems.report()
+    return result.files["ops/op.py"]

@@ -8,12 +8,11 @@ generated ops are run in float32 where the naive formulas give inf or NaN.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import sympy
 import torch
-from conftest import ROOT, import_package
+from conftest import ROOT, generate_op, import_package
 
 from opgen import functions as fn
 from opgen import rewrite as rw
@@ -103,19 +102,12 @@ def test_rewritten_spec_library_ops_are_finite_in_float32(name, values):
     assert torch.isfinite(out).all() and torch.isfinite(grad).all(), (out, grad)
 
 
-def _generate(tmp_path: Path, text: str) -> str:
-    (tmp_path / "op.yaml").write_text(text)
-    result = build([str(tmp_path / "op.yaml")], Renderer())
-    assert not result.problems, result.problems.report()
-    return result.files["ops/op.py"]
-
-
 SWISH = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x / (1 + exp(-x))\n"
 
 
 def test_optimize_rewrite_false_keeps_the_formula_as_written(tmp_path):
-    assert "torch.sigmoid(x)" in _generate(tmp_path, SWISH)
-    kept = _generate(tmp_path, SWISH + "optimize:\n  rewrite: false\n")
+    assert "torch.sigmoid(x)" in generate_op(tmp_path, SWISH)
+    kept = generate_op(tmp_path, SWISH + "optimize:\n  rewrite: false\n")
     assert "torch.sigmoid" not in kept and "torch.exp(-x)" in kept
 
 
@@ -129,6 +121,6 @@ def test_optimize_section_errors_are_located(tmp_path):
 
 def test_hypot_and_logaddexp_print_as_torch_calls(tmp_path):
     text = "name: op\ninputs:\n  a: Tensor\n  b: Tensor\noutputs:\n  y: log(exp(a) + exp(b)) + sqrt(a**2 + b**2)\n"
-    source = _generate(tmp_path, text)
+    source = generate_op(tmp_path, text)
     assert "torch.logaddexp(a, b)" in source and "torch.hypot(a, b)" in source
     assert math.isfinite(torch.logaddexp(torch.tensor(100.0), torch.tensor(100.0)).item())

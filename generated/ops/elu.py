@@ -9,7 +9,7 @@ class EluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, alpha):
-        y = torch.where(x > 0, x, alpha*torch.expm1(x))
+        y = torch.nn.functional.elu(x, alpha)
         return y
 
     @staticmethod
@@ -24,7 +24,7 @@ class EluFunction(torch.autograd.Function):
         alpha = ctx.alpha
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.where(x > 0, 1, alpha*torch.exp(x))
+            grad_x = torch.ops.aten.elu_backward(grad_y, alpha, 1, 1, False, x)
         return grad_x, None
 
 
@@ -32,9 +32,9 @@ def elu(x, alpha=1.0):
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
     Forward:
-        y = where(x > 0, x, alpha*expm1(x))
+        y = (where(x > 0, x, alpha*expm1(x)))
 
     Gradients:
-        grad_x = grad*where(x > 0, 1, alpha*exp(x))
+        grad_x = grad*(where(x > 0, 1, alpha*exp(x)))
     """
     return EluFunction.apply(x, alpha)

@@ -9,7 +9,7 @@ class GeluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x*(torch.erf(0.7071067811865476*x) + 1)/2
+        y = torch.nn.functional.gelu(x)
         return y
 
     @staticmethod
@@ -22,8 +22,7 @@ class GeluFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = 0.7071067811865476*x
-            grad_x = grad_y*(0.5641895835477563*tmp0*torch.exp(-x**2/2) + torch.erf(tmp0)/2 + 0.5)
+            grad_x = torch.ops.aten.gelu_backward(grad_y, x)
         return grad_x
 
 
@@ -31,7 +30,7 @@ def gelu(x):
     """GELU with the exact Gaussian CDF, x * Phi(x); torch.nn.functional.gelu.
 
     Forward:
-        y = x*(erf(sqrt(2)*x/2) + 1)/2
+        y = (x*(erf(sqrt(2)*x/2) + 1)/2)
 
     Gradients:
         grad_x = grad*(sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*x/2)/2 + 1/2)

@@ -9,7 +9,7 @@ class GeluTanhFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x*(torch.tanh(0.7978845608028654*(0.044715*x**3 + x)) + 1)/2
+        y = torch.nn.functional.gelu(x, approximate='tanh')
         return y
 
     @staticmethod
@@ -22,9 +22,7 @@ class GeluTanhFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = 0.7978845608028654
-            tmp1 = torch.tanh(tmp0*(0.044715*x**3 + x))
-            grad_x = grad_y*(tmp0*x*(1 - tmp1**2)*(0.134145*x**2 + 1)/2 + tmp1/2 + 0.5)
+            grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate='tanh')
         return grad_x
 
 
@@ -32,7 +30,7 @@ def gelu_tanh(x):
     """GELU, tanh approximation; torch.nn.functional.gelu(x, approximate=\"tanh\").
 
     Forward:
-        y = x*(tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi)) + 1)/2
+        y = (x*(tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi)) + 1)/2)
 
     Gradients:
         grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))**2)*(26829*x**2/200000 + 1)/(2*sqrt(pi)) + tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))/2 + 1/2)

@@ -9,7 +9,7 @@ class MishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x*torch.tanh(torch.nn.functional.softplus(x))
+        y = torch.nn.functional.mish(x)
         return y
 
     @staticmethod
@@ -22,8 +22,10 @@ class MishFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.tanh(torch.nn.functional.softplus(x))
-            grad_x = grad_y*(tmp0 + x*(1 - tmp0**2)*torch.sigmoid(x))
+            if torch.is_grad_enabled():  # double backward: mish's kernel has no derivative
+                grad_x = grad_y*(x*(1 - torch.tanh(torch.nn.functional.softplus(x))**2)*torch.sigmoid(x) + torch.tanh(torch.nn.functional.softplus(x)))
+            else:
+                grad_x = torch.ops.aten.mish_backward(grad_y, x)
         return grad_x
 
 
@@ -31,7 +33,7 @@ def mish(x):
     """Mish, x * tanh(softplus(x)) (Misra, 2019); torch.nn.functional.mish.
 
     Forward:
-        y = x*tanh(softplus(x))
+        y = (x*tanh(softplus(x)))
 
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))

@@ -14,16 +14,15 @@ class SigmoidFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        y = output
+        ctx.save_for_backward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
-        (x,) = ctx.saved_tensors
+        (y,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.sigmoid(x)
-            grad_x = grad_y*tmp0*(1 - tmp0)
+            grad_x = torch.ops.aten.sigmoid_backward(grad_y, y)
         return grad_x
 
 
@@ -34,6 +33,6 @@ def sigmoid(x):
         y = sigmoid(x)
 
     Gradients:
-        grad_x = grad*(1 - sigmoid(x))*sigmoid(x)
+        grad_x = grad*y*(1 - y)
     """
     return SigmoidFunction.apply(x)

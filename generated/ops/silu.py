@@ -9,7 +9,7 @@ class SiluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x*torch.sigmoid(x)
+        y = torch.nn.functional.silu(x)
         return y
 
     @staticmethod
@@ -22,8 +22,10 @@ class SiluFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.sigmoid(x)
-            grad_x = grad_y*(tmp0*x*(1 - tmp0) + tmp0)
+            if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
+                grad_x = grad_y*(x*(1 - torch.sigmoid(x))*torch.sigmoid(x) + torch.sigmoid(x))
+            else:
+                grad_x = torch.ops.aten.silu_backward(grad_y, x)
         return grad_x
 
 
@@ -31,7 +33,7 @@ def silu(x):
     """SiLU (sigmoid-weighted linear unit), x * sigmoid(x); torch.nn.functional.silu.
 
     Forward:
-        y = x*sigmoid(x)
+        y = (x*sigmoid(x))
 
     Gradients:
         grad_x = grad*(x*(1 - sigmoid(x))*sigmoid(x) + sigmoid(x))

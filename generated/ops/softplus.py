@@ -9,7 +9,7 @@ class SoftplusFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        y = torch.nn.functional.softplus(beta*x)/beta
+        y = torch.nn.functional.softplus(x, beta)
         return y
 
     @staticmethod
@@ -24,7 +24,7 @@ class SoftplusFunction(torch.autograd.Function):
         beta = ctx.beta
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.sigmoid(beta*x)
+            grad_x = torch.ops.aten.softplus_backward(grad_y, x, beta, 20.0)
         return grad_x, None
 
 
@@ -32,9 +32,9 @@ def softplus(x, beta=1.0):
     """Softplus with a sharpness beta, log(1 + exp(beta * x)) / beta; torch.nn.functional.softplus.
 
     Forward:
-        y = softplus(beta*x)/beta
+        y = (softplus(beta*x)/beta)
 
     Gradients:
-        grad_x = grad*sigmoid(beta*x)
+        grad_x = grad*(sigmoid(beta*x))
     """
     return SoftplusFunction.apply(x, beta)

@@ -1,0 +1,351 @@
+"""Lowering stage: SymPy formulas -> calls of PyTorch's native kernels where a formula is one.
+
+Receives a (rewritten) SymPy expression and the symbols of non-tensor inputs; returns the same
+value with every subformula that is exactly a PyTorch primitive replaced by a node that
+prints as that primitive's call: `x * sigmoid(x)` becomes `F.silu(x)`, `softplus(b*x)/b`
+becomes `F.softplus(x, b)`, and so on (`PRIMITIVES`). `derive` applies it after the stable
+rewrites and before differentiating, so a gradient holds the primitive's derivative as
+one node, which the emitter prints as PyTorch's own backward kernel (`backward_lines`).
+After derivation, `use_outputs` writes gradients in terms of the op's output where that
+frees backward from the input (sigmoid: `y * (1 - y)` from the saved `y`).
+
+Note [native backward kernels]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A primitive's backward kernel (`aten.silu_backward`, ...) does in one pass what the
+derivative formula does in four or five, each allocating a tensor. Some of these kernels
+have a derivative of their own in PyTorch (gelu, softplus, elu, sigmoid, tanh): backward
+calls them always, and double backward goes through PyTorch's formulas. The others (silu,
+mish) are used only when autograd is not recording (`torch.is_grad_enabled()` is false in
+backward unless `create_graph=True`); when it is, backward uses the derivative formula,
+built from differentiable ops as Note [what backward may use] requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import sympy
+from sympy import Expr, S
+
+from opgen import functions as fn
+from opgen.derive import Derived
+from opgen.printer import TorchPrinter
+from opgen.rewrite import rewrite
+
+
+class _Primitive(sympy.Function):
+    """A PyTorch primitive: `args[0]` is the tensor, the others plain numbers."""
+
+    is_real = True
+    call = ""  # format string: {F} functional, {0} tensor, {1}... parameters
+    backward = ""  # format string: {aten}, {g} incoming gradient, {0}... the primitive's args
+    backward_differentiable = False
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        raise NotImplementedError
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        if argindex == 1:
+            return _Prime(self.func.__name__, *self.args)  # type: ignore[no-any-return]
+        t = sympy.Dummy("t", real=True)
+        args = list(self.args)
+        args[argindex - 1] = t
+        return rewrite(sympy.diff(self.elementary(*args), t)).xreplace({t: self.args[argindex - 1]})  # type: ignore[no-any-return]
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        if all(a.is_number for a in self.args):
+            return self.elementary(*self.args).evalf(prec)  # type: ignore[no-any-return]
+        return None
+
+    def _opgen_torch(self, printer: Any) -> str:
+        args = [printer._print(a) for a in self.args]
+        return self.call.format(*args, F=printer.functional)  # type: ignore[attr-defined]
+
+    def _sympystr(self, printer: Any) -> str:
+        """Docstrings show the formula, not the kernel."""
+        return f"({printer._print(self.elementary(*self.args))})"
+
+
+class silu(_Primitive):  # noqa: N801 - torch's names
+    nargs = 1
+    call = "{F}.silu({0})"
+    backward = "{aten}.silu_backward({g}, {0})"
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * fn.sigmoid(args[0])  # type: ignore[no-any-return]
+
+
+class mish(_Primitive):  # noqa: N801
+    nargs = 1
+    call = "{F}.mish({0})"
+    backward = "{aten}.mish_backward({g}, {0})"
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * sympy.tanh(fn.softplus(args[0]))  # type: ignore[no-any-return]
+
+
+class gelu(_Primitive):  # noqa: N801
+    nargs = 1
+    call = "{F}.gelu({0})"
+    backward = "{aten}.gelu_backward({g}, {0})"
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2  # type: ignore[no-any-return]
+
+
+class gelu_tanh(_Primitive):  # noqa: N801
+    nargs = 1
+    call = "{F}.gelu({0}, approximate='tanh')"
+    backward = "{aten}.gelu_backward({g}, {0}, approximate='tanh')"
+    backward_differentiable = True
+    kappa = sympy.Rational("0.044715")
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u = args[0]
+        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))) / 2  # type: ignore[no-any-return]
+
+
+class softplus_beta(_Primitive):  # noqa: N801
+    """softplus(beta * u) / beta, as F.softplus(u, beta) (linear where beta * u > 20, as PyTorch)."""
+
+    nargs = 2
+    call = "{F}.softplus({0}, {1})"
+    backward = "{aten}.softplus_backward({g}, {0}, {1}, 20.0)"
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return fn.softplus(args[1] * args[0]) / args[1]  # type: ignore[no-any-return]
+
+
+class elu(_Primitive):  # noqa: N801
+    nargs = 2
+    call = "{F}.elu({0}, {1})"
+    backward = "{aten}.elu_backward({g}, {1}, 1, 1, False, {0})"
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, alpha = args
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))  # type: ignore[no-any-return]
+
+
+PRIMITIVES: dict[str, type[_Primitive]] = {c.__name__: c for c in (silu, mish, gelu, gelu_tanh, softplus_beta, elu)}
+
+
+class _Prime(sympy.Function):
+    """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
+
+    is_real = True
+
+    def __new__(cls, name: str | sympy.Symbol, *args: Expr) -> Expr:
+        tag = name if isinstance(name, sympy.Symbol) else sympy.Symbol(name)
+        return super().__new__(cls, tag, *args)  # type: ignore[no-any-return]
+
+    @property
+    def primitive(self) -> type[_Primitive]:
+        return PRIMITIVES[str(self.args[0])]
+
+    def elementary(self) -> Expr:
+        t = sympy.Dummy("t", real=True)
+        args = [t, *self.args[2:]]
+        return rewrite(sympy.diff(self.primitive.elementary(*args), t)).xreplace({t: self.args[1]})  # type: ignore[no-any-return]
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        return self.elementary().evalf(prec)  # type: ignore[no-any-return]
+
+    @property
+    def free_symbols(self) -> set[sympy.Basic]:
+        return set().union(*(a.free_symbols for a in self.args[1:]))
+
+    def _opgen_torch(self, printer: Any) -> str:
+        return f"({printer._print(self.elementary())})"
+
+    _sympystr = _opgen_torch
+
+
+# -- matching ------------------------------------------------------------------------------------
+
+
+def _split(node: Expr, part: Expr) -> Expr | None:
+    """`node / part` when `node` is a product holding `part`, else None."""
+    if isinstance(node, sympy.Mul) and part in node.args:
+        return node / part  # type: ignore[no-any-return]
+    return None
+
+
+def _match_silu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, fn.sigmoid) and _split(node, factor) == factor.args[0]:
+            return silu(factor.args[0])
+    return None
+
+
+def _match_mish(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, sympy.tanh) and isinstance(factor.args[0], fn.softplus):
+            u = factor.args[0].args[0]
+            if _split(node, factor) == u:
+                return mish(u)
+    return None
+
+
+def _match_gelu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for e in node.atoms(sympy.erf):
+        u = sympy.expand(e.args[0] * sympy.sqrt(2))
+        if _same(node, gelu.elementary(u)):
+            return gelu(u)
+    for t in node.atoms(sympy.tanh):
+        for u in sorted(_tensors(t, numbers), key=sympy.default_sort_key):
+            if _same(node, gelu_tanh.elementary(u)):
+                return gelu_tanh(u)
+    return None
+
+
+def _tensors(expr: sympy.Basic, numbers: frozenset[sympy.Symbol]) -> set[sympy.Basic]:
+    """The symbols of `expr` that may hold tensors: all but the non-tensor inputs."""
+    return expr.free_symbols - numbers
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return bool(a == b or sympy.expand(a - b) == 0)
+
+
+def _match_softplus(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, fn.softplus):
+            beta, u = factor.args[0].as_independent(*_tensors(factor, numbers), as_Add=False)
+            if beta != 1 and _split(node, factor) == 1 / beta:
+                return softplus_beta(u, beta)
+    return None
+
+
+def _match_elu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where):
+        return None
+    cond, u, other = node.args
+    if cond != sympy.StrictGreaterThan(u, 0) or not _tensors(u, numbers):
+        return None
+    alpha = _split(other, fn.expm1(u)) if isinstance(other, sympy.Mul) else (S.One if other == fn.expm1(u) else None)
+    if alpha is None or _tensors(alpha, numbers):
+        return None
+    return elu(u, alpha)
+
+
+_MATCHERS = (_match_silu, _match_mish, _match_gelu, _match_softplus, _match_elu)
+
+
+def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
+    """`expr` with every subformula that is a PyTorch primitive replaced by it.
+
+    `numbers` are the symbols of the non-tensor inputs: a primitive's parameters
+    (softplus's beta, elu's alpha) must be made of these and constants.
+    """
+    if expr.is_Atom or not expr.args or not _tensors(expr, numbers):
+        return expr
+    args = tuple(lower(a, numbers) if isinstance(a, Expr) else a for a in expr.args)
+    node = expr.func(*args) if args != expr.args else expr
+    for match in _MATCHERS:
+        found = match(node, numbers)
+        if found is not None:
+            return found
+    return node  # type: ignore[no-any-return]
+
+
+# -- gradients in terms of the output -------------------------------------------------------------
+
+
+def use_outputs(derived: Derived) -> Derived:
+    """Gradients that read the output instead of recomputing it, where that leaves the inputs unused.
+
+    The output is saved in the input's place, so memory stays the same while backward skips
+    the forward's work (sigmoid: `y * (1 - y)` instead of `sigmoid(x) * (1 - sigmoid(x))`).
+    """
+    symbols = derived.symbols
+    variants = []
+    for variant in derived.variants:
+        swap = {expr: symbols.outputs[name] for name, expr in variant.inlined if not expr.is_Atom}
+        factors = [c.factor for g in variant.gradients for c in g.contributions]
+        replaced = [f.xreplace(swap) for f in factors]
+        inputs = set(symbols.tensor_inputs)
+        if not swap or replaced == factors or any(f.free_symbols & inputs for f in replaced):
+            variants.append(variant)
+            continue
+        gradients = tuple(
+            replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
+            for g in variant.gradients
+        )
+        variants.append(replace(variant, gradients=gradients))
+    return replace(derived, variants=tuple(variants))
+
+
+# -- backward kernels --------------------------------------------------------------------------------
+
+
+def backward_lines(var: str, total: Expr, printer: TorchPrinter, torch: str) -> list[str]:
+    """`var = total`, through a native backward kernel where `total` is `g * prime(u)`.
+
+    See Note [native backward kernels].
+    """
+    primes = [f for f in (total.args if isinstance(total, sympy.Mul) else (total,)) if isinstance(f, _Prime)]
+    output_kernel = _output_kernel(total, printer, torch)
+    if output_kernel is not None:
+        return [f"{var} = {output_kernel}"]
+    if len(primes) != 1:
+        return [f"{var} = {printer._print(total)}"]
+    prime = primes[0]
+    primitive = prime.primitive
+    g = printer._print(total / prime)
+    args = [printer._print(a) for a in prime.args[1:]]
+    fast = primitive.backward.format(*args, g=g, aten=f"{torch}.ops.aten")
+    if primitive.backward_differentiable:
+        return [f"{var} = {fast}"]
+    formula = total.xreplace({prime: prime.elementary()})
+    return [
+        f"if {torch}.is_grad_enabled():  # double backward: {primitive.__name__}'s kernel has no derivative",
+        f"    {var} = {printer._print(formula)}",
+        "else:",
+        f"    {var} = {fast}",
+    ]
+
+
+def _output_kernel(total: Expr, printer: TorchPrinter, torch: str) -> str | None:
+    """`g * s * (1 - s)` -> sigmoid_backward(g, s); `g * (1 - t**2)` -> tanh_backward(g, t).
+
+    Both kernels compute exactly these products and have derivatives; `s` and `t` are
+    tensors backward already has (saved outputs, typically).
+    """
+    if not isinstance(total, sympy.Mul):
+        return None
+    factors = list(total.args)
+    for k, factor in enumerate(factors):
+        rest = [f for i, f in enumerate(factors) if i != k]
+        for s in rest:
+            if s.is_Symbol and factor == 1 - s and s in printer.tensors:  # type: ignore[attr-defined]
+                g = sympy.Mul(*[f for f in rest if f is not s])
+                return f"{torch}.ops.aten.sigmoid_backward({printer._print(g)}, {printer._print(s)})"
+        if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
+            other = factor.args[0] if factor.args[1] == S.One else factor.args[1]
+            base, power = (-other).as_base_exp()
+            if power == 2 and base.is_Symbol and base in printer.tensors:  # type: ignore[attr-defined]
+                g = sympy.Mul(*rest)
+                return f"{torch}.ops.aten.tanh_backward({printer._print(g)}, {printer._print(base)})"
+    return None

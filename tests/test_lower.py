@@ -1,0 +1,120 @@
+"""Lowering to PyTorch's native kernels (opgen/lower.py).
+
+Each primitive's SymPy formula must be the function PyTorch's kernel computes, and its
+derivative PyTorch's backward kernel: both are checked against torch in float64. The
+matcher must find the primitives in formulas as people write them, and only there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from conftest import generate_op
+
+from opgen import functions as fn
+from opgen import lower as lw
+from opgen.rewrite import rewrite
+
+x, beta, alpha = sympy.symbols("x beta alpha", real=True)
+NUMBERS = frozenset({beta, alpha})
+
+# primitive, its arguments after x, PyTorch's op with the same arguments
+NATIVE = [
+    (lw.silu, (), F.silu),
+    (lw.mish, (), F.mish),
+    (lw.gelu, (), F.gelu),
+    (lw.gelu_tanh, (), lambda t: F.gelu(t, approximate="tanh")),
+    (lw.softplus_beta, (1.5,), lambda t: F.softplus(t, 1.5)),
+    (lw.elu, (0.7,), lambda t: F.elu(t, 0.7)),
+]
+
+
+@pytest.mark.parametrize("primitive, params, native", NATIVE, ids=[p[0].__name__ for p in NATIVE])
+def test_primitive_formula_and_derivative_are_pytorchs(primitive, params, native):
+    points = torch.linspace(-12, 12, 97, dtype=torch.float64, requires_grad=True)
+    expected = native(points)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), points)
+    call = primitive(x, *params)
+    derivative = sympy.diff(call, x)
+    value_fn = sympy.lambdify(x, call.elementary(x, *params), modules=_MODULES)
+    grad_fn = sympy.lambdify(x, derivative.elementary(), modules=_MODULES)
+    torch.testing.assert_close(value_fn(points.detach()), expected.detach())
+    torch.testing.assert_close(grad_fn(points.detach()), expected_grad)
+
+
+_MODULES = [
+    {
+        "sigmoid": torch.sigmoid,
+        "softplus": F.softplus,
+        "expm1": torch.expm1,
+        "where": torch.where,
+        "erf": torch.erf,
+        "exp": torch.exp,
+        "tanh": torch.tanh,
+        "sqrt": lambda v: torch.sqrt(torch.as_tensor(v, dtype=torch.float64)),
+    },
+    "math",
+]
+
+
+@pytest.mark.parametrize(
+    "formula, expected",
+    [
+        (x * fn.sigmoid(x), lw.silu(x)),
+        (x / (1 + sympy.exp(-x)), lw.silu(x)),
+        (x * sympy.tanh(fn.softplus(x)), lw.mish(x)),
+        (x * sympy.tanh(sympy.log(1 + sympy.exp(x))), lw.mish(x)),
+        (sympy.Rational(1, 2) * x * (1 + sympy.erf(x / sympy.sqrt(2))), lw.gelu(x)),
+        (
+            sympy.Rational(1, 2)
+            * x
+            * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + sympy.Rational("0.044715") * x**3))),
+            lw.gelu_tanh(x),
+        ),
+        (sympy.log(1 + sympy.exp(beta * x)) / beta, lw.softplus_beta(x, beta)),
+        (fn.where(x > 0, x, alpha * (sympy.exp(x) - 1)), lw.elu(x, alpha)),
+        (3 + x * fn.sigmoid(x), 3 + lw.silu(x)),
+    ],
+)
+def test_formulas_as_written_lower_to_the_primitive(formula, expected):
+    assert lw.lower(rewrite(formula), NUMBERS) == expected
+
+
+@pytest.mark.parametrize(
+    "formula",
+    [
+        x * fn.sigmoid(2 * x),  # silu(2x)/2 would be exact only for a nonzero factor
+        2 * x * fn.sigmoid(x) * x,
+        sympy.Rational(1, 3) * x * (1 + sympy.erf(x / sympy.sqrt(2))),
+        fn.softplus(x * x) / x,  # the "beta" holds a tensor
+        fn.where(x > 0, x, x * fn.expm1(x)),  # alpha must be a number
+        fn.where(x > 1, x, alpha * fn.expm1(x)),
+    ],
+)
+def test_near_misses_are_not_lowered(formula):
+    lowered = lw.lower(formula, NUMBERS)
+    assert not lowered.atoms(lw._Primitive), lowered
+
+
+SILU = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x * sigmoid(x)\n"
+SIGMOID = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: sigmoid(x)\n"
+
+
+def test_backward_kernel_without_derivative_is_skipped_under_create_graph(tmp_path):
+    source = generate_op(tmp_path, SILU)
+    assert "torch.nn.functional.silu(x)" in source
+    assert "torch.is_grad_enabled()" in source and "torch.ops.aten.silu_backward(grad_y, x)" in source
+
+
+def test_gradient_in_terms_of_the_output_saves_the_output(tmp_path):
+    source = generate_op(tmp_path, SIGMOID)
+    assert "ctx.save_for_backward(y)" in source and "sigmoid_backward(grad_y, y)" in source
+
+
+def test_optimize_lower_false_keeps_plain_torch(tmp_path):
+    source = generate_op(tmp_path, SILU + "optimize:\n  lower: false\n")
+    assert "functional.silu" not in source and "aten" not in source and "x*torch.sigmoid(x)" in source
+    source = generate_op(tmp_path, SIGMOID + "optimize:\n  lower: false\n")
+    assert "ctx.save_for_backward(x)" in source and "aten" not in source
