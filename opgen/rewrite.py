@@ -37,6 +37,7 @@ from sympy import Expr, S
 
 from opgen import functions as fn
 from opgen.derive import Derived
+from opgen.guard import DOMAINS
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
 
@@ -59,8 +60,11 @@ class sinc(fn._Elementwise):  # noqa: N801
 
     def fdiff(self, argindex: int = 1) -> Expr:
         u = self.args[0]
-        # torch.sinc's own gradient: 0 at u = 0, where the quotient below is 0/0.
-        return fn.where(sympy.Eq(u, 0), S.Zero, (sympy.cos(sympy.pi * u) - self) / u)
+        # torch.sinc's own gradient: 0 at u = 0, where the quotient below is 0/0; the
+        # divisor is guarded too, so that the derivative of this one stays finite there
+        # (Note [double where] in opgen/guard.py).
+        at_zero = sympy.Eq(u, 0)
+        return fn.where(at_zero, S.Zero, (sympy.cos(sympy.pi * u) - self) / fn.where(at_zero, S.One, u))
 
     def _as_elementary(self) -> Expr:
         u = self.args[0]
@@ -68,6 +72,11 @@ class sinc(fn._Elementwise):  # noqa: N801
 
     def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
         return str(printer._call(f"{printer.torch}.sinc", self.args[0]))  # type: ignore[attr-defined]
+
+
+# sinc is finite everywhere, but its derivative divides by its argument: inside a `where`
+# branch not taken near 0 it needs the same guard as `1/u` (Note [double where]).
+DOMAINS[sinc] = ((0,), S.One)
 
 
 class _Binary(sympy.Function):

@@ -9,7 +9,7 @@ class SincFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.where(torch.abs(x) < 0.0001, -1.6449340668482264*x**2 + 1, 0.3183098861837907*torch.sin(3.141592653589793*x)/x)
+        y = torch.where(torch.abs(x) < 0.0001, -1.6449340668482264*x**2 + 1, torch.sinc(x))
         return y
 
     @staticmethod
@@ -23,9 +23,8 @@ class SincFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             tmp0 = torch.abs(x)
-            tmp1 = 3.141592653589793*x
-            tmp2 = torch.where(tmp0 >= 0.0001, x, 1)
-            grad_x = grad_y*torch.where(tmp0 < 0.0001, -3.289868133696453*x, torch.cos(tmp1)/tmp2 - 0.3183098861837907*torch.sin(tmp1)/tmp2**2)
+            tmp1 = torch.where(tmp0 >= 0.0001, x, 1)
+            grad_x = grad_y*torch.where(tmp0 < 0.0001, -3.289868133696453*x, torch.where(tmp1 == 0, 0, (torch.cos(3.141592653589793*tmp1) - torch.sinc(tmp1))*torch.where(tmp1 == 0, 1, tmp1)**(-1)))
         return grad_x
 
 
@@ -34,9 +33,9 @@ def sinc(x):
     near 0 keeps values and derivatives of every order accurate and finite there.
 
     Forward:
-        y = where(abs(x) < 1/10000, -pi**2*x**2/6 + 1, sin(pi*x)/(pi*x))
+        y = where(abs(x) < 1/10000, -pi**2*x**2/6 + 1, sinc(x))
 
     Gradients:
-        grad_x = grad*where(abs(x) < 1/10000, -pi**2*x/3, -sin(pi*x)*where(abs(x) >= 1/10000, x, 1)**(-2)/pi + cos(pi*x)*where(abs(x) >= 1/10000, x, 1)**(-1))
+        grad_x = grad*where(abs(x) < 1/10000, -pi**2*x/3, where(where(abs(x) >= 1/10000, x, 1) == 0, 0, (-sinc(where(abs(x) >= 1/10000, x, 1)) + cos(pi*where(abs(x) >= 1/10000, x, 1)))*where(where(abs(x) >= 1/10000, x, 1) == 0, 1, where(abs(x) >= 1/10000, x, 1))**(-1)))
     """
     return SincFunction.apply(x)
