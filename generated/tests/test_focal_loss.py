@@ -142,6 +142,78 @@ def test_gradgradcheck():
 
 
 
+
+# The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
+# float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
+# of the differentiable outputs' sum in that input (None: not checked).
+EXTREMES = [
+    ("logits", -10000.0, (625.0,), -0.0625),
+    ("logits", -100.0, (6.25,), -0.0625),
+    ("logits", -30.0, (1.8750000000000118,), -0.0624999999999883),
+    ("logits", -3.0, (0.19357341894671776,), -0.05657176585280415),
+    ("logits", -9.999999974752427e-07, (0.08664339757000879,), -3.124999992109873e-08),
+    ("logits", 0.0, (0.08664339756999316,), 0.0),
+    ("logits", 9.999999974752427e-07, (0.08664339757000879,), 3.124999992109873e-08),
+    ("logits", 3.0, (0.19357341894671776,), 0.05657176585280415),
+    ("logits", 30.0, (1.8750000000000118,), 0.0624999999999883),
+    ("logits", 100.0, (6.25,), 0.0625),
+    ("logits", 10000.0, (625.0,), 0.0625),
+    ("target", -10000.0, (866.5639407962866,), -0.08664339756999316),
+    ("target", -100.0, (8.794304853354307,), -0.08664339756999316),
+    ("target", -30.0, (2.7292670234547844,), -0.08664339756999316),
+    ("target", -9.999999974752427e-07, (0.1299651829983871,), -0.08664339756999316),
+    ("target", 0.0, (0.12996509635498973,), -0.08664339756999316),
+    ("target", 9.999999974752427e-07, (0.1299650097115924,), -0.08664339756999316),
+    ("target", 1.0, (0.04332169878499658,), -0.08664339756999316),
+    ("target", 30.0, (-2.469336830744805,), -0.08664339756999316),
+    ("target", 100.0, (-8.534374660644326,), -0.08664339756999316),
+    ("target", 10000.0, (-866.3040106035767,), -0.08664339756999316),
+]
+MIDDLES = {"logits": 0.0, "target": 0.5}  # where the other Tensor inputs sit
+
+
+def extreme_inputs(name, point):
+    """float32 inputs of one element: `name` at `point`, the other Tensor inputs in mid-domain."""
+    args = sample_inputs()
+    for k, input_name in enumerate(INPUTS):
+        if k in TENSOR_INPUTS:
+            value = point if input_name == name else MIDDLES[input_name]
+            args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
+    return args
+
+
+def accurate(got, exact, rival=None):
+    """Finite, and within 1e-5 relative (1e-6 absolute) of exact, or no worse than PyTorch's op."""
+    if not torch.isfinite(got).all():
+        return False
+    error = abs(got.item() - exact)
+    return error <= 1e-6 + 1e-5 * abs(exact) or (rival is not None and error <= abs(rival.item() - exact))
+
+
+def derivative(outs, args, k):
+    (grad,) = torch.autograd.grad(
+        [outs[j].sum() for j in DIFFERENTIABLE], [args[k]], allow_unused=True, materialize_grads=True
+    )
+    return grad
+
+
+def test_float32_at_extreme_inputs():
+    bad = []
+    for name, point, exact, slope in EXTREMES:
+        args = extreme_inputs(name, point)
+        outs = as_tuple(focal_loss(*args))
+        rival = None
+        for j, (out, want) in enumerate(zip(outs, exact)):
+            if not accurate(out, want, rival if j == 0 else None):
+                bad.append(f"output {j} at {name} = {point}: {out.item()!r}, exact {want!r}")
+        k = INPUTS.index(name)
+        if slope is not None:
+            rival_grad = None
+            grad = derivative(outs, args, k)
+            if not accurate(grad, slope, rival_grad if len(DIFFERENTIABLE) == 1 else None):
+                bad.append(f"derivative at {name} = {point}: {grad.item()!r}, exact {slope!r}")
+    assert not bad, "\n".join(bad)
+
 def test_saves_only_what_backward_needs():
     args = sample_inputs()
     saved = []

@@ -134,6 +134,68 @@ def test_gradgradcheck():
 
 
 
+
+# The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
+# float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
+# of the differentiable outputs' sum in that input (None: not checked).
+EXTREMES = [
+    ("x", -10000.0, (0.0,), 0.0),
+    ("x", -100.0, (3.720076068853569e-44,), 3.720075976020836e-44),
+    ("x", -30.0, (9.357622968839737e-14,), 9.357622968839299e-14),
+    ("x", -10.0, (4.539889921686465e-05,), 4.5397868702434395e-05),
+    ("x", -9.999999974752427e-07, (0.6931466805600716,), 0.49999975000000063),
+    ("x", 0.0, (0.6931471805599453,), 0.5),
+    ("x", 9.999999974752427e-07, (0.693147680560069,), 0.5000002499999994),
+    ("x", 10.0, (10.000045398899218,), 0.9999546021312976),
+    ("x", 30.0, (30.000000000000092,), 0.9999999999999064),
+    ("x", 100.0, (100.0,), 1.0),
+    ("x", 10000.0, (10000.0,), 1.0),
+]
+MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+
+
+def extreme_inputs(name, point):
+    """float32 inputs of one element: `name` at `point`, the other Tensor inputs in mid-domain."""
+    args = sample_inputs()
+    for k, input_name in enumerate(INPUTS):
+        if k in TENSOR_INPUTS:
+            value = point if input_name == name else MIDDLES[input_name]
+            args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
+    return args
+
+
+def accurate(got, exact, rival=None):
+    """Finite, and within 1e-5 relative (1e-6 absolute) of exact, or no worse than PyTorch's op."""
+    if not torch.isfinite(got).all():
+        return False
+    error = abs(got.item() - exact)
+    return error <= 1e-6 + 1e-5 * abs(exact) or (rival is not None and error <= abs(rival.item() - exact))
+
+
+def derivative(outs, args, k):
+    (grad,) = torch.autograd.grad(
+        [outs[j].sum() for j in DIFFERENTIABLE], [args[k]], allow_unused=True, materialize_grads=True
+    )
+    return grad
+
+
+def test_float32_at_extreme_inputs():
+    bad = []
+    for name, point, exact, slope in EXTREMES:
+        args = extreme_inputs(name, point)
+        outs = as_tuple(softplus(*args))
+        rival = None
+        for j, (out, want) in enumerate(zip(outs, exact)):
+            if not accurate(out, want, rival if j == 0 else None):
+                bad.append(f"output {j} at {name} = {point}: {out.item()!r}, exact {want!r}")
+        k = INPUTS.index(name)
+        if slope is not None:
+            rival_grad = None
+            grad = derivative(outs, args, k)
+            if not accurate(grad, slope, rival_grad if len(DIFFERENTIABLE) == 1 else None):
+                bad.append(f"derivative at {name} = {point}: {grad.item()!r}, exact {slope!r}")
+    assert not bad, "\n".join(bad)
+
 def test_saves_only_what_backward_needs():
     args = sample_inputs()
     saved = []

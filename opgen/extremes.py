@@ -1,0 +1,123 @@
+"""Exact values at extreme inputs, for the generated float32 accuracy tests.
+
+Receives a `Spec`; returns rows `(input, point, values, slope)`: the spec's formulas *as
+written* (derived again without the stable rewrites or the native lowering, so nothing
+opgen does to a formula can hide in the reference), evaluated with mpmath at 50
+significant digits (SymPy's own adaptive `evalf` can chase a cancellation for ever), at
+the inputs where naive float formulas fail: ±1e4, ±100, ±30, ±1e-6, 0 and the edges of
+the input's test domain. One Tensor input moves at a time; the others sit in the middle
+of their domain. Points are rounded to float32 first, so a row is exact for the input the
+test really passes. A row is kept only where every exact value is a real number float32
+can hold; `slope` (the derivative of the sum of the differentiable outputs) is None where
+it is not, or where the gradient is an override.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import mpmath
+import sympy
+
+from opgen.derive import Derived, derive
+from opgen.errors import Problems
+from opgen.model import Spec
+
+POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
+DIGITS = 50
+FLOAT32_MAX = 3.4028234663852886e38
+DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}  # as the generated tests' sample_inputs
+
+Row = tuple[str, float, tuple[float, ...], float | None]
+
+
+def float32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def applies(spec: Spec) -> bool:
+    """Elementwise specs without optional inputs, whose formulas are rewritten for stability."""
+    tensors = spec.tensor_inputs
+    return spec.optimize.rewrite and bool(tensors) and all(i.type.dims is None and not i.type.optional for i in tensors)
+
+
+def middle(spec: Spec, name: str) -> float:
+    low, high = spec.tests.domain_of(name)
+    return float32((low + high) / 2)
+
+
+def extreme_rows(spec: Spec) -> list[Row]:
+    if not applies(spec):
+        return []
+    derived = derive(spec, Problems())
+    if derived is None:
+        return []
+    rows: list[Row] = []
+    for inp in spec.tensor_inputs:
+        low, high = spec.tests.domain_of(inp.name)
+        for point in sorted({float32(p) for p in (*POINTS, low, high)}):
+            row = _row(spec, derived, inp.name, point)
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+# mpmath versions of the formula language's functions that lambdify does not know.
+_MPMATH: dict[str, Any] = {
+    "sigmoid": lambda u: 1 / (1 + mpmath.exp(-u)),
+    "softplus": lambda u: mpmath.log1p(mpmath.exp(u)),
+    "log1p": mpmath.log1p,
+    "expm1": mpmath.expm1,
+    "where": lambda c, a, b: a if c else b,
+    "sign": mpmath.sign,
+    "floor": mpmath.floor,
+    "ceil": mpmath.ceil,
+    "round": mpmath.nint,
+    "heaviside": lambda u: mpmath.mpf(1 if u >= 0 else 0),
+    "maximum": lambda a, b, _: max(a, b),
+    "minimum": lambda a, b, _: min(a, b),
+    "clamp": lambda u, lo, hi: min(max(u, lo), hi),
+}
+
+
+def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) -> float | None:
+    function: Callable[..., Any] = sympy.lambdify(symbols, expr, modules=[_MPMATH, "mpmath"])
+    try:
+        with mpmath.workdps(DIGITS):
+            value = function(*args)
+    except (ZeroDivisionError, ValueError, TypeError, OverflowError):
+        return None  # a branch or function undefined here
+    if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
+        return None
+    result = float(value)
+    return result if abs(result) <= FLOAT32_MAX else None
+
+
+def _row(spec: Spec, derived: Derived, name: str, point: float) -> Row | None:
+    symbols = derived.symbols
+    order = [symbols.inputs[i.name] for i in spec.inputs]
+    args: list[Any] = []
+    sample = dict(spec.tests.values)
+    with mpmath.workdps(DIGITS):
+        for inp in spec.inputs:
+            if inp.is_tensor:
+                args.append(mpmath.mpf(repr(point if inp.name == name else middle(spec, inp.name))))
+            else:
+                default = inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind]
+                value = sample.get(inp.name, default)
+                args.append(value if isinstance(value, bool) else mpmath.mpf(repr(value)))
+    full = derived.full
+    outputs = []
+    for _, expr in full.inlined:
+        value = _evaluate(expr, order, args)
+        if value is None:
+            return None
+        outputs.append(value)
+    gradient = next(g for g in full.gradients if g.input == name)
+    slope = None
+    if not gradient.overridden:
+        factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
+        slope = _evaluate(factor, order, args)
+    return (name, point, tuple(outputs), slope)

@@ -1,0 +1,53 @@
+"""The generated float32 accuracy tests (opgen/extremes.py): exact rows, and a check that can fail."""
+
+from __future__ import annotations
+
+import importlib
+
+import mpmath
+import torch
+from conftest import ROOT, import_package
+
+from opgen.errors import Problems
+from opgen.extremes import extreme_rows, float32
+from opgen.load import load_file
+from opgen.parse import parse_spec
+
+
+def _spec(name: str):
+    path = ROOT / "specs" / f"{name}.yaml"
+    spec = parse_spec(load_file(path, str(path)), f"specs/{name}.yaml", Problems())
+    assert spec is not None
+    return spec
+
+
+def test_rows_are_the_formula_as_written_at_50_digits():
+    rows = {point: (values, slope) for _, point, values, slope in extreme_rows(_spec("swish"))}
+    assert {-1e4, -100.0, -30.0, 0.0, 30.0, 100.0, 1e4, float32(1e-6)} <= set(rows)
+    with mpmath.workdps(50):
+        for point in (-100.0, float32(1e-6), 30.0):
+            x = mpmath.mpf(point)
+            value = x / (1 + mpmath.exp(-x))
+            slope = mpmath.diff(lambda t: t / (1 + mpmath.exp(-t)), x)
+            (got_value,), got_slope = rows[point]
+            assert abs(got_value - value) <= 1e-15 * abs(value) and abs(got_slope - slope) <= 1e-15 * abs(slope)
+
+
+def test_a_domain_without_real_values_has_no_rows():
+    rows = extreme_rows(_spec("safe_sqrt"))
+    assert rows and all(point >= 0 or values[0] == 0 for _, point, values, _ in rows)
+
+
+def test_the_check_fails_for_the_naive_float32_formula():
+    """The rows and `accurate` of the generated swish test reject what plain autograd of the formula gives."""
+    import_package(ROOT, "generated")
+    tests = importlib.import_module("generated.tests.test_swish")
+    rejected = []
+    for _, point, (value,), slope in tests.EXTREMES:
+        x = torch.tensor([point], dtype=torch.float32, requires_grad=True)
+        y = x / (1 + torch.exp(-x))
+        (grad,) = torch.autograd.grad(y.sum(), x)
+        if not (tests.accurate(y.detach(), value) and tests.accurate(grad, slope)):
+            rejected.append(point)
+    assert -100.0 in rejected and -1e4 in rejected
+    tests.test_float32_at_extreme_inputs()  # while the generated op passes
