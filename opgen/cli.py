@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opgen import write
+from opgen.model import POLICIES
 from opgen.pipeline import build
 from opgen.render import Renderer
 
@@ -40,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--templates", metavar="DIR", help="a folder of templates that replace opgen's own, file by file"
         )
+        command.add_argument(
+            "--policy",
+            choices=POLICIES,
+            help="what backward saves, for every spec (default: each spec's optimize.policy, else balanced)",
+        )
     return parser
 
 
@@ -58,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     templates = Path(args.templates) if args.templates else None
     if templates is not None and not templates.is_dir():
         return _error(f"--templates {args.templates}: no such folder")
-    result = build(list(args.specs), Renderer(templates))
+    result = build(list(args.specs), Renderer(templates), args.policy)
     if result.problems:
         for line in result.problems.report():
             print(line, file=sys.stderr)

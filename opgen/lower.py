@@ -6,8 +6,6 @@ prints as that primitive's call: `x * sigmoid(x)` becomes `F.silu(x)`, `softplus
 becomes `F.softplus(x, b)`, and so on (`PRIMITIVES`). `derive` applies it after the stable
 rewrites and before differentiating, so a gradient holds the primitive's derivative as
 one node, which the emitter prints as PyTorch's own backward kernel (`backward_lines`).
-After derivation, `use_outputs` writes gradients in terms of the op's output where that
-frees backward from the input (sigmoid: `y * (1 - y)` from the saved `y`).
 
 Note [native backward kernels]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -22,14 +20,12 @@ built from differentiable ops as Note [what backward may use] requires.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import sympy
 from sympy import Expr, S
 
 from opgen import functions as fn
-from opgen.derive import Derived
 from opgen.printer import TorchPrinter
 from opgen.rewrite import rewrite
 
@@ -268,33 +264,6 @@ def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
         if found is not None:
             return found
     return node  # type: ignore[no-any-return]
-
-
-# -- gradients in terms of the output -------------------------------------------------------------
-
-
-def use_outputs(derived: Derived) -> Derived:
-    """Gradients that read the output instead of recomputing it, where that leaves the inputs unused.
-
-    The output is saved in the input's place, so memory stays the same while backward skips
-    the forward's work (sigmoid: `y * (1 - y)` instead of `sigmoid(x) * (1 - sigmoid(x))`).
-    """
-    symbols = derived.symbols
-    variants = []
-    for variant in derived.variants:
-        swap = {expr: symbols.outputs[name] for name, expr in variant.inlined if not expr.is_Atom}
-        factors = [c.factor for g in variant.gradients for c in g.contributions]
-        replaced = [f.xreplace(swap) for f in factors]
-        inputs = set(symbols.tensor_inputs)
-        if not swap or replaced == factors or any(f.free_symbols & inputs for f in replaced):
-            variants.append(variant)
-            continue
-        gradients = tuple(
-            replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
-            for g in variant.gradients
-        )
-        variants.append(replace(variant, gradients=gradients))
-    return replace(derived, variants=tuple(variants))
 
 
 # -- backward kernels --------------------------------------------------------------------------------

@@ -153,12 +153,19 @@ class TestConfig:
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))
 
 
+POLICIES = ("balanced", "memory", "speed")  # Note [save policies] in opgen/save.py
+
+
 @dataclass(frozen=True)
 class Optimize:
     """The spec's `optimize:` section: which optimizations apply (all by default)."""
 
     rewrite: bool = True  # stable rewrites (opgen.rewrite)
     lower: bool = True  # native kernels for known primitives (opgen.lower)
+    policy: str = "balanced"  # what backward saves (opgen.save)
+
+    def __post_init__(self) -> None:
+        assert self.policy in POLICIES, self.policy
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from opgen.model import (
     InputType,
     Let,
     Module,
+    POLICIES,
     Optimize,
     Output,
     Parameter,
@@ -506,13 +507,18 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
 def _parse_optimize(node: Raw, problems: Problems) -> Optimize:
     mapping = _need_map(node, "optimize")
     _check_keys(mapping, OPTIMIZE_KEYS, "optimize", problems)
-    flags: dict[str, bool] = {}
+    values: dict[str, bool | str] = {}
     for key, _, value in mapping.entries:
-        if key in OPTIMIZE_KEYS:
+        if key == "policy":
+            if not isinstance(value, RawScalar) or value.value not in POLICIES:
+                shown = value.value if isinstance(value, RawScalar) else "this"
+                raise SpecError(value.loc, f"optimize.policy '{shown}' is not one of: {', '.join(POLICIES)}")
+            values[key] = str(value.value)
+        elif key in OPTIMIZE_KEYS:
             if not isinstance(value, RawScalar) or not isinstance(value.value, bool):
                 raise SpecError(value.loc, f"optimize.{key} must be true or false")
-            flags[key] = value.value
-    return Optimize(**flags)
+            values[key] = value.value
+    return Optimize(**values)  # type: ignore[arg-type]
 
 
 def _check_unique_names(

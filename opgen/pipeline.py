@@ -18,13 +18,14 @@ from opgen.emit import emit_op
 from opgen.emit_tests import emit_tests
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.load import load_file
-from opgen.lower import lower, use_outputs
+from opgen.lower import lower
 from opgen.model import Spec
 from opgen.parse import parse_spec
 from opgen.plan import plan
 from opgen.printer import PrintError
 from opgen.render import Renderer
 from opgen.rewrite import rewrite, rewrite_gradients
+from opgen.save import choose_saved
 
 
 @dataclass
@@ -71,15 +72,14 @@ def _optimizer(spec: Spec) -> Callable[[Expr], Expr]:
     return optimize
 
 
-def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
+def _emit(spec: Spec, renderer: Renderer, result: Result, policy: str | None) -> None:
     before = len(result.problems.errors)
     derived = derive(spec, result.problems, _optimizer(spec))
     if derived is None or len(result.problems.errors) > before:
         return
     if spec.optimize.rewrite:
         derived = rewrite_gradients(derived)
-    if spec.optimize.lower:
-        derived = use_outputs(derived)
+    derived = choose_saved(derived, policy or spec.optimize.policy)
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived)
@@ -89,7 +89,8 @@ def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
 
 
-def build(args: list[str], renderer: Renderer) -> Result:
+def build(args: list[str], renderer: Renderer, policy: str | None = None) -> Result:
+    """Generate every spec; `policy`, when given, replaces each spec's `optimize.policy`."""
     result = Result()
     seen_names: dict[str, Loc] = {}
     seen_classes: dict[str, Loc] = {}
@@ -106,7 +107,7 @@ def build(args: list[str], renderer: Renderer) -> Result:
                     raise SpecError(spec.loc, f"class name '{cls}' is already used by {seen_classes[cls]}")
                 seen_classes[cls] = spec.loc
             result.specs.append(spec)
-            _emit(spec, renderer, result)
+            _emit(spec, renderer, result, policy)
     if not result.problems:
         result.files.update(package_files(result.specs, renderer))
     return result

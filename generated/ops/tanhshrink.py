@@ -15,14 +15,15 @@ class TanhshrinkFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         (x,) = inputs
-        ctx.save_for_backward(x)
+        y = output
+        ctx.save_for_backward(x, y)
 
     @staticmethod
     def backward(ctx, grad_y):
-        (x,) = ctx.saved_tensors
+        x, y = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.tanh(x)**2
+            grad_x = grad_y*(x - y)**2
         return grad_x
 
 
@@ -33,6 +34,6 @@ def tanhshrink(x):
         y = x - tanh(x)
 
     Gradients:
-        grad_x = grad*tanh(x)**2
+        grad_x = grad*(x - y)**2
     """
     return TanhshrinkFunction.apply(x)

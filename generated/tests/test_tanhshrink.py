@@ -18,7 +18,7 @@ TENSOR_INPUTS = [0]  # positions of the Tensor inputs
 CHECKED = [0]  # Tensor inputs whose gradient is derived, not overridden
 DIFFERENTIABLE = [0]  # positions of the differentiable outputs
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward needs: inputs and outputs only
+SAVED = ["x", "y"]  # what backward needs: inputs and outputs only
 
 
 def T(value):

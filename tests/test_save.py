@@ -1,0 +1,64 @@
+"""Save-versus-recompute policies (opgen/save.py, Note [save policies])."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from conftest import generate_op, import_package
+
+from opgen.save import cost
+
+TANHSHRINK = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x - tanh(x)\n"
+SIGMOID = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: 1 / (1 + exp(-x))\n"
+
+
+def _policy(policy: str) -> str:
+    return f"optimize:\n  policy: {policy}\n"
+
+
+def test_balanced_and_speed_read_the_output_instead_of_recomputing_tanh(tmp_path):
+    for text in (TANHSHRINK, TANHSHRINK + _policy("speed"), TANHSHRINK + _policy("balanced")):
+        source = generate_op(tmp_path, text)
+        assert "ctx.save_for_backward(x, y)" in source and "grad_y*(x - y)**2" in source
+
+
+def test_memory_policy_saves_only_the_input(tmp_path):
+    source = generate_op(tmp_path, TANHSHRINK + _policy("memory"))
+    assert "ctx.save_for_backward(x)" in source and "torch.tanh(x)**2" in source
+
+
+def test_output_instead_of_input_when_it_costs_no_memory(tmp_path):
+    for policy in ("memory", "balanced", "speed"):
+        source = generate_op(tmp_path, SIGMOID + _policy(policy))
+        assert "ctx.save_for_backward(y)" in source, policy
+
+
+def test_every_policy_gives_the_same_gradients_of_every_order(tmp_path, run_cli):
+    spec = tmp_path / "specs" / "tanhshrink.yaml"
+    spec.parent.mkdir()
+    spec.write_text(TANHSHRINK.replace("name: op", "name: tanhshrink"))
+    x = torch.linspace(-4, 4, 9, dtype=torch.float64, requires_grad=True)
+    results = []
+    for policy in ("memory", "speed"):
+        out = tmp_path / policy / "ops_pkg"
+        assert run_cli("generate", str(spec.parent), "-o", str(out), "--policy", policy)[0] == 0
+        op = import_package(out.parent, "ops_pkg").tanhshrink
+        (first,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad(first.sum(), x)
+        assert torch.autograd.gradgradcheck(op, (x,))
+        results.append((first.detach(), second))
+    torch.testing.assert_close(results[0], results[1])
+    torch.testing.assert_close(results[0][0], torch.tanh(x.detach()) ** 2)
+
+
+def test_bad_policy_is_a_located_error(tmp_path, run_cli):
+    (tmp_path / "op.yaml").write_text(TANHSHRINK + _policy("fast"))
+    status, _, err = run_cli("generate", str(tmp_path / "op.yaml"), "-o", str(tmp_path / "out"))
+    assert status == 2
+    assert "op.yaml:7:11: optimize.policy 'fast' is not one of: balanced, memory, speed" in err
+
+
+def test_cost_counts_shared_subexpressions_once_and_tanh_dearly():
+    x, y = sympy.symbols("x y", real=True)
+    assert cost([sympy.tanh(x) ** 2]) > 5 * cost([(x - y) ** 2])
+    assert cost([sympy.exp(x) + 1, sympy.exp(x) * 2]) < 2 * cost([sympy.exp(x) + 1])
