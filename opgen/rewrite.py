@@ -23,6 +23,10 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     log(exp(a) + exp(b))    -> logaddexp(a, b)
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
+    u * sign(u)             -> abs(u)
+
+Gradients are also put over a common denominator (`sympy.together`) where that makes them
+shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
 
 The results only widen where a formula is finite: `sinc(0)` is 1 where `sin(0)/0` was
 undefined; elsewhere the values agree.
@@ -202,6 +206,12 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(base, fn.sigmoid) and power.is_Integer and power >= 1 and base.args[0] == -u:
                 rest = [f for i, f in enumerate(factors) if i not in (k, j)]
                 return sympy.Mul(fn.sigmoid(u), base ** (power - 1), *rest)  # type: ignore[no-any-return]
+    # u * sign(u) = abs(u)
+    for factor in factors:
+        if isinstance(factor, (sympy.sign, fn.sign)) and factor.args[0] in factors:
+            rest = [f for f in factors if f is not factor]
+            rest.remove(factor.args[0])
+            return sympy.Mul(sympy.Abs(factor.args[0]), *rest)  # type: ignore[no-any-return]
     # -c * softplus(-u) = c * logsigmoid(u)
     coeff, terms = node.as_coeff_mul()
     if coeff.is_negative:
@@ -249,12 +259,17 @@ def rewrite(expr: Expr) -> Expr:
     return expr
 
 
+def _shorter(expr: Expr) -> Expr:
+    together = sympy.together(expr)
+    return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr  # type: ignore[no-any-return]
+
+
 def rewrite_gradients(derived: Derived) -> Derived:
     """`derived` with every gradient factor rewritten (the forward was rewritten before `derive`)."""
     variants = []
     for variant in derived.variants:
         gradients = tuple(
-            replace(g, contributions=tuple(replace(c, factor=rewrite(c.factor)) for c in g.contributions))
+            replace(g, contributions=tuple(replace(c, factor=_shorter(rewrite(c.factor))) for c in g.contributions))
             for g in variant.gradients
         )
         variants.append(replace(variant, gradients=gradients))

@@ -124,3 +124,10 @@ def test_hypot_and_logaddexp_print_as_torch_calls(tmp_path):
     source = generate_op(tmp_path, text)
     assert "torch.logaddexp(a, b)" in source and "torch.hypot(a, b)" in source
     assert math.isfinite(torch.logaddexp(torch.tensor(100.0), torch.tensor(100.0)).item())
+
+
+def test_gradients_are_put_over_a_common_denominator_when_shorter():
+    t = sympy.Abs(x) + 1
+    assert rw._shorter(rw.rewrite(1 / t - x * fn.sign(x) / t**2)) == 1 / t**2
+    kept = fn.sigmoid(x) + x
+    assert rw._shorter(kept) == kept

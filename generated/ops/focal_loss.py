@@ -30,20 +30,19 @@ class FocalLossFunction(torch.autograd.Function):
         gamma = ctx.gamma
         grad_logits = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.sigmoid(logits)
-            tmp1 = target*tmp0
-            tmp2 = 1 - target
-            tmp3 = 1 - tmp0
-            tmp4 = -tmp1 - tmp2*tmp3 + 1
-            tmp5 = tmp4**gamma
-            tmp6 = tmp5*(alpha*target + tmp2*(1 - alpha))
-            tmp7 = -logits*target + torch.nn.functional.softplus(logits)
-            tmp8 = gamma*tmp6*tmp7/tmp4
+            tmp0 = 1 - target
+            tmp1 = alpha*target + tmp0*(1 - alpha)
+            tmp2 = torch.sigmoid(logits)
+            tmp3 = 1 - tmp2
+            tmp4 = -logits*target + torch.nn.functional.softplus(logits)
+            tmp5 = gamma*tmp4
+            tmp6 = -target*tmp2 - tmp0*tmp3 + 1
+            tmp7 = tmp6**gamma/tmp6
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*(tmp6*(-target + tmp0) + tmp8*(tmp0*tmp2*tmp3 - tmp1*tmp3))
+            grad_logits = grad_loss*tmp1*tmp7*(tmp2*tmp3*tmp5*(1 - 2*target) + tmp6*(-target + tmp2))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss*(-logits*tmp6 + tmp5*tmp7*(2*alpha - 1) + tmp8*(1 - 2*tmp0))
+            grad_target = grad_loss*tmp7*(-logits*tmp1*tmp6 + tmp1*tmp5*(1 - 2*tmp2) + tmp4*tmp6*(2*alpha - 1))
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
 
@@ -61,7 +60,7 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         loss = alpha_t*ce*(1 - p_t)**gamma
 
     Gradients:
-        grad_logits = grad*(gamma*(alpha*target + (1 - alpha)*(1 - target))*(-logits*target + softplus(logits))*(-target*(1 - sigmoid(logits))*sigmoid(logits) + (1 - target)*(1 - sigmoid(logits))*sigmoid(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1) + (-target + sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma)
-        grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(-logits*target + softplus(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1) - logits*(alpha*target + (1 - alpha)*(1 - target))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma + (2*alpha - 1)*(-logits*target + softplus(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma)
+        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(-logits*target + softplus(logits))*sigmoid(logits) + (-target + sigmoid(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)
+        grad_target = grad*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(-logits*target + softplus(logits)) - logits*(alpha*target + (1 - alpha)*(1 - target))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1) + (2*alpha - 1)*(-logits*target + softplus(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1))/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)
     """
     return FocalLossFunction.apply(logits, target, alpha, gamma)

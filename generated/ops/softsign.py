@@ -22,8 +22,7 @@ class SoftsignFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.abs(x) + 1
-            grad_x = grad_y*(1/tmp0 - x*torch.sign(x)/tmp0**2)
+            grad_x = grad_y/(torch.abs(x) + 1)**2
         return grad_x
 
 
@@ -34,6 +33,6 @@ def softsign(x):
         y = x/(abs(x) + 1)
 
     Gradients:
-        grad_x = grad*(-x*sign(x)/(abs(x) + 1)**2 + 1/(abs(x) + 1))
+        grad_x = grad/(abs(x) + 1)**2
     """
     return SoftsignFunction.apply(x)

@@ -26,7 +26,7 @@ class SwishFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             tmp0 = beta*x
             tmp1 = torch.sigmoid(tmp0)
-            grad_x = grad_y*(tmp0*tmp1*(1 - tmp1) + tmp1)
+            grad_x = grad_y*tmp1*(tmp0*(1 - tmp1) + 1)
         return grad_x, None
 
 
@@ -35,6 +35,6 @@ def swish(x, beta=1.0):
         y = x*sigmoid(beta*x)
 
     Gradients:
-        grad_x = grad*(beta*x*(1 - sigmoid(beta*x))*sigmoid(beta*x) + sigmoid(beta*x))
+        grad_x = grad*(beta*x*(1 - sigmoid(beta*x)) + 1)*sigmoid(beta*x)
     """
     return SwishFunction.apply(x, beta)
