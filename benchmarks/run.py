@@ -9,8 +9,9 @@ Each op is run four ways, interleaved in one process, on one thread, in float32:
   the op's generated test, which is translated from the formula text without SymPy, opgen's
   derivation or its printer (so it is the formula as written, not as opgen rewrites it);
 - `native`: PyTorch's own op, where one exists (`NATIVE` below);
-- `fused`: the generated op with its math compiled by `torch.compile`, where the spec asks
-  for it.
+- `fused`: the same specs generated with `--fuse` (forward and backward math compiled by
+  `torch.compile`) into `benchmarks/results/fused_ops`; `--no-fused` skips it (compiling
+  takes a few seconds per op).
 
 Time is the median over `--repeats` runs of `forward + torch.autograd.grad`, after warm-up
 runs. Bytes saved for backward are counted with `torch.autograd.graph.saved_tensors_hooks`,
@@ -107,12 +108,25 @@ def _naive(spec: Spec) -> Callable[..., object]:
     return naive
 
 
-def _fused(spec: Spec) -> Callable[..., object] | None:
-    module = importlib.import_module(f"generated.ops.{spec.name}")
-    return getattr(module, f"{spec.name}_fused", None)
+def _fused(spec: Spec, fused_package: str | None) -> Callable[..., object] | None:
+    if fused_package is None:
+        return None
+    package = importlib.import_module(fused_package)
+    return getattr(package, spec.name, None)  # type: ignore[no-any-return]
 
 
-def make_case(spec: Spec, size: int, seed: int) -> Case:
+def generate_fused(specs_folder: str) -> str:
+    """Generate the specs with `--fuse` under benchmarks/results; returns the package name."""
+    from opgen.cli import main as opgen
+
+    out = RESULTS / "fused_ops"
+    if opgen(["generate", specs_folder, "-o", str(out), "--fuse"]) != 0:
+        sys.exit("could not generate the fused ops")
+    sys.path.insert(0, str(RESULTS))
+    return out.name
+
+
+def make_case(spec: Spec, size: int, seed: int, fused_package: str | None) -> Case:
     generator = torch.Generator().manual_seed(seed)
     values = dict(spec.tests.values)
     args: list[object] = []
@@ -131,7 +145,7 @@ def make_case(spec: Spec, size: int, seed: int) -> Case:
     calls: dict[str, Callable[..., object]] = {"generated": getattr(generated, spec.name), "naive": _naive(spec)}
     if spec.name in NATIVE:
         calls["native"] = NATIVE[spec.name]
-    fused = _fused(spec)
+    fused = _fused(spec, fused_package)
     if fused is not None:
         calls["fused"] = fused
     return Case(spec, calls, args, tensors)
@@ -287,10 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="*", help="only these ops (default: every elementwise spec)")
     parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
     parser.add_argument("--csv", default=str(RESULTS / "latest.csv"), help="where the raw numbers go")
+    parser.add_argument("--no-fused", action="store_true", help="skip the fused (torch.compile) variant")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     specs = [s for s in elementwise_specs(Path(args.specs)) if not args.ops or s.name in args.ops]
-    cases = [make_case(spec, args.size, seed=k) for k, spec in enumerate(specs)]
+    fused_package = None if args.no_fused else generate_fused(args.specs)
+    cases = [make_case(spec, args.size, seed=k, fused_package=fused_package) for k, spec in enumerate(specs)]
     measure(cases, args.repeats, args.warmup)
     table = rows(cases)
     print(f"{args.size:,} float32 elements, forward + backward, median of {args.repeats}; {machine()}")

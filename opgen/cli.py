@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
             choices=POLICIES,
             help="what backward saves, for every spec (default: each spec's optimize.policy, else balanced)",
         )
+        command.add_argument(
+            "--fuse", action="store_true", help="compile every op's forward and backward math with torch.compile"
+        )
     return parser
 
 
@@ -64,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     templates = Path(args.templates) if args.templates else None
     if templates is not None and not templates.is_dir():
         return _error(f"--templates {args.templates}: no such folder")
-    result = build(list(args.specs), Renderer(templates), args.policy)
+    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse)
     if result.problems:
         for line in result.problems.report():
             print(line, file=sys.stderr)

@@ -15,6 +15,7 @@ import sympy
 
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
+from opgen.fuse import fusable, fuse
 from opgen.lower import backward_lines
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
@@ -433,6 +434,13 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         plan = _save_optionals(plan)
         backward, varies = backward_body(plan, names, printer)
     forward = forward_body(plan, names, printer)
+    helpers: list[list[str]] = []
+    if spec.optimize.fuse and fusable(plan):
+        taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, *names.grads_in.values()}
+        fused = fuse(plan, names.torch, names.grads_in, names.grads_out, printer, forward, taken)
+        helpers, forward = fused.helpers, fused.forward
+        unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
+        backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     setup = setup_body(plan, names, varies)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec)
@@ -455,7 +463,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             (name, ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else ""))
             for name, dims in shape_checks(spec)
         ],
-        uses_math=any(f"{names.math}." in line for line in forward + backward),
+        helpers=helpers,
+        uses_math=any(f"{names.math}." in line for line in forward + backward + [h for f in helpers for h in f]),
     )
     return text
 

@@ -163,6 +163,7 @@ class Optimize:
     rewrite: bool = True  # stable rewrites (opgen.rewrite)
     lower: bool = True  # native kernels for known primitives (opgen.lower)
     policy: str = "balanced"  # what backward saves (opgen.save)
+    fuse: bool = False  # forward and backward math in torch.compile (opgen.fuse)
 
     def __post_init__(self) -> None:
         assert self.policy in POLICIES, self.policy

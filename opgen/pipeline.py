@@ -7,7 +7,7 @@ run. Pure: reads the spec files, writes nothing (`opgen.write` does that).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sympy
@@ -72,14 +72,14 @@ def _optimizer(spec: Spec) -> Callable[[Expr], Expr]:
     return optimize
 
 
-def _emit(spec: Spec, renderer: Renderer, result: Result, policy: str | None) -> None:
+def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
     before = len(result.problems.errors)
     derived = derive(spec, result.problems, _optimizer(spec))
     if derived is None or len(result.problems.errors) > before:
         return
     if spec.optimize.rewrite:
         derived = rewrite_gradients(derived)
-    derived = choose_saved(derived, policy or spec.optimize.policy)
+    derived = choose_saved(derived, spec.optimize.policy)
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived)
@@ -89,8 +89,11 @@ def _emit(spec: Spec, renderer: Renderer, result: Result, policy: str | None) ->
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
 
 
-def build(args: list[str], renderer: Renderer, policy: str | None = None) -> Result:
-    """Generate every spec; `policy`, when given, replaces each spec's `optimize.policy`."""
+def build(args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False) -> Result:
+    """Generate every spec.
+
+    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
+    """
     result = Result()
     seen_names: dict[str, Loc] = {}
     seen_classes: dict[str, Loc] = {}
@@ -107,7 +110,10 @@ def build(args: list[str], renderer: Renderer, policy: str | None = None) -> Res
                     raise SpecError(spec.loc, f"class name '{cls}' is already used by {seen_classes[cls]}")
                 seen_classes[cls] = spec.loc
             result.specs.append(spec)
-            _emit(spec, renderer, result, policy)
+            if policy is not None or fuse:
+                chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
+                spec = replace(spec, optimize=chosen)
+            _emit(spec, renderer, result)
     if not result.problems:
         result.files.update(package_files(result.specs, renderer))
     return result
