@@ -76,8 +76,8 @@ def rbf_kernel(x, y, gamma=0.5):
         k = exp(-gamma*squared_distance)
 
     Gradients:
-        grad_x = 2*((gamma*grad*k) @ y) - 2*x*sum(gamma*grad*k, dim=-1, keepdim=true)
-        grad_y = 2*((gamma*grad*k).T @ x) - 2*y*sum(gamma*grad*k, dim=-2, keepdim=true).T
+        grad_x = 2*((gamma*grad*k) @ y - x*sum(gamma*grad*k, dim=-1, keepdim=true))
+        grad_y = 2*((gamma*grad*k).T @ x - y*sum(gamma*grad*k, dim=-2, keepdim=true).T)
     """
     _check_shapes(
         "rbf_kernel",

@@ -22,8 +22,7 @@ class SoftmaxFunction(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = grad_y*y
-            grad_x = tmp0 - y*tmp0.sum(-1, keepdim=True)
+            grad_x = y*(grad_y - (grad_y*y).sum(-1, keepdim=True))
         return grad_x
 
 
@@ -66,7 +65,7 @@ def softmax(x):
         y = exp(x - logsumexp(x, dim=-1, keepdim=true))
 
     Gradients:
-        grad_x = grad*y - y*sum(grad*y, dim=-1, keepdim=true)
+        grad_x = y*(grad - sum(grad*y, dim=-1, keepdim=true))
     """
     _check_shapes(
         "softmax",
