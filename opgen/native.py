@@ -61,6 +61,19 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "hardsigmoid": NativeOp(_F + "hardsigmoid", 1),
     "hardswish": NativeOp(_F + "hardswish", 1),
     "elu": NativeOp(_F + "elu", 2),
+    "silu": NativeOp(_F + "silu", 1),
+    "mish": NativeOp(_F + "mish", 1),
+    "gelu": NativeOp(_F + "gelu", 1),
+    "gelu_tanh": NativeOp(_F + "gelu", 1, fixed=(("approximate", "'tanh'"),)),
+    "softplus": NativeOp(_F + "softplus", 1, ("beta",)),
+    "logsigmoid": NativeOp(_F + "logsigmoid", 1),
+    "sigmoid": NativeOp("torch.sigmoid", 1),
+    "selu": NativeOp(_F + "selu", 1),
+    "tanhshrink": NativeOp(_F + "tanhshrink", 1),
+    "softsign": NativeOp(_F + "softsign", 1),
+    "binary_cross_entropy_with_logits": NativeOp(
+        _F + "binary_cross_entropy_with_logits", 2, fixed=(("reduction", "'none'"),)
+    ),
     # Reductions over the last dimension and matrix ops (`Tensor[..., N]` specs).
     "softmax": NativeOp("torch.softmax", 1, fixed=(("dim", "-1"),)),
     "log_softmax": NativeOp("torch.log_softmax", 1, fixed=(("dim", "-1"),)),

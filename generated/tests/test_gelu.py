@@ -132,6 +132,29 @@ def test_gradgradcheck():
 
 
 
+def native(x):
+    """PyTorch's own op, which the first output must match, gradients included."""
+    return torch.nn.functional.gelu(x)
+
+
+def check_against_native(args):
+    out = as_tuple(gelu(*args))[0]
+    expected = native(*args)
+    torch.testing.assert_close(out, expected)
+    checked = [args[k] for k in CHECKED]
+    if not checked:
+        return  # every gradient is an override, meant to differ from the op's
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=DTYPE)
+    got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
+    want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
+    for k, a, b in zip(CHECKED, got, want):
+        torch.testing.assert_close(a, b, msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
+
+
+def test_matches_native_op():
+    check_against_native(sample_inputs())
+
+
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
@@ -182,13 +205,15 @@ def test_float32_at_extreme_inputs():
     for name, point, exact, slope in EXTREMES:
         args = extreme_inputs(name, point)
         outs = as_tuple(gelu(*args))
-        rival = None
+        rival = native(*args)
         for j, (out, want) in enumerate(zip(outs, exact)):
             if not accurate(out, want, rival if j == 0 else None):
                 bad.append(f"output {j} at {name} = {point}: {out.item()!r}, exact {want!r}")
         k = INPUTS.index(name)
         if slope is not None:
             rival_grad = None
+            if rival.requires_grad:
+                (rival_grad,) = torch.autograd.grad(rival.sum(), [args[k]], allow_unused=True, materialize_grads=True)
             grad = derivative(outs, args, k)
             if not accurate(grad, slope, rival_grad if len(DIFFERENTIABLE) == 1 else None):
                 bad.append(f"derivative at {name} = {point}: {grad.item()!r}, exact {slope!r}")
