@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.lower import _Prime
+from opgen.lower import _Prime, _Primitive
 from opgen.plan import Plan
 from opgen.printer import TorchPrinter
 
@@ -44,7 +44,16 @@ def fusable(plan: Plan) -> bool:
         and not plan.shapes
         and all(not g.overridden and g.contributions for g in plan.backward[-1].grads)
         and all(o.differentiable for o in spec.outputs)
+        and not all(_one_kernel(e) for _, e in derived.full.outputs)
+        and not any(e.is_Symbol for _, e in derived.full.outputs)
     )
+
+
+def _one_kernel(expr: sympy.Basic) -> bool:
+    """A single call of tensors (`F.silu(x)`): PyTorch's kernel is as fused as it gets."""
+    if isinstance(expr, _Primitive) and not expr.fast:
+        return False
+    return isinstance(expr, sympy.Function) and all(a.is_Symbol or a.is_number for a in expr.args)
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -56,6 +65,8 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 
 def _written_out(expr: sympy.Basic) -> sympy.Basic:
+    """Primitives and their derivatives as formulas, which inductor fuses with what surrounds them."""
+    expr = expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary(*e.args))
     return expr.replace(lambda e: isinstance(e, _Prime), lambda e: e.elementary())
 
 
@@ -77,7 +88,12 @@ def fuse(
     backward_name = _fresh(f"_{spec.name}_gradients", taken)
     params = [i.name for i in spec.inputs]
     decorator = f"@{torch}.compile"
-    forward_helper = [decorator, f"def {forward_name}({', '.join(params)}):", *("    " + line for line in forward)]
+    variant = derived.full
+    written = [
+        f"{name} = {printer.doprint_expr(_written_out(expr))}" for name, expr in (*variant.lets, *variant.outputs)
+    ]
+    body = [*written, forward[-1]]  # the lines, then forward's own `return`
+    forward_helper = [decorator, f"def {forward_name}({', '.join(params)}):", *("    " + line for line in body)]
     inputs = [*plan.saved, *plan.ctx_values, *(grads_in[o.name] for o in spec.outputs)]
     body = []
     for group in bp.groups:

@@ -37,6 +37,7 @@ class _Primitive(sympy.Function):
     call = ""  # format string: {F} functional, {0} tensor, {1}... parameters
     backward = ""  # format string: {aten}, {g} incoming gradient, {0}... the primitive's args
     backward_differentiable = False
+    fast = True  # PyTorch's kernels are as quick as a fused loop (mish's are not)
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
@@ -78,6 +79,7 @@ class mish(_Primitive):  # noqa: N801
     nargs = 1
     call = "{F}.mish({0})"
     backward = "{aten}.mish_backward({g}, {0})"
+    fast = False
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
