@@ -158,8 +158,8 @@ def _outputs(value: object) -> tuple[torch.Tensor, ...]:
 def run_once(case: Case, variant: str, grads: list[torch.Tensor]) -> float:
     inputs = [case.args[k] for k in case.tensors]
     start = time.perf_counter()
-    outs = _outputs(case.calls[variant](*case.args))
-    torch.autograd.grad(outs, inputs, grads[: len(outs)])  # type: ignore[arg-type]
+    outs = [o for o in _outputs(case.calls[variant](*case.args)) if o.requires_grad]
+    torch.autograd.grad(outs, inputs, grads[: len(outs)], allow_unused=True)  # type: ignore[arg-type]
     return time.perf_counter() - start
 
 
@@ -296,7 +296,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1_000_000, help="elements per tensor input (default 1M)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed runs per op and variant (median taken)")
+    parser.add_argument("--repeats", type=int, default=21, help="timed runs per op and variant (median taken)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ops", nargs="*", help="only these ops (default: every elementwise spec)")
     parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")

@@ -43,6 +43,11 @@ class _Primitive(sympy.Function):
     def elementary(cls, *args: Expr) -> Expr:
         raise NotImplementedError
 
+    @classmethod
+    def fused_form(cls, *args: Expr) -> Expr:
+        """The formula fused mode compiles (opgen.fuse): the same function, cheap to fuse."""
+        return cls.elementary(*args)
+
     def fdiff(self, argindex: int = 1) -> Expr:
         if argindex == 1:
             return _Prime(self.func.__name__, *self.args)  # type: ignore[no-any-return]
@@ -84,6 +89,16 @@ class mish(_Primitive):  # noqa: N801
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         return args[0] * sympy.tanh(fn.softplus(args[0]))  # type: ignore[no-any-return]
+
+    @classmethod
+    def fused_form(cls, *args: Expr) -> Expr:
+        """tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2) with s = sigmoid(u), exactly.
+
+        One sigmoid instead of softplus and tanh (tanh is ten times slower than sigmoid on
+        CPU), with no cancellation or overflow anywhere: s lies in [0, 1].
+        """
+        s = fn.sigmoid(args[0])
+        return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)  # type: ignore[no-any-return]
 
 
 class gelu(_Primitive):  # noqa: N801
@@ -151,10 +166,12 @@ class _Prime(sympy.Function):
     def primitive(self) -> type[_Primitive]:
         return PRIMITIVES[str(self.args[0])]
 
-    def elementary(self) -> Expr:
+    def elementary(self, form: str = "elementary") -> Expr:
+        """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
         t = sympy.Dummy("t", real=True)
         args = [t, *self.args[2:]]
-        return rewrite(sympy.diff(self.primitive.elementary(*args), t)).xreplace({t: self.args[1]})  # type: ignore[no-any-return]
+        formula = getattr(self.primitive, form)(*args)
+        return rewrite(sympy.diff(formula, t)).xreplace({t: self.args[1]})  # type: ignore[no-any-return]
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]

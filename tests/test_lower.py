@@ -42,6 +42,11 @@ def test_primitive_formula_and_derivative_are_pytorchs(primitive, params, native
     grad_fn = sympy.lambdify(x, derivative.elementary(), modules=_MODULES)
     torch.testing.assert_close(value_fn(points.detach()), expected.detach())
     torch.testing.assert_close(grad_fn(points.detach()), expected_grad)
+    # The form fused mode compiles is the same function (mish: through sigmoid, not tanh).
+    fused_fn = sympy.lambdify(x, call.fused_form(x, *params), modules=_MODULES)
+    fused_grad_fn = sympy.lambdify(x, derivative.elementary("fused_form"), modules=_MODULES)
+    torch.testing.assert_close(fused_fn(points.detach()), expected.detach())
+    torch.testing.assert_close(fused_grad_fn(points.detach()), expected_grad)
 
 
 _MODULES = [
