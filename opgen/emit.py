@@ -456,6 +456,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         backward=backward,
         signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
+        visible=_visible(spec),
         docstring=docstring(doc_lines, indent=4),
         class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
         module=module_context(spec, names) if spec.module else None,
@@ -467,6 +468,14 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=any(f"{names.math}." in line for line in forward + backward + [h for f in helpers for h in f]),
     )
     return text
+
+
+def _visible(spec: Spec) -> str:
+    """What the functional keeps of the Function's outputs: all but the hidden ones (opgen.save)."""
+    shown = sum(1 for o in spec.outputs if not o.hidden)
+    if shown == len(spec.outputs):
+        return ""
+    return "[0]" if shown == 1 else f"[:{shown}]"
 
 
 def _save_optionals(plan: Plan) -> Plan:

@@ -12,7 +12,7 @@ finite, and, with `tests.native`, that the first output matches PyTorch's own op
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opgen.derive import dimension_names
 from opgen.emit import size_sources
@@ -172,7 +172,9 @@ def _module_args(spec: Spec) -> tuple[list[str], dict[str, str]]:
 
 def emit_tests(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
-    spec = derived.spec
+    # Hidden outputs (opgen.save) are the Function's business: tests see the spec's own.
+    spec = replace(derived.spec, outputs=tuple(o for o in derived.spec.outputs if not o.hidden))
+    hidden = {o.name for o in derived.spec.outputs if o.hidden}
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     namer = Namer(set(user) | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
     torch, math, t = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T")
@@ -225,7 +227,8 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],
-        saved=list(plan.saved),
+        saved=[n for n in plan.saved if n not in hidden],
+        hidden_saved=sum(1 for n in plan.saved if n in hidden),
         input_names=[i.name for i in spec.inputs],
         module_args=_module_args(spec)[0] if spec.module else None,
         module_arg_values=_module_args(spec)[1] if spec.module else {},

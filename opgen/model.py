@@ -85,6 +85,7 @@ class Output:
     formula: Formula
     differentiable: bool
     loc: Loc
+    hidden: bool = False  # an intermediate the Function returns for backward only (opgen.save)
 
 
 @dataclass(frozen=True)

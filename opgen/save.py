@@ -18,6 +18,15 @@ Note [save policies]
 Memory counts the tensors saved for backward; time is a cost model of the forward and
 backward formulas, each distinct subexpression counted once (as CSE will leave it), with
 weights from measurements of 1M-element float32 kernels on one CPU thread (`COST`).
+
+Note [hidden outputs]
+~~~~~~~~~~~~~~~~~~~~~
+A third way saves an intermediate that forward computes anyway (`tanh(x)` in `x - tanh(x)`)
+by returning it from the Function as an extra output that the functional drops: backward
+reads it from `ctx.saved_tensors` like any output, and since it is an output of the
+Function, autograd differentiates through it for double backward (its own gradient term
+`grad_saved * d tanh(x)/dx` is part of backward). It is never stashed on `ctx`. It is
+offered when it frees backward from every input, for elementwise ops with one variant.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ import sympy
 from sympy import Expr
 
 from opgen import functions as fn
-from opgen.derive import Derived, Symbols, Variant
-from opgen.model import POLICIES
+from opgen.derive import Contribution, Derived, Symbols, Variant
+from opgen.display import display
+from opgen.model import POLICIES, Formula, Output
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
 
@@ -93,21 +103,95 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
     return swap
 
 
-def _choose(variant: Variant, symbols: Symbols, forward: float, policy: str) -> Variant:
+def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
+    """Costly calls that forward computes anyway and whose saving frees backward from the inputs.
+
+    Only for elementwise specs with one variant and derived gradients, whose outputs all
+    carry gradients, and not in fused mode (Note [hidden outputs]).
+    """
+    spec = derived.spec
+    if len(derived.variants) != 1 or spec.gradients or not all(o.differentiable for o in spec.outputs):
+        return []
+    if spec.optimize.fuse:
+        return []  # fused backward takes saved inputs and outputs, not a second incoming gradient
+    if not all(i.type.dims is None for i in spec.tensor_inputs):
+        return []
+    inlined = [e for _, e in derived.full.inlined]
+    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    calls = {c for c in calls if any(e.has(c) and e != c for e in inlined)}
+    # Forward computes the call once, as the hidden output, before the outputs that use it.
+    calls = {c for c in calls if not any(e.has(c) for _, e in derived.full.lets)}
+    return sorted(calls, key=sympy.default_sort_key)
+
+
+def _hide(derived: Derived, calls: list[Expr]) -> Derived:
+    """`derived` with each of `calls` an extra output that only backward reads."""
+    spec, symbols, variant = derived.spec, derived.symbols, derived.full
+    taken = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
+    outputs, grads = dict(symbols.outputs), dict(symbols.grads)
+    swap: dict[Expr, Expr] = {}
+    extra = []
+    for call in calls:
+        name = f"saved_{type(call).__name__}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        outputs[name] = sympy.Symbol(name, real=True)
+        grads[name] = sympy.Symbol("grad:" + name, real=True)
+        swap[call] = outputs[name]
+        text = display(call, {s: n for n, s in symbols.inputs.items()})
+        extra.append((name, call, Output(name, Formula(text, spec.loc), True, spec.loc, hidden=True)))
+    gradients = []
+    for gradient in variant.gradients:
+        x = symbols.inputs[gradient.input]
+        contributions = [replace(c, factor=c.factor.xreplace(swap)) for c in gradient.contributions]
+        for name, call, _ in extra:
+            factor = sympy.diff(call, x).xreplace(swap)
+            if factor != 0:
+                contributions.append(Contribution(name, factor))
+        gradients.append(replace(gradient, contributions=tuple(contributions)))
+    hidden = tuple((name, call) for name, call, _ in extra)
+    variant = replace(
+        variant,
+        outputs=hidden + tuple((name, expr.xreplace(swap)) for name, expr in variant.outputs),
+        inlined=variant.inlined + hidden,
+        gradients=tuple(gradients),
+    )
+    spec = replace(spec, outputs=spec.outputs + tuple(o for _, _, o in extra))
+    symbols = replace(symbols, outputs=outputs, grads=grads)
+    return replace(derived, spec=spec, symbols=symbols, variants=(variant,))
+
+
+def _best(ways: list[tuple[float, int, int]], policy: str) -> int:
+    """The index of the way `policy` prefers among (time, tensors saved, index)."""
+    if policy == "speed":
+        return min(ways, key=lambda w: (w[0], w[1]))[2]
+    if policy == "memory":
+        return min(ways, key=lambda w: (w[1], w[0]))[2]
+    fastest = min(w[0] for w in ways)
+    return min((w for w in ways if w[0] <= SLACK * fastest), key=lambda w: (w[1], w[0]))[2]
+
+
+def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | Derived:
+    symbols = derived.symbols
+    forward = cost([e for _, e in variant.inlined])
     factors = [c.factor for g in variant.gradients for c in g.contributions]
     swap = _recomputations(variant, symbols, factors)
     replaced = [f.xreplace(swap) for f in factors]
-    if replaced == factors:
-        return variant
-    ways = [(forward + cost(fs), _saved(fs, symbols), k) for k, fs in enumerate((factors, replaced))]
-    if policy == "speed":
-        best = min(ways, key=lambda w: (w[0], w[1]))
-    elif policy == "memory":
-        best = min(ways, key=lambda w: (w[1], w[0]))
-    else:
-        fastest = min(w[0] for w in ways)
-        best = min((w for w in ways if w[0] <= SLACK * fastest), key=lambda w: (w[1], w[0]))
-    if best[2] == 0:
+    ways = [(forward + cost(factors), _saved(factors, symbols), 0)]
+    if replaced != factors:
+        ways.append((forward + cost(replaced), _saved(replaced, symbols), 1))
+    calls = _hidden_calls(derived, factors)
+    hidden = _hide(derived, calls) if calls else None
+    if hidden is not None:
+        hidden_factors = [c.factor for g in hidden.full.gradients for c in g.contributions]
+        if not any(f.free_symbols & set(symbols.tensor_inputs) for f in hidden_factors):
+            ways.append((forward + cost(hidden_factors), _saved(hidden_factors, hidden.symbols), 2))
+    best = _best(ways, policy)
+    if best == 2:
+        assert hidden is not None
+        return hidden
+    if best == 0:
         return variant
     gradients = tuple(
         replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
@@ -121,6 +205,8 @@ def choose_saved(derived: Derived, policy: str) -> Derived:
     assert policy in POLICIES, policy
     variants = []
     for variant in derived.variants:
-        forward = cost([e for _, e in variant.inlined])
-        variants.append(_choose(variant, derived.symbols, forward, policy))
+        chosen = _choose(derived, variant, policy)
+        if isinstance(chosen, Derived):
+            return chosen  # hidden outputs: a one-variant op
+        variants.append(chosen)
     return replace(derived, variants=tuple(variants))

@@ -9,6 +9,8 @@ from conftest import generate_op, import_package
 from opgen.save import cost
 
 TANHSHRINK = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x - tanh(x)\n"
+# The same through a `let`: forward computes tanh(x) before the outputs, so it cannot be hidden.
+TANHSHRINK_LET = "name: op\ninputs:\n  x: Tensor\nlet:\n  t: tanh(x)\noutputs:\n  y: x - t\n"
 SIGMOID = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: 1 / (1 + exp(-x))\n"
 
 
@@ -16,14 +18,22 @@ def _policy(policy: str) -> str:
     return f"optimize:\n  policy: {policy}\n"
 
 
+def test_every_policy_saves_tanh_as_a_hidden_output(tmp_path):
+    for text in (TANHSHRINK, TANHSHRINK + _policy("speed"), TANHSHRINK + _policy("memory")):
+        source = generate_op(tmp_path, text)
+        assert "saved_tanh = torch.tanh(x)\n        y = -saved_tanh + x\n        return y, saved_tanh" in source
+        assert "ctx.save_for_backward(saved_tanh)" in source and "tmp0 = saved_tanh**2" in source
+        assert "return OpFunction.apply(x)[0]" in source
+
+
 def test_balanced_and_speed_read_the_output_instead_of_recomputing_tanh(tmp_path):
-    for text in (TANHSHRINK, TANHSHRINK + _policy("speed"), TANHSHRINK + _policy("balanced")):
+    for text in (TANHSHRINK_LET, TANHSHRINK_LET + _policy("speed")):
         source = generate_op(tmp_path, text)
         assert "ctx.save_for_backward(x, y)" in source and "grad_y*(x - y)**2" in source
 
 
 def test_memory_policy_saves_only_the_input(tmp_path):
-    source = generate_op(tmp_path, TANHSHRINK + _policy("memory"))
+    source = generate_op(tmp_path, TANHSHRINK_LET + _policy("memory"))
     assert "ctx.save_for_backward(x)" in source and "torch.tanh(x)**2" in source
 
 
@@ -33,14 +43,14 @@ def test_output_instead_of_input_when_it_costs_no_memory(tmp_path):
         assert "ctx.save_for_backward(y)" in source, policy
 
 
-def test_every_policy_gives_the_same_gradients_of_every_order(tmp_path, run_cli):
+def test_every_way_gives_the_same_gradients_of_every_order(tmp_path, run_cli):
     spec = tmp_path / "specs" / "tanhshrink.yaml"
     spec.parent.mkdir()
-    spec.write_text(TANHSHRINK.replace("name: op", "name: tanhshrink"))
     x = torch.linspace(-4, 4, 9, dtype=torch.float64, requires_grad=True)
     results = []
-    for policy in ("memory", "speed"):
-        out = tmp_path / policy / "ops_pkg"
+    for policy, text in (("memory", TANHSHRINK_LET), ("speed", TANHSHRINK_LET), ("balanced", TANHSHRINK)):
+        spec.write_text(text.replace("name: op", "name: tanhshrink"))
+        out = tmp_path / f"{policy}_{len(results)}" / "ops_pkg"
         assert run_cli("generate", str(spec.parent), "-o", str(out), "--policy", policy)[0] == 0
         op = import_package(out.parent, "ops_pkg").tanhshrink
         (first,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
@@ -48,6 +58,7 @@ def test_every_policy_gives_the_same_gradients_of_every_order(tmp_path, run_cli)
         assert torch.autograd.gradgradcheck(op, (x,))
         results.append((first.detach(), second))
     torch.testing.assert_close(results[0], results[1])
+    torch.testing.assert_close(results[0], results[2])
     torch.testing.assert_close(results[0][0], torch.tanh(x.detach()) ** 2)
 
 

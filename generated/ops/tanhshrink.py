@@ -9,21 +9,26 @@ class TanhshrinkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x - torch.tanh(x)
-        return y
+        saved_tanh = torch.tanh(x)
+        y = -saved_tanh + x
+        return y, saved_tanh
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        (x,) = inputs
-        y = output
-        ctx.save_for_backward(x, y)
+        _, saved_tanh = output
+        ctx.save_for_backward(saved_tanh)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad_y):
-        x, y = ctx.saved_tensors
+    def backward(ctx, grad_y, grad_saved_tanh):
+        (saved_tanh,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*(x - y)**2
+            tmp0 = saved_tanh**2
+            if grad_y is not None:
+                grad_x = grad_y*tmp0
+            if grad_saved_tanh is not None:
+                grad_x = grad_saved_tanh*(1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh*(1 - tmp0)
         return grad_x
 
 
@@ -31,9 +36,10 @@ def tanhshrink(x):
     """Tanhshrink, x - tanh(x); torch.nn.functional.tanhshrink.
 
     Forward:
-        y = x - tanh(x)
+        saved_tanh = tanh(x)
+        y = -saved_tanh + x
 
     Gradients:
-        grad_x = grad*(x - y)**2
+        grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
     """
-    return TanhshrinkFunction.apply(x)
+    return TanhshrinkFunction.apply(x)[0]
