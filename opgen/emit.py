@@ -16,7 +16,7 @@ import sympy
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
 from opgen.fuse import fusable, fuse
-from opgen.lower import backward_lines
+from opgen.lower import backward_lines, forward_printer
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan
@@ -175,6 +175,7 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     sizes = size_sources(derived.spec, tuple(names.size_locals))
     lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(derived, names, {dim_size(d): local for d, local in names.size_locals.items()})
+    printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
     bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
     lines += _branches(bodies, optional, is_none)
     outputs = [o.name for o in derived.spec.outputs]

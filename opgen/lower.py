@@ -20,6 +20,7 @@ built from differentiable ops as Note [what backward may use] requires.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import sympy
@@ -61,9 +62,16 @@ class _Primitive(sympy.Function):
             return self.elementary(*self.args).evalf(prec)  # type: ignore[no-any-return]
         return None
 
+    call_no_grad = ""  # a quicker `call` for code autograd never records (Note [forward in place])
+    # Statements for `var = g * prime(u)` when autograd does not record backward, using
+    # the temporaries named in `backward_temps`; replaces the `backward` kernel.
+    backward_no_grad: tuple[str, ...] = ()
+    backward_temps: tuple[str, ...] = ()
+
     def _opgen_torch(self, printer: Any) -> str:
         args = [printer._print(a) for a in self.args]
-        return self.call.format(*args, F=printer.functional)  # type: ignore[attr-defined]
+        call = self.call_no_grad if self.call_no_grad and getattr(printer, "no_grad", False) else self.call
+        return call.format(*args, F=printer.functional, torch=printer.torch)
 
     def _sympystr(self, printer: Any) -> str:
         """Docstrings show the formula, not the kernel."""
@@ -83,7 +91,23 @@ class silu(_Primitive):  # noqa: N801 - torch's names
 class mish(_Primitive):  # noqa: N801
     nargs = 1
     call = "{F}.mish({0})"
+    # tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2), s = sigmoid(u): see `fused_form`.
+    call_no_grad = (
+        "(2 - {torch}.sigmoid({0})).mul_({torch}.sigmoid({0}))"
+        ".div_((1 - {torch}.sigmoid({0})).square_().add_(1)).mul_({0})"
+    )
     backward = "{aten}.mish_backward({g}, {0})"
+    # mish' = t + u s (1 - t**2) with t = s (2 - s) / d, d = 1 + q**2, q = 1 - s, and
+    # 1 - t**2 = 4 q**2 / d**2 exactly: no cancellation where t is near 1.
+    backward_no_grad = (
+        "{s} = {torch}.sigmoid({0})",
+        "{q} = 1 - {s}",
+        "{d} = {q}.square().add_(1)",
+        "{var} = (2 - {s}).mul_({s}).div_({d})",
+        "{var}.add_({q}.square_().mul_({s}).mul_({0}).mul_(4).div_({d}.square_()))",
+        "{var}.mul_({g})",
+    )
+    backward_temps = ("s", "q", "d")
     fast = False
 
     @classmethod
@@ -148,6 +172,22 @@ class elu(_Primitive):  # noqa: N801
     def elementary(cls, *args: Expr) -> Expr:
         u, alpha = args
         return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))  # type: ignore[no-any-return]
+
+
+def forward_printer(printer: TorchPrinter) -> TorchPrinter:
+    """A printer for `Function.forward`, which autograd never records (Note [forward in place]).
+
+    Note [forward in place]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    `torch.autograd.Function.forward` runs with autograd off, so a primitive may print there
+    as in-place operations on the temporaries it creates itself (`call_no_grad`): every
+    temporary of a 1M-element float32 formula is a fresh 4 MB buffer, and on CPU getting
+    the memory costs as much as the arithmetic. Backward, which autograd records under
+    `create_graph=True`, always prints `call`.
+    """
+    forward = copy.copy(printer)
+    forward.no_grad = True  # type: ignore[attr-defined]
+    return forward
 
 
 PRIMITIVES: dict[str, type[_Primitive]] = {c.__name__: c for c in (silu, mish, gelu, gelu_tanh, softplus_beta, elu)}
@@ -307,12 +347,27 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, torch: str) -> 
     if primitive.backward_differentiable:
         return [f"{var} = {fast}"]
     formula = total.xreplace({prime: prime.elementary()})
+    if primitive.backward_no_grad:
+        taken = set(printer.names.values())
+        temps = {t: _fresh(f"{var}_{t}", taken) for t in primitive.backward_temps}
+        lines = [line.format(*args, g=g, var=var, torch=torch, **temps) for line in primitive.backward_no_grad]
+        comment = "  # in place on its own temporaries (Note [forward in place])"
+    else:
+        lines, comment = [f"{var} = {fast}"], ""
     return [
         f"if {torch}.is_grad_enabled():  # double backward: {primitive.__name__}'s kernel has no derivative",
         f"    {var} = {printer._print(formula)}",
-        "else:",
-        f"    {var} = {fast}",
+        f"else:{comment}",
+        *(f"    {line}" for line in lines),
     ]
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
 
 
 def _output_kernel(total: Expr, printer: TorchPrinter, torch: str) -> str | None:

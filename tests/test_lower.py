@@ -11,7 +11,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from conftest import generate_op
+from conftest import generate_op, import_package
 
 from opgen import functions as fn
 from opgen import lower as lw
@@ -123,3 +123,27 @@ def test_optimize_lower_false_keeps_plain_torch(tmp_path):
     assert "functional.silu" not in source and "aten" not in source and "x*torch.sigmoid(x)" in source
     source = generate_op(tmp_path, SIGMOID + "optimize:\n  lower: false\n")
     assert "aten" not in source and "grad_y*y*(1 - y)" in source
+
+
+def test_forward_may_work_in_place_backward_never(tmp_path):
+    source = generate_op(tmp_path, "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x * tanh(softplus(x))\n")
+    forward, backward = source.split("def setup_context")[0], source.split("def backward")[1]
+    assert ".mul_(x)" in forward and "torch.sigmoid(x)" in forward
+    recorded, not_recorded = backward.split("if torch.is_grad_enabled():")[1].split("else:")
+    assert "_(" not in recorded.replace("needs_input_grad", "")  # create_graph=True: differentiable ops
+    assert "grad_x.mul_(grad_y)" in not_recorded
+
+
+def test_in_place_mish_gradient_is_pytorchs(tmp_path, run_cli):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mish.yaml").write_text("name: mish\ninputs:\n  x: Tensor\noutputs:\n  y: x * tanh(softplus(x))\n")
+    assert run_cli("generate", str(specs), "-o", str(tmp_path / "mish_ops"))[0] == 0
+    op = import_package(tmp_path, "mish_ops").mish
+    for dtype in (torch.float32, torch.float64):
+        x = torch.cat([torch.linspace(-40, 40, 321), torch.tensor([-1e4, -1e-6, 0.0, 1e-6, 1e4])]).to(dtype)
+        x.requires_grad_()
+        (got,) = torch.autograd.grad(op(x).sum(), x)
+        (want,) = torch.autograd.grad(F.mish(x).sum(), x)
+        torch.testing.assert_close(op(x), F.mish(x))
+        torch.testing.assert_close(got, want)

@@ -9,7 +9,7 @@ class MishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.nn.functional.mish(x)
+        y = (2 - torch.sigmoid(x)).mul_(torch.sigmoid(x)).div_((1 - torch.sigmoid(x)).square_().add_(1)).mul_(x)
         return y
 
     @staticmethod
@@ -24,8 +24,13 @@ class MishFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: mish's kernel has no derivative
                 grad_x = grad_y*(x*(1 - torch.tanh(torch.nn.functional.softplus(x))**2)*torch.sigmoid(x) + torch.tanh(torch.nn.functional.softplus(x)))
-            else:
-                grad_x = torch.ops.aten.mish_backward(grad_y, x)
+            else:  # in place on its own temporaries (Note [forward in place])
+                grad_x_s = torch.sigmoid(x)
+                grad_x_q = 1 - grad_x_s
+                grad_x_d = grad_x_q.square().add_(1)
+                grad_x = (2 - grad_x_s).mul_(grad_x_s).div_(grad_x_d)
+                grad_x.add_(grad_x_q.square_().mul_(grad_x_s).mul_(x).mul_(4).div_(grad_x_d.square_()))
+                grad_x.mul_(grad_y)
         return grad_x
 
 
