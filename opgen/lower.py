@@ -28,7 +28,7 @@ from sympy import Expr, S
 
 from opgen import functions as fn
 from opgen.printer import TorchPrinter
-from opgen.rewrite import rewrite
+from opgen.rewrite import logsigmoid, rewrite
 
 
 class _Primitive(sympy.Function):
@@ -75,7 +75,7 @@ class _Primitive(sympy.Function):
 
     def _sympystr(self, printer: Any) -> str:
         """Docstrings show the formula, not the kernel."""
-        return f"({printer._print(self.elementary(*self.args))})"
+        return _grouped(printer, self.elementary(*self.args))
 
 
 class silu(_Primitive):  # noqa: N801 - torch's names
@@ -86,6 +86,18 @@ class silu(_Primitive):  # noqa: N801 - torch's names
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         return args[0] * fn.sigmoid(args[0])  # type: ignore[no-any-return]
+
+
+class log_sigmoid(_Primitive):  # noqa: N801
+    """logsigmoid(u) (opgen.rewrite); its backward kernel needs a buffer forward would have to save."""
+
+    nargs = 1
+    call = "{F}.logsigmoid({0})"
+    backward_no_grad = ("{var} = {torch}.neg({0}).sigmoid_().mul_({g})",)
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return logsigmoid(args[0])  # type: ignore[no-any-return]
 
 
 class mish(_Primitive):  # noqa: N801
@@ -190,7 +202,9 @@ def forward_printer(printer: TorchPrinter) -> TorchPrinter:
     return forward
 
 
-PRIMITIVES: dict[str, type[_Primitive]] = {c.__name__: c for c in (silu, mish, gelu, gelu_tanh, softplus_beta, elu)}
+PRIMITIVES: dict[str, type[_Primitive]] = {
+    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu)
+}
 
 
 class _Prime(sympy.Function):
@@ -224,9 +238,15 @@ class _Prime(sympy.Function):
         return set().union(*(a.free_symbols for a in self.args[1:]))
 
     def _opgen_torch(self, printer: Any) -> str:
-        return f"({printer._print(self.elementary())})"
+        return _grouped(printer, self.elementary())
 
     _sympystr = _opgen_torch
+
+
+def _grouped(printer: Any, expr: Expr) -> str:
+    """`expr` printed to stand as one factor wherever it is used."""
+    text = str(printer._print(expr))
+    return f"({text})" if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) else text
 
 
 # -- matching ------------------------------------------------------------------------------------
@@ -305,7 +325,11 @@ def _match_elu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
     return elu(u, alpha)
 
 
-_MATCHERS = (_match_silu, _match_mish, _match_gelu, _match_softplus, _match_elu)
+def _match_log_sigmoid(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    return log_sigmoid(node.args[0]) if isinstance(node, logsigmoid) else None
+
+
+_MATCHERS = (_match_silu, _match_log_sigmoid, _match_mish, _match_gelu, _match_softplus, _match_elu)
 
 
 def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
@@ -354,8 +378,9 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, torch: str) -> 
         comment = "  # in place on its own temporaries (Note [forward in place])"
     else:
         lines, comment = [f"{var} = {fast}"], ""
+    why = "no in-place operations" if primitive.backward_no_grad else f"{primitive.__name__}'s kernel has no derivative"
     return [
-        f"if {torch}.is_grad_enabled():  # double backward: {primitive.__name__}'s kernel has no derivative",
+        f"if {torch}.is_grad_enabled():  # double backward: {why}",
         f"    {var} = {printer._print(formula)}",
         f"else:{comment}",
         *(f"    {line}" for line in lines),

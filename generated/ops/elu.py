@@ -32,9 +32,9 @@ def elu(x, alpha=1.0):
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
     Forward:
-        y = (where(x > 0, x, alpha*expm1(x)))
+        y = where(x > 0, x, alpha*expm1(x))
 
     Gradients:
-        grad_x = grad*(where(x > 0, 1, alpha*exp(x)))
+        grad_x = grad*where(x > 0, 1, alpha*exp(x))
     """
     return EluFunction.apply(x, alpha)

@@ -35,6 +35,6 @@ def softplus(x, beta=1.0):
         y = (softplus(beta*x)/beta)
 
     Gradients:
-        grad_x = grad*(sigmoid(beta*x))
+        grad_x = grad*sigmoid(beta*x)
     """
     return SoftplusFunction.apply(x, beta)
