@@ -12,10 +12,13 @@ Note [native backward kernels]
 A primitive's backward kernel (`aten.silu_backward`, ...) does in one pass what the
 derivative formula does in four or five, each allocating a tensor. Some of these kernels
 have a derivative of their own in PyTorch (gelu, softplus, elu, sigmoid, tanh): backward
-calls them always, and double backward goes through PyTorch's formulas. The others (silu,
-mish) are used only when autograd is not recording (`torch.is_grad_enabled()` is false in
+calls them always, and double backward goes through PyTorch's formulas. The others (silu)
+are used only when autograd is not recording (`torch.is_grad_enabled()` is false in
 backward unless `create_graph=True`); when it is, backward uses the derivative formula,
-built from differentiable ops as Note [what backward may use] requires.
+built from differentiable ops as Note [what backward may use] requires. A primitive may
+give statements for the unrecorded case instead of a kernel (`backward_no_grad`: mish,
+whose PyTorch kernels are slow on CPU, and logsigmoid, whose kernel needs a buffer), which
+may work in place (Note [forward in place]).
 """
 
 from __future__ import annotations
