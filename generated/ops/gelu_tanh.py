@@ -22,12 +22,7 @@ class GeluTanhFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: no in-place operations
-                grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate='tanh')
-            else:  # in place on its own temporaries (Note [forward in place])
-                grad_x_s = x.square().mul_(0.044715).add_(1).mul_(x).mul_(1.5957691216057308).sigmoid_()
-                grad_x = x.square().mul_(0.134145).add_(1).mul_(1.5957691216057308).mul_(x)
-                grad_x.mul_(1 - grad_x_s).add_(1).mul_(grad_x_s).mul_(grad_y)
+            grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate='tanh')
         return grad_x
 
 
