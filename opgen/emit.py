@@ -15,8 +15,8 @@ import sympy
 
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
+from opgen.emit_kernels import backward_lines, forward_printer
 from opgen.fuse import fusable, fuse
-from opgen.lower import backward_lines, forward_printer
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan

@@ -1,7 +1,9 @@
 """The whole generation, spec paths -> the text of every file of the output package.
 
-Runs load -> parse -> derive -> plan -> emit for each spec, collecting every problem of the
-run. Pure: reads the spec files, writes nothing (`opgen.write` does that).
+Runs load -> parse -> derive -> save -> plan -> emit for each spec, collecting every problem
+of the run; `derive` applies the stable rewrites (`opgen.rewrite`) and the lowering to native
+kernels (`opgen.lower`) to each formula before differentiating, as the spec's `optimize:`
+allows. Pure: reads the spec files, writes nothing (`opgen.write` does that).
 """
 
 from __future__ import annotations
