@@ -39,7 +39,7 @@ class _Primitive(sympy.Function):
     call = ""  # format string: {F} functional, {0} tensor, {1}... parameters
     backward = ""  # format string: {aten}, {g} incoming gradient, {0}... the primitive's args
     backward_differentiable = False
-    fast = True  # PyTorch's kernels are as quick as a fused loop (mish's are not)
+    fast = True  # fused mode leaves it alone: PyTorch's kernels are as quick as a compiled loop
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
@@ -139,6 +139,7 @@ class mish(_Primitive):  # noqa: N801
 
 
 class gelu(_Primitive):  # noqa: N801
+    fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 1
     call = "{F}.gelu({0})"
     backward = "{aten}.gelu_backward({g}, {0})"
@@ -191,6 +192,7 @@ class softplus_beta(_Primitive):  # noqa: N801
 
 
 class elu(_Primitive):  # noqa: N801
+    fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 2
     call = "{F}.elu({0}, {1})"
     backward = "{aten}.elu_backward({g}, {1}, 1, 1, False, {0})"
