@@ -97,7 +97,8 @@ def elementwise_specs(folder: Path) -> list[Spec]:
 
 def _naive(spec: Spec) -> Callable[..., object]:
     tests = importlib.import_module(f"generated.tests.test_{spec.name}")
-    tests.DTYPE = torch.float32  # its `T(...)` makes numbers tensors of the benchmark's dtype
+    # The reference's `T(...)` makes numbers tensors of the harness's dtype: the benchmark's.
+    importlib.import_module("generated.tests.harness").DTYPE = torch.float32
     names = [o.name for o in spec.outputs]
 
     def naive(*args: object) -> object:

@@ -177,7 +177,7 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
     hidden = {o.name for o in derived.spec.outputs if o.hidden}
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     namer = Namer(set(user) | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
-    torch, math, t = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T")
+    torch, math, t, check = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T"), namer.fresh("harness")
     names = {n: n for n in user}
     grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
@@ -206,12 +206,15 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
     checked = [n for n in tensor_inputs if spec.override(n) is None]
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
+    texts = [line for ref in references for line in ref.lines] + [str(o["expr"]) for o in overrides]
     return renderer.render(
         "test_op.py.j2",
+        uses_math=any(f"{math}." in text for text in texts),
         spec=spec,
         torch=torch,
         math=math,
         T=t,
+        check=check,
         imports=sorted([spec.name, spec.function_class_name] + ([spec.module.name] if spec.module else [])),
         references=references,
         overrides=overrides,
@@ -220,10 +223,8 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
         batched_shapes=_sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
         shape_error=_shape_error(spec),
-        tensor_inputs=tensor_inputs,
         tensor_index=[index[n] for n in tensor_inputs],
         checked_index=[index[n] for n in checked],
-        overridden=[n for n in tensor_inputs if spec.override(n) is not None],
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],

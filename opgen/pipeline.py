@@ -136,4 +136,5 @@ def package_files(specs: list[Spec], renderer: Renderer) -> dict[str, str]:
         "__init__.py": init,
         "ops/__init__.py": marker + '"""One module per op; import them from the package."""\n',
         "tests/__init__.py": marker + '"""Generated tests: run `pytest` on this folder."""\n',
+        "tests/harness.py": renderer.render("harness.py.j2"),
     }

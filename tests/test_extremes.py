@@ -39,15 +39,16 @@ def test_a_domain_without_real_values_has_no_rows():
 
 
 def test_the_check_fails_for_the_naive_float32_formula():
-    """The rows and `accurate` of the generated swish test reject what plain autograd of the formula gives."""
+    """The rows of the generated swish test and the harness's `accurate` reject what plain autograd of the formula gives."""
     import_package(ROOT, "generated")
     tests = importlib.import_module("generated.tests.test_swish")
+    harness = importlib.import_module("generated.tests.harness")
     rejected = []
     for _, point, (value,), slope in tests.EXTREMES:
         x = torch.tensor([point], dtype=torch.float32, requires_grad=True)
         y = x / (1 + torch.exp(-x))
         (grad,) = torch.autograd.grad(y.sum(), x)
-        if not (tests.accurate(y.detach(), value) and tests.accurate(grad, slope)):
+        if not (harness.accurate(y.detach(), value) and harness.accurate(grad, slope)):
             rejected.append(point)
     assert -100.0 in rejected and -1e4 in rejected
     tests.test_float32_at_extreme_inputs()  # while the generated op passes

@@ -2,28 +2,21 @@
 """Tests of `linear` against an independent plain-torch evaluation of its spec.
 
 The reference functions below are the spec's formulas translated word for word into torch
-ops; autograd of the reference is what the generated backward must match.
+ops; autograd of the reference is what the generated backward must match. The checks
+themselves are in `harness.py` beside this file.
 """
 
-import math
 
 import pytest
 import torch
 
 from .. import Linear, LinearFunction, linear
+from . import harness
 
-DTYPE = torch.float64
-INPUTS = ["input", "weight", "bias"]
-TENSOR_INPUTS = [0, 1, 2]  # positions of the Tensor inputs
-CHECKED = [0, 1, 2]  # Tensor inputs whose gradient is derived, not overridden
-DIFFERENTIABLE = [0]  # positions of the differentiable outputs
+DTYPE = harness.DTYPE
+T = harness.as_tensor
 SHAPES = {"bias": [5], "input": [3, 4], "weight": [5, 4]}
 SAVED = ["input", "weight"]  # what backward needs: inputs and outputs only
-
-
-def T(value):
-    """A float64 tensor of a plain number; tensors pass through."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=DTYPE)
 
 
 def reference(input, weight, bias):
@@ -38,118 +31,44 @@ def reference_without_bias(input, weight, bias):
     return {'out': out}
 
 
+OP = harness.OpUnderTest(
+    linear,
+    inputs=["input", "weight", "bias"],
+    outputs=["out"],
+    tensor_inputs=[0, 1, 2],
+    checked=[0, 1, 2],
+    differentiable=[0],
+)
+
+
 def sample_inputs(shapes=SHAPES, seed=0):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
-
-    def uniform(name, low, high):
-        values = torch.rand(shapes[name], generator=generator, dtype=DTYPE)
-        return (low + (high - low) * values).requires_grad_()
-
     return [
-        uniform("input", -3.0, 3.0),
-        uniform("weight", -3.0, 3.0),
-        uniform("bias", -3.0, 3.0),
+        harness.uniform(generator, shapes["input"], -3.0, 3.0),
+        harness.uniform(generator, shapes["weight"], -3.0, 3.0),
+        harness.uniform(generator, shapes["bias"], -3.0, 3.0),
     ]
 
 
-def as_tuple(value):
-    return value if isinstance(value, tuple) else (value,)
-
-
-def outputs_of(reference_values):
-    return tuple(reference_values[name] for name in ["out"])
-
-
-def expected_gradients(args, reference_fn, grads_out):
-    """Autograd of the reference, or the override formula, for every Tensor input."""
-    values = reference_fn(*args)
-    outs = outputs_of(values)
-    present = [k for k in TENSOR_INPUTS if args[k] is not None and k in CHECKED]
-    # A reference output of steps only (sign, round, ...) has no autograd graph: zero gradient.
-    pairs = [(outs[k], g) for k, g in zip(DIFFERENTIABLE, grads_out) if outs[k].requires_grad]
-    derived = [torch.zeros_like(args[k]) for k in present]
-    if pairs and present:
-        derived = torch.autograd.grad(
-            [o for o, _ in pairs], [args[k] for k in present], [g for _, g in pairs],
-            allow_unused=True, materialize_grads=True,
-        )
-    expected = dict(zip(present, derived))
-    return expected
-
-
-def check_against_reference(args, reference_fn):
-    outs = as_tuple(linear(*args))
-    expected_outs = outputs_of(reference_fn(*args))
-    for out, expected in zip(outs, expected_outs):
-        torch.testing.assert_close(out, expected.to(out.dtype).expand_as(out))
-    generator = torch.Generator().manual_seed(1)
-    grads_out = [torch.randn(outs[k].shape, generator=generator, dtype=DTYPE) for k in DIFFERENTIABLE]
-    present = [k for k in TENSOR_INPUTS if args[k] is not None]
-    got = torch.autograd.grad(
-        [outs[k] for k in DIFFERENTIABLE], [args[k] for k in present], grads_out,
-        allow_unused=True, materialize_grads=True,
-    )
-    expected = expected_gradients(args, reference_fn, grads_out)
-    for k, grad in zip(present, got):
-        assert grad.shape == args[k].shape, f"gradient of {INPUTS[k]} has shape {tuple(grad.shape)}"
-        # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
-        # the op must stay finite there (gradcheck checks its value).
-        naive = ~torch.isfinite(expected[k])
-        assert torch.isfinite(grad[naive]).all(), f"gradient of {INPUTS[k]} is not finite"
-        torch.testing.assert_close(grad[~naive], expected[k][~naive], msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
-
-
-def only(args, positions):
-    """A function of the tensors at `positions` (others fixed), for gradcheck."""
-
-    def call(*tensors):
-        full = list(args)
-        for k, tensor in zip(positions, tensors):
-            full[k] = tensor
-        outs = as_tuple(linear(*full))
-        return tuple(outs[k] for k in DIFFERENTIABLE)
-
-    return call, [args[k] for k in positions]
-
-
-def detach_unchecked(args, positions):
-    return [a.detach() if isinstance(a, torch.Tensor) and k not in positions else a for k, a in enumerate(args)]
-
-
 def test_forward_and_backward_match_reference():
-    check_against_reference(sample_inputs(), reference)
+    harness.check_against_reference(OP, sample_inputs(), reference)
 
 
 def test_function_apply_equals_functional():
-    args = sample_inputs()
-    for got, expected in zip(as_tuple(LinearFunction.apply(*args)), as_tuple(linear(*args))):
-        torch.testing.assert_close(got, expected)
+    harness.check_function_apply(OP, LinearFunction, sample_inputs())
 
 
-@pytest.mark.skipif(not CHECKED, reason="every gradient is an override, meant to differ from the derivative")
 def test_gradcheck():
-    args = detach_unchecked(sample_inputs(), CHECKED)
-    assert torch.autograd.gradcheck(*only(args, CHECKED))
+    harness.check_gradients(OP, sample_inputs())
 
 
-@pytest.mark.skipif(not CHECKED, reason="every gradient is an override, meant to differ from the derivative")
 def test_gradgradcheck():
-    args = detach_unchecked(sample_inputs(), CHECKED)
-    assert torch.autograd.gradgradcheck(*only(args, CHECKED))
-
+    harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
 def test_saves_only_what_backward_needs():
-    args = sample_inputs()
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        outs = as_tuple(linear(*args))
-    named = dict(zip(INPUTS, args)) | dict(zip(["out"], outs))
-    expected = [named[name] for name in SAVED if named[name] is not None]
-    assert len(saved) == len(expected)
-    for tensor, want in zip(saved, expected):
-        assert tensor.data_ptr() == want.data_ptr() and tensor.shape == want.shape
+    harness.check_saved(OP, sample_inputs(), SAVED)
 
 
 def test_wrong_shape_is_a_value_error():
@@ -162,10 +81,8 @@ def test_wrong_shape_is_a_value_error():
 def test_bias_none_drops_its_terms():
     args = sample_inputs()
     args[2] = None
-    check_against_reference(args, reference_without_bias)
-    positions = [k for k in CHECKED if args[k] is not None]
-    if positions:
-        assert torch.autograd.gradcheck(*only(detach_unchecked(args, positions), positions))
+    harness.check_against_reference(OP, args, reference_without_bias)
+    harness.check_gradients(OP, args)
 
 
 def test_module_matches_functional():
@@ -181,11 +98,4 @@ def test_module_matches_functional():
     full = list(args)
     full[1] = getattr(module, "weight")
     full[2] = getattr(module, "bias")
-    got = as_tuple(module(*forward_args))
-    expected = as_tuple(linear(*full))
-    for a, b in zip(got, expected):
-        torch.testing.assert_close(a, b)
-    sum(got[k].sum() for k in DIFFERENTIABLE).backward()
-    for name, param in module.named_parameters():
-        assert param.grad is not None and param.grad.shape == param.shape, name
-    module.reset_parameters()
+    harness.check_module(module, OP, forward_args, full)

@@ -2,28 +2,20 @@
 """Tests of `softsign` against an independent plain-torch evaluation of its spec.
 
 The reference functions below are the spec's formulas translated word for word into torch
-ops; autograd of the reference is what the generated backward must match.
+ops; autograd of the reference is what the generated backward must match. The checks
+themselves are in `harness.py` beside this file.
 """
 
-import math
 
-import pytest
 import torch
 
 from .. import SoftsignFunction, softsign
+from . import harness
 
-DTYPE = torch.float64
-INPUTS = ["x"]
-TENSOR_INPUTS = [0]  # positions of the Tensor inputs
-CHECKED = [0]  # Tensor inputs whose gradient is derived, not overridden
-DIFFERENTIABLE = [0]  # positions of the differentiable outputs
+DTYPE = harness.DTYPE
+T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
 SAVED = ["x"]  # what backward needs: inputs and outputs only
-
-
-def T(value):
-    """A float64 tensor of a plain number; tensors pass through."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=DTYPE)
 
 
 def reference(x):
@@ -32,104 +24,22 @@ def reference(x):
     return {'y': y}
 
 
+OP = harness.OpUnderTest(
+    softsign,
+    inputs=["x"],
+    outputs=["y"],
+    tensor_inputs=[0],
+    checked=[0],
+    differentiable=[0],
+)
+
+
 def sample_inputs(shapes=SHAPES, seed=0):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
-
-    def uniform(name, low, high):
-        values = torch.rand(shapes[name], generator=generator, dtype=DTYPE)
-        return (low + (high - low) * values).requires_grad_()
-
     return [
-        uniform("x", -3.0, 3.0),
+        harness.uniform(generator, shapes["x"], -3.0, 3.0),
     ]
-
-
-def as_tuple(value):
-    return value if isinstance(value, tuple) else (value,)
-
-
-def outputs_of(reference_values):
-    return tuple(reference_values[name] for name in ["y"])
-
-
-def expected_gradients(args, reference_fn, grads_out):
-    """Autograd of the reference, or the override formula, for every Tensor input."""
-    values = reference_fn(*args)
-    outs = outputs_of(values)
-    present = [k for k in TENSOR_INPUTS if args[k] is not None and k in CHECKED]
-    # A reference output of steps only (sign, round, ...) has no autograd graph: zero gradient.
-    pairs = [(outs[k], g) for k, g in zip(DIFFERENTIABLE, grads_out) if outs[k].requires_grad]
-    derived = [torch.zeros_like(args[k]) for k in present]
-    if pairs and present:
-        derived = torch.autograd.grad(
-            [o for o, _ in pairs], [args[k] for k in present], [g for _, g in pairs],
-            allow_unused=True, materialize_grads=True,
-        )
-    expected = dict(zip(present, derived))
-    return expected
-
-
-def check_against_reference(args, reference_fn):
-    outs = as_tuple(softsign(*args))
-    expected_outs = outputs_of(reference_fn(*args))
-    for out, expected in zip(outs, expected_outs):
-        torch.testing.assert_close(out, expected.to(out.dtype).expand_as(out))
-    generator = torch.Generator().manual_seed(1)
-    grads_out = [torch.randn(outs[k].shape, generator=generator, dtype=DTYPE) for k in DIFFERENTIABLE]
-    present = [k for k in TENSOR_INPUTS if args[k] is not None]
-    got = torch.autograd.grad(
-        [outs[k] for k in DIFFERENTIABLE], [args[k] for k in present], grads_out,
-        allow_unused=True, materialize_grads=True,
-    )
-    expected = expected_gradients(args, reference_fn, grads_out)
-    for k, grad in zip(present, got):
-        assert grad.shape == args[k].shape, f"gradient of {INPUTS[k]} has shape {tuple(grad.shape)}"
-        # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
-        # the op must stay finite there (gradcheck checks its value).
-        naive = ~torch.isfinite(expected[k])
-        assert torch.isfinite(grad[naive]).all(), f"gradient of {INPUTS[k]} is not finite"
-        torch.testing.assert_close(grad[~naive], expected[k][~naive], msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
-
-
-def only(args, positions):
-    """A function of the tensors at `positions` (others fixed), for gradcheck."""
-
-    def call(*tensors):
-        full = list(args)
-        for k, tensor in zip(positions, tensors):
-            full[k] = tensor
-        outs = as_tuple(softsign(*full))
-        return tuple(outs[k] for k in DIFFERENTIABLE)
-
-    return call, [args[k] for k in positions]
-
-
-def detach_unchecked(args, positions):
-    return [a.detach() if isinstance(a, torch.Tensor) and k not in positions else a for k, a in enumerate(args)]
-
-
-def test_forward_and_backward_match_reference():
-    check_against_reference(sample_inputs(), reference)
-
-
-def test_function_apply_equals_functional():
-    args = sample_inputs()
-    for got, expected in zip(as_tuple(SoftsignFunction.apply(*args)), as_tuple(softsign(*args))):
-        torch.testing.assert_close(got, expected)
-
-
-@pytest.mark.skipif(not CHECKED, reason="every gradient is an override, meant to differ from the derivative")
-def test_gradcheck():
-    args = detach_unchecked(sample_inputs(), CHECKED)
-    assert torch.autograd.gradcheck(*only(args, CHECKED))
-
-
-@pytest.mark.skipif(not CHECKED, reason="every gradient is an override, meant to differ from the derivative")
-def test_gradgradcheck():
-    args = detach_unchecked(sample_inputs(), CHECKED)
-    assert torch.autograd.gradgradcheck(*only(args, CHECKED))
-
 
 
 def native(x):
@@ -137,23 +47,24 @@ def native(x):
     return torch.nn.functional.softsign(x)
 
 
-def check_against_native(args):
-    out = as_tuple(softsign(*args))[0]
-    expected = native(*args)
-    torch.testing.assert_close(out, expected)
-    checked = [args[k] for k in CHECKED]
-    if not checked:
-        return  # every gradient is an override, meant to differ from the op's
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=DTYPE)
-    got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
-    want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
-    for k, a, b in zip(CHECKED, got, want):
-        torch.testing.assert_close(a, b, msg=lambda m: f"gradient of {INPUTS[k]}: {m}")
+def test_forward_and_backward_match_reference():
+    harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_matches_native_op():
-    check_against_native(sample_inputs())
+def test_function_apply_equals_functional():
+    harness.check_function_apply(OP, SoftsignFunction, sample_inputs())
 
+
+def test_gradcheck():
+    harness.check_gradients(OP, sample_inputs())
+
+
+def test_gradgradcheck():
+    harness.check_gradients(OP, sample_inputs(), second_order=True)
+
+
+def test_saves_only_what_backward_needs():
+    harness.check_saved(OP, sample_inputs(), SAVED)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -175,57 +86,9 @@ EXTREMES = [
 MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
 
 
-def extreme_inputs(name, point):
-    """float32 inputs of one element: `name` at `point`, the other Tensor inputs in mid-domain."""
-    args = sample_inputs()
-    for k, input_name in enumerate(INPUTS):
-        if k in TENSOR_INPUTS:
-            value = point if input_name == name else MIDDLES[input_name]
-            args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
-    return args
-
-
-def accurate(got, exact, rival=None):
-    """Finite, and within 1e-5 relative (1e-6 absolute) of exact, or no worse than PyTorch's op."""
-    if not torch.isfinite(got).all():
-        return False
-    error = abs(got.item() - exact)
-    return error <= 1e-6 + 1e-5 * abs(exact) or (rival is not None and error <= abs(rival.item() - exact))
-
-
-def derivative(outs, args, k):
-    (grad,) = torch.autograd.grad(
-        [outs[j].sum() for j in DIFFERENTIABLE], [args[k]], allow_unused=True, materialize_grads=True
-    )
-    return grad
-
-
 def test_float32_at_extreme_inputs():
-    bad = []
-    for name, point, exact, slope in EXTREMES:
-        args = extreme_inputs(name, point)
-        outs = as_tuple(softsign(*args))
-        rival = native(*args)
-        for j, (out, want) in enumerate(zip(outs, exact)):
-            if not accurate(out, want, rival if j == 0 else None):
-                bad.append(f"output {j} at {name} = {point}: {out.item()!r}, exact {want!r}")
-        k = INPUTS.index(name)
-        if slope is not None:
-            rival_grad = None
-            if rival.requires_grad:
-                (rival_grad,) = torch.autograd.grad(rival.sum(), [args[k]], allow_unused=True, materialize_grads=True)
-            grad = derivative(outs, args, k)
-            if not accurate(grad, slope, rival_grad if len(DIFFERENTIABLE) == 1 else None):
-                bad.append(f"derivative at {name} = {point}: {grad.item()!r}, exact {slope!r}")
-    assert not bad, "\n".join(bad)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
 
-def test_saves_only_what_backward_needs():
-    args = sample_inputs()
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        outs = as_tuple(softsign(*args))
-    named = dict(zip(INPUTS, args)) | dict(zip(["y"], outs))
-    expected = [named[name] for name in SAVED if named[name] is not None]
-    assert len(saved) == len(expected)
-    for tensor, want in zip(saved, expected):
-        assert tensor.data_ptr() == want.data_ptr() and tensor.shape == want.shape
+
+def test_matches_native_op():
+    harness.check_against_native(OP, sample_inputs(), native)
