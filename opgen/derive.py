@@ -270,7 +270,8 @@ def _tensor_gradient(
     x = symbols.inputs[name]
     differentiable = [o for o in spec.outputs if o.differentiable]
     pairs = [
-        (guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name]) for o in differentiable
+        (guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name])
+        for o in differentiable
     ]
     loc = differentiable[0].formula.loc
     what = f"gradient of '{name}'"
@@ -306,7 +307,9 @@ def _variant(
         if kept is None:
             if name in symbols.outputs:
                 output = spec.outputs[[o.name for o in spec.outputs].index(name)]
-                raise SpecError(output.formula.loc, f"output '{name}' has no terms left when {' and '.join(absent_names)} is None")
+                raise SpecError(
+                    output.formula.loc, f"output '{name}' has no terms left when {' and '.join(absent_names)} is None"
+                )
             absent.add(symbol)
             continue
         forward[name] = kept
@@ -323,7 +326,11 @@ def _variant(
         x = symbols.inputs[inp.name]
         if inp.name in overrides:
             override = overrides[inp.name]
-            lets_inlined = {symbols.lets[n]: e for n, e in ((n, inlined.get(symbols.lets[n])) for n in symbols.lets) if e is not None}
+            lets_inlined = {
+                symbols.lets[n]: e
+                for n, e in ((n, inlined.get(symbols.lets[n])) for n in symbols.lets)
+                if e is not None
+            }
             kept = drop_terms(override.xreplace(lets_inlined), frozenset(absent))
             kept = S.Zero if kept is None else guard_branches(kept, symbols.tensors)
             contributions = (Contribution(None, kept),)
@@ -411,10 +418,9 @@ def derive(spec: Spec, problems: Problems, rewrite: Callable[[Expr], Expr] = _un
         variants = []
         # Every subset of optional inputs may be None; the all-present variant comes last.
         for flags in itertools.product([True, False], repeat=len(optional)):
-            absent = tuple(n for n, is_absent in zip(optional, flags) if is_absent)
+            absent = tuple(n for n, is_absent in zip(optional, flags, strict=True) if is_absent)
             variants.append(_variant(spec, symbols, definitions, order, overrides, absent, shapes))
     except SpecError as error:
         problems.add(error)
         return None
     return Derived(spec, symbols, tuple(variants), shapes)
-

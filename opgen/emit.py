@@ -68,7 +68,11 @@ def make_names(plan: Plan) -> OpNames:
     user = spec_names(spec)
     namer = Namer(user | set(public_names(spec)))
     torch, math = namer.fresh("torch"), namer.fresh("math")
-    function_ref = spec.function_class_name if spec.function_class_name not in user else namer.fresh("_" + spec.function_class_name)
+    function_ref = (
+        spec.function_class_name
+        if spec.function_class_name not in user
+        else namer.fresh("_" + spec.function_class_name)
+    )
     functional_ref = spec.name if spec.name not in user else namer.fresh("_" + spec.name)
     ctx, inputs, output, self_ = (namer.fresh(n) for n in ("ctx", "inputs", "output", "self"))
     grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs}
@@ -81,8 +85,22 @@ def make_names(plan: Plan) -> OpNames:
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("_check_shapes")
     return OpNames(
-        torch, math, function_ref, functional_ref, ctx, inputs, output, self_, grads_in, grads_out,
-        ctx_attrs, shape_attrs, temps, size_attrs, size_locals, check_shapes,
+        torch,
+        math,
+        function_ref,
+        functional_ref,
+        ctx,
+        inputs,
+        output,
+        self_,
+        grads_in,
+        grads_out,
+        ctx_attrs,
+        shape_attrs,
+        temps,
+        size_attrs,
+        size_locals,
+        check_shapes,
     )
 
 

@@ -90,7 +90,12 @@ def module_context(spec: Spec, names: object) -> ModuleContext:
             create = f"{torch}.nn.Parameter({torch}.empty(()))"
         attr = param_attr[p.name]
         if p.when:
-            init += [f"if {p.when}:", f"    {self_}.{attr} = {create}", "else:", f"    {self_}.register_parameter({attr!r}, None)"]
+            init += [
+                f"if {p.when}:",
+                f"    {self_}.{attr} = {create}",
+                "else:",
+                f"    {self_}.register_parameter({attr!r}, None)",
+            ]
         else:
             init.append(f"{self_}.{attr} = {create}")
     if module.parameters:

@@ -97,7 +97,9 @@ def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Fo
     return order
 
 
-def _reference(spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str) -> ReferenceFunction:
+def _reference(
+    spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str
+) -> ReferenceFunction:
     formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
     lines = []
     gone = set(absent)

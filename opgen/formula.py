@@ -221,7 +221,7 @@ class _Reader:
     def read_Compare(self, node: ast.Compare) -> Value:  # noqa: N802
         parts = []
         left = self.number(node.left)
-        for op, right_node in zip(node.ops, node.comparators):
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
             relation = _COMPARE.get(type(op))
             if relation is None:
                 raise self.fail(node, "only < <= > >= == != compare numbers")
@@ -278,7 +278,9 @@ class _Reader:
     def read_reduction(self, node: ast.Call, name: str) -> Value:
         """`sum(x, dim=-1, keepdim=true)`; dim is required, keepdim defaults to false."""
         if len(node.args) != 1:
-            raise self.fail(node, f"{name}() takes one tensor argument and `dim=` (and `keepdim=`), got {len(node.args)} arguments")
+            raise self.fail(
+                node, f"{name}() takes one tensor argument and `dim=` (and `keepdim=`), got {len(node.args)} arguments"
+            )
         options = {}
         for kw in node.keywords:
             if kw.arg not in ("dim", "keepdim"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import yaml
 from yaml.constructor import SafeConstructor
@@ -53,7 +52,7 @@ class RawMap:
         return self.loc
 
 
-Raw = Union[RawScalar, RawList, RawMap]
+Raw = RawScalar | RawList | RawMap
 
 
 def _loc(file: str, mark: yaml.Mark | None) -> Loc:

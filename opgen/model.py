@@ -8,11 +8,10 @@ that involve one node live in `__post_init__`; those across nodes are checked by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from opgen.errors import Loc
 
-Scalar = Union[bool, int, float]
+Scalar = bool | int | float
 
 TENSOR = "Tensor"
 NON_TENSOR_KINDS = ("float", "int", "bool")

@@ -16,7 +16,7 @@ from opgen.errors import Loc, Problems, SpecError
 from opgen.load import Raw, RawList, RawMap, RawScalar
 from opgen.model import (
     INIT_ARITY,
-    NON_TENSOR_KINDS,
+    POLICIES,
     TENSOR,
     Formula,
     GradientOverride,
@@ -25,7 +25,6 @@ from opgen.model import (
     InputType,
     Let,
     Module,
-    POLICIES,
     Optimize,
     Output,
     Parameter,
@@ -200,7 +199,9 @@ def _parse_outputs(node: Raw, problems: Problems) -> tuple[Output, ...]:
             else:
                 outputs.append(Output(name, _formula(value, f"output '{name}'"), True, loc))
     if outputs and not any(o.differentiable for o in outputs):
-        problems.add(SpecError(mapping.loc, "every output is `differentiable: false`; at least one must carry a gradient"))
+        problems.add(
+            SpecError(mapping.loc, "every output is `differentiable: false`; at least one must carry a gradient")
+        )
     return tuple(outputs)
 
 
@@ -271,8 +272,15 @@ def _parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) 
         for name, loc, value in _need_map(node_, "tests.shapes").entries:
             with problems.collect():
                 if name in dims:
-                    if not isinstance(value, RawScalar) or isinstance(value.value, bool) or not isinstance(value.value, int) or value.value < 1:
-                        raise SpecError(value.loc, f"tests.shapes.{name}: a dimension size must be a positive whole number")
+                    if (
+                        not isinstance(value, RawScalar)
+                        or isinstance(value.value, bool)
+                        or not isinstance(value.value, int)
+                        or value.value < 1
+                    ):
+                        raise SpecError(
+                            value.loc, f"tests.shapes.{name}: a dimension size must be a positive whole number"
+                        )
                     shapes.append((name, (value.value,)))
                 elif name in by_name and by_name[name].is_tensor:
                     shapes.append((name, _int_list(value, f"tests.shapes.{name}")))
@@ -373,7 +381,9 @@ def _parse_init(node: Raw, name: str) -> Init:
 def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems: Problems) -> Module:
     from opgen.model import camel_case
 
-    mapping = _need_map(node, "module") if not (isinstance(node, RawScalar) and node.value is None) else RawMap((), node.loc)
+    mapping = (
+        _need_map(node, "module") if not (isinstance(node, RawScalar) and node.value is None) else RawMap((), node.loc)
+    )
     _check_keys(mapping, MODULE_KEYS, "module", problems)
     by_name = {i.name: i for i in inputs}
     name = camel_case(spec_name)
@@ -408,13 +418,26 @@ def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems
                         raise SpecError(item.loc, "a shape entry must be a whole number or an int module arg")
                     if isinstance(item.value, int):
                         shape.append(item.value)
-                    elif isinstance(item.value, str) and item.value in arg_by_name and arg_by_name[item.value].type.kind == "int":
+                    elif (
+                        isinstance(item.value, str)
+                        and item.value in arg_by_name
+                        and arg_by_name[item.value].type.kind == "int"
+                    ):
                         shape.append(item.value)
                     else:
                         ints = tuple(a.name for a in args if a.type.kind == "int")
-                        raise SpecError(item.loc, f"shape entry '{item.value}' is not an int module arg{_suggest(str(item.value), ints) if ints else '; declare it under module.args'}")
-                if target.type.dims is not None and len(target.type.dims) != len(shape) and "..." not in target.type.dims:
-                    raise SpecError(shape_node.loc, f"parameter '{pname}' has {len(shape)} dimensions but input '{pname}' is declared {target.type}")
+                        hint = _suggest(str(item.value), ints) if ints else "; declare it under module.args"
+                        raise SpecError(item.loc, f"shape entry '{item.value}' is not an int module arg{hint}")
+                if (
+                    target.type.dims is not None
+                    and len(target.type.dims) != len(shape)
+                    and "..." not in target.type.dims
+                ):
+                    raise SpecError(
+                        shape_node.loc,
+                        f"parameter '{pname}' has {len(shape)} dimensions"
+                        f" but input '{pname}' is declared {target.type}",
+                    )
                 init_node = pmap.get("init")
                 if init_node is None:
                     raise SpecError(pmap.loc, f"parameter '{pname}' needs an `init:`, e.g. `uniform(-0.1, 0.1)`")
@@ -426,7 +449,9 @@ def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems
                     if arg is None or arg.type.kind != "bool":
                         raise SpecError(text.loc, f"`when: {text.value}` must name a bool module arg")
                     if not target.type.optional:
-                        raise SpecError(text.loc, f"parameter '{pname}' has `when:` but input '{pname}' is not optional (`Tensor?`)")
+                        raise SpecError(
+                            text.loc, f"parameter '{pname}' has `when:` but input '{pname}' is not optional (`Tensor?`)"
+                        )
                     when = arg.name
                 parameters.append(Parameter(pname, tuple(shape), init, when, loc))
     attributes: dict[str, str] = {}
@@ -531,6 +556,8 @@ def _check_unique_names(
     for name, what, loc in named:
         if name in seen:
             other, where = seen[name]
-            problems.add(SpecError(loc, f"{what} '{name}' has the same name as the {other} at {where}; names must be unique"))
+            problems.add(
+                SpecError(loc, f"{what} '{name}' has the same name as the {other} at {where}; names must be unique")
+            )
         else:
             seen[name] = (what, loc)

@@ -70,7 +70,9 @@ def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
     return sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True)
 
 
-def _inline_conditions(replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]) -> tuple[list[Temp], list[Expr]]:
+def _inline_conditions(
+    replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
+) -> tuple[list[Temp], list[Expr]]:
     """Put boolean temporaries back where they are used.
 
     A condition kept as its own variable would be a bool tensor; the printer takes the
@@ -98,7 +100,7 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
     temps, reduced = _inline_conditions(replacements, reduced)
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
-    for expr, owner in zip(reduced, owners):
+    for expr, owner in zip(reduced, owners, strict=True):
         for symbol in expr.free_symbols & users.keys():
             users[symbol].add(owner)
     for temp in reversed(temps):
@@ -123,9 +125,15 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
             position += 1
         if gradient.fit is not None:
             fit = gradient.fit
-            grads.append(GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), False, fit.sum_to_size, fit.expand))
+            grads.append(
+                GradPlan(
+                    gradient.input, index_of[gradient.input], tuple(contributions), False, fit.sum_to_size, fit.expand
+                )
+            )
             continue
-        grads.append(GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), gradient.overridden, may_broadcast))
+        grads.append(
+            GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), gradient.overridden, may_broadcast)
+        )
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
 
 

@@ -142,9 +142,12 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         return str(self._print(expr))
 
     def _print(self, expr: Any, **kwargs: Any) -> str:
-        if isinstance(expr, Expr) and expr.is_number and not isinstance(
-            expr, (sympy.Integer, sympy.Rational, sympy.Float, sympy.NumberSymbol)
-        ) and not expr.has(S.Infinity, S.NegativeInfinity):
+        if (
+            isinstance(expr, Expr)
+            and expr.is_number
+            and not isinstance(expr, (sympy.Integer, sympy.Rational, sympy.Float, sympy.NumberSymbol))
+            and not expr.has(S.Infinity, S.NegativeInfinity)
+        ):
             if expr.is_Mul and any(isinstance(a, sympy.NumberSymbol) for a in expr.args) or not expr.is_Atom:
                 return self._print_number(expr)
         return str(super()._print(expr, **kwargs))

@@ -101,7 +101,9 @@ class _Translate(ast.NodeTransformer):
             one, zero = self._tensor(ast.Constant(1.0)), self._tensor(ast.Constant(0.0))
             return ast.Call(self._attr("torch.where"), [at_least_zero, one, zero], [])
         if name == "clamp":
-            return ast.Call(self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])])
+            return ast.Call(
+                self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])]
+            )
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
         return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)
 

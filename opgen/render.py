@@ -18,7 +18,9 @@ def default_template_dir() -> Path:
     for candidate in (here / "templates", here.parent / "templates"):
         if (candidate / "op.py.j2").is_file():
             return candidate
-    raise FileNotFoundError(f"opgen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})")
+    raise FileNotFoundError(
+        f"opgen's templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})"
+    )
 
 
 class Renderer:

@@ -331,4 +331,3 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
 
 def known_rank(shape: Shape) -> bool:
     return shape is not None and BATCH not in shape
-

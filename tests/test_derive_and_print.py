@@ -56,9 +56,7 @@ def test_gradient_matches_autograd_of_the_plain_formula():
 
 
 def test_several_outputs_sum_their_contributions_through_lets():
-    derived = derived_of(
-        "name: t\ninputs: {x: Tensor}\nlet: {s: sin(x)}\noutputs:\n  y: s * x\n  z: exp(s)\n"
-    )
+    derived = derived_of("name: t\ninputs: {x: Tensor}\nlet: {s: sin(x)}\noutputs:\n  y: s * x\n  z: exp(s)\n")
     grad = next(g for g in derived.full.gradients if g.input == "x")
     assert [c.output for c in grad.contributions] == ["y", "z"]
     x = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)

@@ -39,7 +39,7 @@ def test_a_domain_without_real_values_has_no_rows():
 
 
 def test_the_check_fails_for_the_naive_float32_formula():
-    """The rows of the generated swish test and the harness's `accurate` reject what plain autograd of the formula gives."""
+    """The generated swish test's rows and the harness's `accurate` reject plain autograd of the formula."""
     import_package(ROOT, "generated")
     tests = importlib.import_module("generated.tests.test_swish")
     harness = importlib.import_module("generated.tests.harness")

@@ -36,8 +36,10 @@ def error(text: str, col: int = 7) -> SpecError:
         ("lgamma(x) + digamma(y)", sympy.loggamma(x) + sympy.polygamma(0, y)),
         ("where(x > 0, x, 0)", fn.where(sympy.StrictGreaterThan(x, 0), x, 0)),
         ("(x > 0) * y", fn.where(sympy.StrictGreaterThan(x, 0), 1, 0) * y),
-        ("where((x > 0) & ~(y <= 1), x, y)",
-         fn.where(sympy.And(sympy.StrictGreaterThan(x, 0), sympy.Not(sympy.LessThan(y, 1))), x, y)),
+        (
+            "where((x > 0) & ~(y <= 1), x, y)",
+            fn.where(sympy.And(sympy.StrictGreaterThan(x, 0), sympy.Not(sympy.LessThan(y, 1))), x, y),
+        ),
     ],
 )
 def test_reads_the_formula_language(text, expected):

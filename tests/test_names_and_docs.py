@@ -63,4 +63,4 @@ def test_doc_text_reaches_the_docstring_verbatim(run_cli, tmp_path):
     assert run_cli("generate", str(specs), "-o", str(tmp_path / "pkg2"))[0] == 0
     package = import_package(tmp_path, "pkg2")
     doc = package.torch.__doc__
-    assert 'Ends early? """ or \'\'\' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t.' in doc
+    assert "Ends early? \"\"\" or ''' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t." in doc
