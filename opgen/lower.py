@@ -71,8 +71,12 @@ class _Primitive(sympy.Function):
 
     def _opgen_torch(self, printer: Any) -> str:
         args = [printer._print(a) for a in self.args]
-        call = self.call_no_grad if self.call_no_grad and getattr(printer, "no_grad", False) else self.call
-        return call.format(*args, F=printer.functional, torch=printer.torch)
+        if not (self.call_no_grad and getattr(printer, "no_grad", False)):
+            return self.call.format(*args, F=printer.functional, torch=printer.torch)
+        # `{s}` in `call_no_grad` is a value computed once and bound with `:=`.
+        taken = {*printer.names.values(), printer.torch, printer.math}
+        name = next(n for n in ("s", "s_", "s__", *(f"s{k}" for k in range(len(taken) + 1))) if n not in taken)
+        return self.call_no_grad.format(*args, F=printer.functional, torch=printer.torch, s=name)
 
     def _sympystr(self, printer: Any) -> str:
         """Docstrings show the formula, not the kernel."""
@@ -105,10 +109,7 @@ class mish(_Primitive):  # noqa: N801
     nargs = 1
     call = "{F}.mish({0})"
     # tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2), s = sigmoid(u): see `fused_form`.
-    call_no_grad = (
-        "(2 - {torch}.sigmoid({0})).mul_({torch}.sigmoid({0}))"
-        ".div_((1 - {torch}.sigmoid({0})).square_().add_(1)).mul_({0})"
-    )
+    call_no_grad = "(2 - ({s} := {torch}.sigmoid({0}))).mul_({s}).div_((1 - {s}).square_().add_(1)).mul_({0})"
     backward = "{aten}.mish_backward({g}, {0})"
     # mish' = t + u s (1 - t**2) with t = s (2 - s) / d, d = 1 + q**2, q = 1 - s, and
     # 1 - t**2 = 4 q**2 / d**2 exactly: no cancellation where t is near 1.

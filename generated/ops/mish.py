@@ -9,7 +9,7 @@ class MishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = (2 - torch.sigmoid(x)).mul_(torch.sigmoid(x)).div_((1 - torch.sigmoid(x)).square_().add_(1)).mul_(x)
+        y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
         return y
 
     @staticmethod
