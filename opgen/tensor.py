@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Union
 
 import sympy
-from sympy import Expr, Function
+from sympy import Expr, Function, S
 from sympy.printing.precedence import PRECEDENCE
 
 BATCH = "..."
@@ -169,6 +169,30 @@ class LogSoftmax(TensorOp):
     """`a - logsumexp(a, dim, keepdim=true)`, computed by `torch.log_softmax`."""
 
     nargs = 2
+
+
+class SoftmaxBackward(TensorOp):
+    """`y * (g - sum(g * y, dim, keepdim=true))`, the gradient through `y = softmax(a, dim)`.
+
+    Printed as PyTorch's own backward kernel, which is one pass instead of four and has a
+    derivative of its own, so double backward still works.
+    """
+
+    nargs = 3  # g, y, dim
+
+    def elementary(self) -> Expr:
+        g, y, dim = self.args
+        return y * (g - ReduceSum(g * y, dim, S.One))  # type: ignore[no-any-return]
+
+
+class LogSoftmaxBackward(TensorOp):
+    """`g - exp(y) * sum(g, dim, keepdim=true)`, the gradient through `y = log_softmax(a, dim)`."""
+
+    nargs = 3  # g, y, dim
+
+    def elementary(self) -> Expr:
+        g, y, dim = self.args
+        return g - sympy.exp(y) * ReduceSum(g, dim, S.One)  # type: ignore[no-any-return]
 
 
 def _log_softmax_parts(expr: Expr) -> tuple[Expr, sympy.Integer] | None:

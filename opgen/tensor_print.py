@@ -15,12 +15,14 @@ from sympy.printing.precedence import PRECEDENCE
 from opgen.tensor import (
     BATCH,
     LogSoftmax,
+    LogSoftmaxBackward,
     MatMul,
     ReduceLogSumExp,
     ReductionBase,
     Shape,
     ShapeError,
     Softmax,
+    SoftmaxBackward,
     SumDims,
     TensorOp,
     Transpose,
@@ -99,6 +101,16 @@ class TensorPrinting(_TensorNodes):
     def _print_Softmax(self, expr: Softmax) -> str:
         return f"{self.torch}.softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
 
+    def _print_SoftmaxBackward(self, expr: SoftmaxBackward) -> str:
+        return self._backward_kernel("_softmax_backward_data", expr)
+
+    def _print_LogSoftmaxBackward(self, expr: LogSoftmaxBackward) -> str:
+        return self._backward_kernel("_log_softmax_backward_data", expr)
+
+    def _backward_kernel(self, kernel: str, expr: SoftmaxBackward | LogSoftmaxBackward) -> str:
+        g, y, dim = (self._print(a) for a in expr.args)
+        return f"{self.torch}.ops.aten.{kernel}({g}, {y}, {dim}, {self._dtype_source(expr.args[1])}.dtype)"
+
     def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
         return f"{self.torch}.log_softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
 
@@ -127,6 +139,11 @@ class TensorDisplay(_TensorNodes):
 
     def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
         return self._print(_log_softmax_formula(expr))
+
+    def _print_SoftmaxBackward(self, expr: SoftmaxBackward) -> str:
+        return self._print(expr.elementary())
+
+    _print_LogSoftmaxBackward = _print_SoftmaxBackward
 
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=true" if expr.args[2] else ""

@@ -30,6 +30,7 @@ from opgen import functions as fn
 from opgen.tensor import (
     BATCH,
     LogSoftmax,
+    LogSoftmaxBackward,
     MatMul,
     ReduceAmax,
     ReduceLogSumExp,
@@ -39,6 +40,7 @@ from opgen.tensor import (
     Shape,
     ShapeError,
     Softmax,
+    SoftmaxBackward,
     SumDims,
     TensorOp,
     Transpose,
@@ -139,10 +141,8 @@ class _Vjp:
             return
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
-            if isinstance(node, Softmax):  # y * (g - sum(g * y)), as torch.softmax's backward
-                self.push(a, node * grad - node * ReduceSum(node * grad, dim, S.One))
-            else:  # g - exp(y) * sum(g), as torch.log_softmax's backward
-                self.push(a, grad - sympy.exp(node) * ReduceSum(grad, dim, S.One))
+            backward = SoftmaxBackward if isinstance(node, Softmax) else LogSoftmaxBackward
+            self.push(a, backward(grad, node, dim))
             return
         assert isinstance(node, ReductionBase), type(node)
         a, dim = node.operand, node.dim

@@ -28,13 +28,12 @@ class AttentionScoresFunction(torch.autograd.Function):
         q, k, weights = ctx.saved_tensors
         grad_q = grad_k = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = grad_weights*weights
-            tmp1 = (tmp0 - weights*tmp0.sum(-1, keepdim=True))/math.sqrt(ctx.D)
+            tmp0 = torch.ops.aten._softmax_backward_data(grad_weights, weights, -1, weights.dtype)/math.sqrt(ctx.D)
         if ctx.needs_input_grad[0]:
-            grad_q = tmp1 @ k
+            grad_q = tmp0 @ k
             grad_q = grad_q.sum_to_size(q.shape)
         if ctx.needs_input_grad[1]:
-            grad_k = tmp1.mT @ q
+            grad_k = tmp0.mT @ q
             grad_k = grad_k.sum_to_size(k.shape)
         return grad_q, grad_k
 
@@ -79,8 +78,8 @@ def attention_scores(q, k):
         weights = exp(scores - logsumexp(scores, dim=-1, keepdim=true))
 
     Gradients:
-        grad_q = ((grad*weights - weights*sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
-        grad_k = ((grad*weights - weights*sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
+        grad_q = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
+        grad_k = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
     _check_shapes(
         "attention_scores",

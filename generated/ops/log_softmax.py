@@ -22,7 +22,7 @@ class LogSoftmaxFunction(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y - torch.exp(y)*grad_y.sum(-1, keepdim=True)
+            grad_x = torch.ops.aten._log_softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
 
 

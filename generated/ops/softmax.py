@@ -22,7 +22,7 @@ class SoftmaxFunction(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = y*(grad_y - (grad_y*y).sum(-1, keepdim=True))
+            grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
 
 
