@@ -78,6 +78,8 @@ class TensorPrinting(_TensorNodes):
     if TYPE_CHECKING:
         torch: str  # how the generated file names torch
 
+        def _dtype_source(self, expr: sympy.Basic) -> str: ...
+
     def _postfix(self, expr: sympy.Basic) -> str:
         text = self._print(expr)
         return text if _is_postfix_safe(expr) else f"({text})"
