@@ -32,8 +32,16 @@ from opgen.tensor import (
 
 
 def _products_first(terms: list[Any]) -> list[Any]:
-    """Sum terms with a matrix product first: `input @ weight.T + bias`, as people write it."""
-    return [t for t in terms if t.atoms(MatMul)] + [t for t in terms if not t.atoms(MatMul)]
+    """Sum terms with a matrix product first: `input @ weight.T + bias`, as people write it.
+
+    Then a term without a minus sign leads: `x - tanh(x)`, one subtraction, rather than
+    `-tanh(x) + x`, a negation and an addition (two passes over a tensor).
+    """
+    ordered = [t for t in terms if t.atoms(MatMul)] + [t for t in terms if not t.atoms(MatMul)]
+    if ordered and ordered[0].could_extract_minus_sign():
+        lead = next((k for k, t in enumerate(ordered) if not t.could_extract_minus_sign()), 0)
+        ordered.insert(0, ordered.pop(lead))
+    return ordered
 
 
 def _is_postfix_safe(expr: sympy.Basic) -> bool:

@@ -9,7 +9,7 @@ class BceWithLogitsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(logits, target):
-        loss = -logits*target + torch.nn.functional.softplus(logits)
+        loss = torch.nn.functional.softplus(logits) - logits*target
         return loss
 
     @staticmethod
@@ -22,7 +22,7 @@ class BceWithLogitsFunction(torch.autograd.Function):
         logits, target = ctx.saved_tensors
         grad_logits = grad_target = None
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*(-target + torch.sigmoid(logits))
+            grad_logits = grad_loss*(torch.sigmoid(logits) - target)
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
             grad_target = -grad_loss*logits
@@ -34,10 +34,10 @@ def bce_with_logits(logits, target):
     """Binary cross-entropy on logits per element; torch.nn.functional.binary_cross_entropy_with_logits(..., reduction=\"none\").
 
     Forward:
-        loss = -logits*target + softplus(logits)
+        loss = softplus(logits) - logits*target
 
     Gradients:
-        grad_logits = grad*(-target + sigmoid(logits))
+        grad_logits = grad*(sigmoid(logits) - target)
         grad_target = -grad*logits
     """
     return BceWithLogitsFunction.apply(logits, target)

@@ -84,8 +84,8 @@ def cosine_similarity(x1, x2, eps=1e-08):
         y = sum(x1*x2/(norm1*norm2), dim=-1)
 
     Gradients:
-        grad_x1 = -2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(norm1**2*norm2), dim=-1, keepdim=true) + x2*unsqueeze(grad, dim=-1)/(norm1*norm2)
-        grad_x2 = -2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(norm1*norm2**2), dim=-1, keepdim=true) + x1*unsqueeze(grad, dim=-1)/(norm1*norm2)
+        grad_x1 = x2*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(norm1**2*norm2), dim=-1, keepdim=true)
+        grad_x2 = x1*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
     _check_shapes(
         "cosine_similarity",

@@ -10,7 +10,7 @@ class FocalLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(logits, target, alpha, gamma):
         p = torch.sigmoid(logits)
-        ce = -logits*target + torch.nn.functional.softplus(logits)
+        ce = torch.nn.functional.softplus(logits) - logits*target
         p_t = p*target + (1 - p)*(1 - target)
         alpha_t = alpha*target + (1 - alpha)*(1 - target)
         loss = alpha_t*ce*(1 - p_t)**gamma
@@ -34,15 +34,15 @@ class FocalLossFunction(torch.autograd.Function):
             tmp1 = alpha*target + tmp0*(1 - alpha)
             tmp2 = torch.sigmoid(logits)
             tmp3 = 1 - tmp2
-            tmp4 = -logits*target + torch.nn.functional.softplus(logits)
+            tmp4 = torch.nn.functional.softplus(logits) - logits*target
             tmp5 = gamma*tmp4
-            tmp6 = -target*tmp2 - tmp0*tmp3 + 1
+            tmp6 = 1 - target*tmp2 - tmp0*tmp3
             tmp7 = tmp6**gamma/tmp6
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*tmp1*tmp7*(tmp2*tmp3*tmp5*(1 - 2*target) + tmp6*(-target + tmp2))
+            grad_logits = grad_loss*tmp1*tmp7*(tmp2*tmp3*tmp5*(1 - 2*target) + tmp6*(tmp2 - target))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss*tmp7*(-logits*tmp1*tmp6 + tmp1*tmp5*(1 - 2*tmp2) + tmp4*tmp6*(2*alpha - 1))
+            grad_target = grad_loss*tmp7*(tmp1*tmp5*(1 - 2*tmp2) - logits*tmp1*tmp6 + tmp4*tmp6*(2*alpha - 1))
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
 
@@ -54,13 +54,13 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
 
     Forward:
         p = sigmoid(logits)
-        ce = -logits*target + softplus(logits)
+        ce = softplus(logits) - logits*target
         p_t = p*target + (1 - p)*(1 - target)
         alpha_t = alpha*target + (1 - alpha)*(1 - target)
         loss = alpha_t*ce*(1 - p_t)**gamma
 
     Gradients:
-        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(-logits*target + softplus(logits))*sigmoid(logits) + (-target + sigmoid(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)
-        grad_target = grad*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)**gamma*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(-logits*target + softplus(logits)) - logits*(alpha*target + (1 - alpha)*(1 - target))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1) + (2*alpha - 1)*(-logits*target + softplus(logits))*(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1))/(-target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)) + 1)
+        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(softplus(logits) - logits*target)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma/(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))
+        grad_target = grad*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) - logits*target) - logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))) + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))))/(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))
     """
     return FocalLossFunction.apply(logits, target, alpha, gamma)

@@ -10,7 +10,7 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def forward(input, target, delta):
         diff = input - target
-        loss = torch.where(torch.abs(diff) < delta, diff**2/2, delta*(-delta/2 + torch.abs(diff)))
+        loss = torch.where(torch.abs(diff) < delta, diff**2/2, delta*(torch.abs(diff) - delta/2))
         return loss
 
     @staticmethod
@@ -42,10 +42,10 @@ def huber(input, target, delta=1.0):
 
     Forward:
         diff = input - target
-        loss = where(abs(diff) < delta, diff**2/2, delta*(-delta/2 + abs(diff)))
+        loss = where(abs(diff) < delta, diff**2/2, delta*(abs(diff) - delta/2))
 
     Gradients:
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
-        grad_target = grad*where(abs(input - target) < delta, -input + target, -delta*sign(input - target))
+        grad_target = grad*where(abs(input - target) < delta, target - input, -delta*sign(input - target))
     """
     return HuberFunction.apply(input, target, delta)

@@ -9,7 +9,7 @@ class RbfKernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, y, gamma):
-        squared_distance = -2*x @ y.mT + (x**2).sum(-1, keepdim=True) + (y**2).sum(-1, keepdim=True).mT
+        squared_distance = (x**2).sum(-1, keepdim=True) - 2*x @ y.mT + (y**2).sum(-1, keepdim=True).mT
         k = torch.exp(-gamma*squared_distance)
         return k
 
@@ -72,7 +72,7 @@ def rbf_kernel(x, y, gamma=0.5):
     """Gaussian (RBF) kernel matrix exp(-gamma * |x_i - y_j|^2) between the rows of x and of y; torch.exp(-gamma * torch.cdist(x, y) ** 2).
 
     Forward:
-        squared_distance = -2*x @ y.T + sum(x**2, dim=-1, keepdim=true) + sum(y**2, dim=-1, keepdim=true).T
+        squared_distance = sum(x**2, dim=-1, keepdim=true) - 2*x @ y.T + sum(y**2, dim=-1, keepdim=true).T
         k = exp(-gamma*squared_distance)
 
     Gradients:

@@ -9,7 +9,7 @@ class SincFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.where(torch.abs(x) < 0.0001, -1.6449340668482264*x**2 + 1, torch.sinc(x))
+        y = torch.where(torch.abs(x) < 0.0001, 1 - 1.6449340668482264*x**2, torch.sinc(x))
         return y
 
     @staticmethod
@@ -33,9 +33,9 @@ def sinc(x):
     near 0 keeps values and derivatives of every order accurate and finite there.
 
     Forward:
-        y = where(abs(x) < 1/10000, -pi**2*x**2/6 + 1, sinc(x))
+        y = where(abs(x) < 1/10000, 1 - pi**2*x**2/6, sinc(x))
 
     Gradients:
-        grad_x = grad*where(abs(x) < 1/10000, -pi**2*x/3, where(where(abs(x) >= 1/10000, x, 1) == 0, 0, (-sinc(where(abs(x) >= 1/10000, x, 1)) + cos(pi*where(abs(x) >= 1/10000, x, 1)))*where(where(abs(x) >= 1/10000, x, 1) == 0, 1, where(abs(x) >= 1/10000, x, 1))**(-1)))
+        grad_x = grad*where(abs(x) < 1/10000, -pi**2*x/3, where(where(abs(x) >= 1/10000, x, 1) == 0, 0, (cos(pi*where(abs(x) >= 1/10000, x, 1)) - sinc(where(abs(x) >= 1/10000, x, 1)))*where(where(abs(x) >= 1/10000, x, 1) == 0, 1, where(abs(x) >= 1/10000, x, 1))**(-1)))
     """
     return SincFunction.apply(x)

@@ -9,7 +9,7 @@ class SpikeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(v, threshold, slope):
-        s = (-threshold + v >= 0).to(v.dtype)
+        s = (v - threshold >= 0).to(v.dtype)
         return s
 
     @staticmethod
@@ -35,7 +35,7 @@ def spike(v, threshold=1.0, slope=10.0):
     gradient of SuperSpike: d spike / d v = 1 / (1 + slope * |v - threshold|)**2.
 
     Forward:
-        s = heaviside(-threshold + v)
+        s = heaviside(v - threshold)
 
     Gradients (overrides marked):
         grad_v = grad/(slope*abs(threshold - v) + 1)**2  (override)

@@ -10,7 +10,7 @@ class TanhshrinkFunction(torch.autograd.Function):
     @staticmethod
     def forward(x):
         saved_tanh = torch.tanh(x)
-        y = -saved_tanh + x
+        y = x - saved_tanh
         return y, saved_tanh
 
     @staticmethod
@@ -37,7 +37,7 @@ def tanhshrink(x):
 
     Forward:
         saved_tanh = tanh(x)
-        y = -saved_tanh + x
+        y = x - saved_tanh
 
     Gradients:
         grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
