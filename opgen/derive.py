@@ -371,15 +371,28 @@ def _needed_lets(spec: Spec, symbols: Symbols, forward: dict[str, Expr]) -> set[
     return needed
 
 
-def _unchanged(expr: Expr) -> Expr:
+Rewrite = Callable[[Expr, frozenset[sympy.Symbol]], Expr]
+
+
+def _unchanged(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
     return expr
 
 
-def derive(spec: Spec, problems: Problems, rewrite: Callable[[Expr], Expr] = _unchanged) -> Derived | None:
+def _plain_numbers(spec: Spec, symbols: Symbols, read: dict[str, Expr]) -> frozenset[sympy.Symbol]:
+    """The symbols that hold plain numbers: non-tensor inputs, and lets made only of them."""
+    numbers = {symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor}
+    for name, expr in read.items():  # in dependency order
+        if name in symbols.lets and expr.free_symbols <= numbers:
+            numbers.add(symbols.lets[name])
+    return frozenset(numbers)
+
+
+def derive(spec: Spec, problems: Problems, rewrite: Rewrite = _unchanged) -> Derived | None:
     """Derive every gradient of `spec`; record located errors in `problems`.
 
-    `rewrite` is applied to each formula as read, before it is differentiated (the
-    pipeline passes `opgen.rewrite.rewrite`, so gradients come from stable functions).
+    `rewrite` is applied to each formula as read, with the symbols that hold plain numbers,
+    before it is differentiated (the pipeline passes the stable rewrites and the lowering
+    to native kernels, so gradients come from stable functions and native backward kernels).
     """
     symbols = make_symbols(spec)
     try:
@@ -391,7 +404,8 @@ def derive(spec: Spec, problems: Problems, rewrite: Callable[[Expr], Expr] = _un
     try:
         order = _definition_order(spec, symbols, definitions)
         read = _read_definitions(spec, symbols, order, shapes)
-        definitions = {name: rewrite(expr) for name, expr in read.items()}
+        numbers = _plain_numbers(spec, symbols, read)
+        definitions = {name: rewrite(expr, numbers) for name, expr in read.items()}
     except _Many as many:
         problems.errors.extend(many.problems.errors)
         return None
@@ -407,7 +421,8 @@ def derive(spec: Spec, problems: Problems, rewrite: Callable[[Expr], Expr] = _un
     before = len(problems.errors)
     for override in spec.gradients:
         with problems.collect(), located(override.formula.loc, f"gradient of '{override.input}'"):
-            overrides[override.input] = rewrite(read_formula(override.formula, scope, NUM))  # type: ignore[arg-type]
+            formula = read_formula(override.formula, scope, NUM)
+            overrides[override.input] = rewrite(formula, numbers)  # type: ignore[arg-type]
     if len(problems.errors) > before:
         return None
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]

@@ -205,8 +205,40 @@ class elu(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))  # type: ignore[no-any-return]
 
 
+class leaky_relu(_Primitive):  # noqa: N801
+    """where(u > 0, u, slope * u): the slope below 0 and at 0 itself, as PyTorch's kernels."""
+
+    nargs = 2
+    call = "{F}.leaky_relu({0}, {1})"
+    backward = "{aten}.leaky_relu_backward({g}, {0}, {1}, False)"
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, slope = args
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)  # type: ignore[no-any-return]
+
+
+class hardtanh(_Primitive):  # noqa: N801
+    """max(min(u, hi), lo): gradient 1 strictly between the bounds, 0 at them (F.hardtanh).
+
+    F.hardtanh refuses lo > hi, where the formula would be the constant lo: a clear error
+    for what is almost surely a mistake in the arguments.
+    """
+
+    nargs = 3
+    call = "{F}.hardtanh({0}, {1}, {2})"
+    backward = "{aten}.hardtanh_backward({g}, {0}, {1}, {2})"
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, lo, hi = args
+        return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)  # type: ignore[no-any-return]
+
+
 PRIMITIVES: dict[str, type[_Primitive]] = {
-    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu)
+    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu, leaky_relu, hardtanh)
 }
 
 
@@ -328,11 +360,57 @@ def _match_elu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
     return elu(u, alpha)
 
 
+def _match_leaky_relu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where):
+        return None
+    cond, u, other = node.args
+    if cond != sympy.StrictGreaterThan(u, 0) or not _tensors(u, numbers):
+        return None
+    slope = _split(other, u)
+    if slope is None or _tensors(slope, numbers):
+        return None
+    return leaky_relu(u, slope)
+
+
+def _bound(node: Expr, kind: type[sympy.Function], numbers: frozenset[sympy.Symbol]) -> tuple[Expr, Expr] | None:
+    """(operand, number) when `node` is `kind(operand, number)` in either order."""
+    if not isinstance(node, kind) or node.args[2] != 0:
+        return None
+    a, b = node.args[0], node.args[1]
+    if not _tensors(b, numbers):
+        return a, b
+    if not _tensors(a, numbers):
+        return b, a
+    return None
+
+
+def _match_hardtanh(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    """max(min(u, hi), lo) or min(max(u, lo), hi): the same function and gradient when lo < hi."""
+    for outer, inner in ((fn.maximum, fn.minimum), (fn.minimum, fn.maximum)):
+        found = _bound(node, outer, numbers)
+        inside = _bound(found[0], inner, numbers) if found else None
+        if found and inside and _tensors(inside[0], numbers):
+            lo, hi = (found[1], inside[1]) if outer is fn.maximum else (inside[1], found[1])
+            if (lo - hi).is_number and not (lo - hi).is_negative:
+                return None  # constant bounds the wrong way round: keep the formula's meaning
+            return hardtanh(inside[0], lo, hi)
+    return None
+
+
 def _match_log_sigmoid(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
     return log_sigmoid(node.args[0]) if isinstance(node, logsigmoid) else None
 
 
-_MATCHERS = (_match_silu, _match_log_sigmoid, _match_mish, _match_gelu, _match_softplus, _match_elu)
+_MATCHERS = (
+    _match_silu,
+    _match_log_sigmoid,
+    _match_mish,
+    _match_gelu,
+    _match_softplus,
+    _match_elu,
+    _match_leaky_relu,
+    _match_hardtanh,
+)
 
 
 def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:

@@ -8,14 +8,13 @@ allows. Pure: reads the spec files, writes nothing (`opgen.write` does that).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import sympy
 from sympy import Expr
 
-from opgen.derive import derive
+from opgen.derive import Rewrite, derive
 from opgen.emit import emit_op
 from opgen.emit_tests import emit_tests
 from opgen.errors import Loc, Problems, SpecError, located
@@ -60,11 +59,10 @@ def source_name(path: Path) -> str:
     return f"{resolved.parent.name}/{resolved.name}" if resolved.parent.name else resolved.name
 
 
-def _optimizer(spec: Spec) -> Callable[[Expr], Expr]:
+def _optimizer(spec: Spec) -> Rewrite:
     """What `derive` does to each formula before differentiating it, as `optimize:` says."""
-    numbers = frozenset(sympy.Symbol(i.name, real=True) for i in spec.inputs if not i.is_tensor)
 
-    def optimize(expr: Expr) -> Expr:
+    def optimize(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
         if spec.optimize.rewrite:
             expr = rewrite(expr)
         if spec.optimize.lower:

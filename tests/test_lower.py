@@ -28,6 +28,8 @@ NATIVE = [
     (lw.gelu_tanh, (), lambda t: F.gelu(t, approximate="tanh")),
     (lw.softplus_beta, (1.5,), lambda t: F.softplus(t, 1.5)),
     (lw.elu, (0.7,), lambda t: F.elu(t, 0.7)),
+    (lw.leaky_relu, (0.1,), lambda t: F.leaky_relu(t, 0.1)),  # the points include the kink 0
+    (lw.hardtanh, (-1.5, 6), lambda t: F.hardtanh(t, -1.5, 6.0)),  # and both bounds
 ]
 
 
@@ -41,12 +43,16 @@ def test_primitive_formula_and_derivative_are_pytorchs(primitive, params, native
     value_fn = sympy.lambdify(x, call.elementary(x, *params), modules=_MODULES)
     grad_fn = sympy.lambdify(x, derivative.elementary(), modules=_MODULES)
     torch.testing.assert_close(value_fn(points.detach()), expected.detach())
-    torch.testing.assert_close(grad_fn(points.detach()), expected_grad)
+    torch.testing.assert_close(_f64(grad_fn(points.detach())), expected_grad)  # (where(c, 1, 0) is int)
     # The form fused mode compiles is the same function (mish: through sigmoid, not tanh).
     fused_fn = sympy.lambdify(x, call.fused_form(x, *params), modules=_MODULES)
     fused_grad_fn = sympy.lambdify(x, derivative.elementary("fused_form"), modules=_MODULES)
     torch.testing.assert_close(fused_fn(points.detach()), expected.detach())
-    torch.testing.assert_close(fused_grad_fn(points.detach()), expected_grad)
+    torch.testing.assert_close(_f64(fused_grad_fn(points.detach())), expected_grad)
+
+
+def _f64(value):
+    return torch.as_tensor(value, dtype=torch.float64)
 
 
 _MODULES = [
@@ -59,6 +65,8 @@ _MODULES = [
         "exp": torch.exp,
         "tanh": torch.tanh,
         "sqrt": lambda v: torch.sqrt(torch.as_tensor(v, dtype=torch.float64)),
+        "maximum": lambda a, b, _: torch.maximum(_f64(a), _f64(b)),
+        "minimum": lambda a, b, _: torch.minimum(_f64(a), _f64(b)),
     },
     "math",
 ]
@@ -81,6 +89,9 @@ _MODULES = [
         (sympy.log(1 + sympy.exp(beta * x)) / beta, lw.softplus_beta(x, beta)),
         (fn.where(x > 0, x, alpha * (sympy.exp(x) - 1)), lw.elu(x, alpha)),
         (3 + x * fn.sigmoid(x), 3 + lw.silu(x)),
+        (fn.where(x > 0, x, alpha * x), lw.leaky_relu(x, alpha)),
+        (fn.maximum(fn.minimum(x, 6, 0), 0, 0), lw.hardtanh(x, 0, 6)),
+        (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), lw.hardtanh(x, alpha, beta)),
     ],
 )
 def test_formulas_as_written_lower_to_the_primitive(formula, expected):
@@ -96,6 +107,9 @@ def test_formulas_as_written_lower_to_the_primitive(formula, expected):
         fn.softplus(x * x) / x,  # the "beta" holds a tensor
         fn.where(x > 0, x, x * fn.expm1(x)),  # alpha must be a number
         fn.where(x > 1, x, alpha * fn.expm1(x)),
+        fn.where(x > 0, x, x * x),  # the slope must be a number
+        fn.maximum(fn.minimum(x, 0, 0), 6, 0),  # bounds the wrong way round: the constant 6
+        fn.maximum(fn.minimum(x, 6, 0), x, 0),  # a bound holding a tensor
     ],
 )
 def test_near_misses_are_not_lowered(formula):

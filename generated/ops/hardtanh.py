@@ -9,7 +9,7 @@ class HardtanhFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, min_val, max_val):
-        y = torch.clamp_min(torch.clamp_max(x, max_val), min_val)
+        y = torch.nn.functional.hardtanh(x, min_val, max_val)
         return y
 
     @staticmethod
@@ -26,7 +26,7 @@ class HardtanhFunction(torch.autograd.Function):
         max_val = ctx.max_val
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.where(torch.clamp_max(x, max_val) > min_val, (x < max_val).to(x.dtype), 0)
+            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max_val)
         return grad_x, None, None
 
 

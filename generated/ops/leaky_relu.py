@@ -9,7 +9,7 @@ class LeakyReluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, negative_slope):
-        y = torch.where(x > 0, x, negative_slope*x)
+        y = torch.nn.functional.leaky_relu(x, negative_slope)
         return y
 
     @staticmethod
@@ -24,7 +24,7 @@ class LeakyReluFunction(torch.autograd.Function):
         negative_slope = ctx.negative_slope
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.where(x > 0, x.new_tensor(1), negative_slope)
+            grad_x = torch.ops.aten.leaky_relu_backward(grad_y, x, negative_slope, False)
         return grad_x, None
 
 

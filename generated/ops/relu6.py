@@ -9,7 +9,7 @@ class Relu6Function(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.clamp_max(torch.relu(x), 6)
+        y = torch.nn.functional.hardtanh(x, 0, 6)
         return y
 
     @staticmethod
@@ -22,7 +22,7 @@ class Relu6Function(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*torch.where(torch.relu(x) < 6, (x > 0).to(x.dtype), 0)
+            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, 0, 6)
         return grad_x
 
 
@@ -30,9 +30,9 @@ def relu6(x):
     """min(max(x, 0), 6), as torch.nn.functional.relu6 (gradient 0 at 0 and at 6).
 
     Forward:
-        y = min(max(x, 0), 6)
+        y = max(min(x, 6), 0)
 
     Gradients:
-        grad_x = grad*where(max(x, 0) < 6, (x > 0), 0)
+        grad_x = grad*where(min(x, 6) > 0, (x < 6), 0)
     """
     return Relu6Function.apply(x)
