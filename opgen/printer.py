@@ -155,12 +155,6 @@ class TorchPrinter(TensorPrinting, CodePrinter):
     # -- arithmetic ------------------------------------------------------------------------
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
-        indicators = [a for a in expr.args if _is_indicator(a) and self.is_tensor(a)]
-        if indicators and len(indicators) < len(expr.args):
-            # `grad * (x > 0)`: a bool tensor times a float tensor keeps the float's dtype.
-            rest = sympy.Mul(*[a for a in expr.args if a not in indicators], evaluate=False)
-            conds = " * ".join(f"({self._print(i.args[0])})" for i in indicators)
-            return f"{self.parenthesize(rest, precedence(expr))} * {conds}"
         numeric = [a for a in expr.args if a.is_number]
         if numeric and len(numeric) < len(expr.args):
             coeff = sympy.Mul(*numeric)
@@ -306,7 +300,3 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         if self.is_tensor(expr):
             return f"~({self._print(expr.args[0])})"
         return f"not ({self._print(expr.args[0])})"
-
-
-def _is_indicator(expr: sympy.Basic) -> bool:
-    return isinstance(expr, fn.where) and expr.args[1] == 1 and expr.args[2] == 0
