@@ -83,7 +83,7 @@ def make_names(plan: Plan) -> OpNames:
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
     size_attrs = {n: attrs.fresh(n) for n in plan.dim_sizes}
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
-    check_shapes = namer.fresh("_check_shapes")
+    check_shapes = namer.fresh("check_shapes")
     return OpNames(
         torch,
         math,

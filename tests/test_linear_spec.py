@@ -75,7 +75,7 @@ def test_saves_the_input_and_the_weight_only(generated):
 
 def test_backward_is_the_hand_written_linear():
     source = (GENERATED / "ops" / "linear.py").read_text(encoding="utf-8")
-    backward = source[source.index("def backward") : source.index("def _check_shapes")]
+    backward = source[source.index("def backward") : source.index("\ndef linear(")]
     for line in (
         "input, weight = ctx.saved_tensors",
         "grad_input = grad_out @ weight",

@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class AttentionScoresFunction(torch.autograd.Function):
     """The autograd Function of `attention_scores`; see `attention_scores` for the formulas."""
@@ -38,38 +40,6 @@ class AttentionScoresFunction(torch.autograd.Function):
         return grad_q, grad_k
 
 
-def _check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
-    sizes = {}
-    batches = []
-    for name, tensor, dims in arguments:
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
-        batch = dims[:1] == ("...",)
-        named = dims[1:] if batch else dims
-        shape = tuple(tensor.shape)
-        fits = len(shape) >= len(named) if batch else len(shape) == len(named)
-        if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
-        if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
-            where = f" with {', '.join(known)}" if known else ""
-            raise ValueError(
-                f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
-            )
-        if batch:
-            batches.append((name, shape[: len(shape) - len(named)]))
-    if len(batches) > 1:
-        try:
-            torch.broadcast_shapes(*(b for _, b in batches))
-        except RuntimeError:
-            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
-            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
-
-
 def attention_scores(q, k):
     """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside F.scaled_dot_product_attention.
 
@@ -81,7 +51,7 @@ def attention_scores(q, k):
         grad_q = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
         grad_k = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
-    _check_shapes(
+    check_shapes(
         "attention_scores",
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class BilinearFunction(torch.autograd.Function):
     """The autograd Function of `bilinear`; see `bilinear` for the formulas."""
@@ -39,38 +41,6 @@ class BilinearFunction(torch.autograd.Function):
         return grad_x1, grad_x2, grad_weight, grad_bias
 
 
-def _check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
-    sizes = {}
-    batches = []
-    for name, tensor, dims in arguments:
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
-        batch = dims[:1] == ("...",)
-        named = dims[1:] if batch else dims
-        shape = tuple(tensor.shape)
-        fits = len(shape) >= len(named) if batch else len(shape) == len(named)
-        if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
-        if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
-            where = f" with {', '.join(known)}" if known else ""
-            raise ValueError(
-                f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
-            )
-        if batch:
-            batches.append((name, shape[: len(shape) - len(named)]))
-    if len(batches) > 1:
-        try:
-            torch.broadcast_shapes(*(b for _, b in batches))
-        except RuntimeError:
-            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
-            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
-
-
 def bilinear(x1, x2, weight, bias=None):
     """Bilinear layer y = x1ᵀ A x2 + b, one A per output feature; F.bilinear(x1, x2, weight, bias).
 
@@ -83,7 +53,7 @@ def bilinear(x1, x2, weight, bias=None):
         grad_weight = x1.T @ (x2*unsqueeze(grad.T, dim=-1))
         grad_bias = sum(grad, dim=0)
     """
-    _check_shapes(
+    check_shapes(
         "bilinear",
         ("x1", x1, ("N", "in1_features")),
         ("x2", x2, ("N", "in2_features")),

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class CosineSimilarityFunction(torch.autograd.Function):
     """The autograd Function of `cosine_similarity`; see `cosine_similarity` for the formulas."""
@@ -43,38 +45,6 @@ class CosineSimilarityFunction(torch.autograd.Function):
         return grad_x1, grad_x2, None
 
 
-def _check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
-    sizes = {}
-    batches = []
-    for name, tensor, dims in arguments:
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
-        batch = dims[:1] == ("...",)
-        named = dims[1:] if batch else dims
-        shape = tuple(tensor.shape)
-        fits = len(shape) >= len(named) if batch else len(shape) == len(named)
-        if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
-        if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
-            where = f" with {', '.join(known)}" if known else ""
-            raise ValueError(
-                f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
-            )
-        if batch:
-            batches.append((name, shape[: len(shape) - len(named)]))
-    if len(batches) > 1:
-        try:
-            torch.broadcast_shapes(*(b for _, b in batches))
-        except RuntimeError:
-            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
-            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
-
-
 def cosine_similarity(x1, x2, eps=1e-08):
     """Cosine similarity along the last dimension, each side divided by its norm (at least eps); F.cosine_similarity(x1, x2, dim=-1).
 
@@ -87,7 +57,7 @@ def cosine_similarity(x1, x2, eps=1e-08):
         grad_x1 = x2*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(norm1**2*norm2), dim=-1, keepdim=true)
         grad_x2 = x1*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
-    _check_shapes(
+    check_shapes(
         "cosine_similarity",
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class LogSoftmaxFunction(torch.autograd.Function):
     """The autograd Function of `log_softmax`; see `log_softmax` for the formulas."""
@@ -26,38 +28,6 @@ class LogSoftmaxFunction(torch.autograd.Function):
         return grad_x
 
 
-def _check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
-    sizes = {}
-    batches = []
-    for name, tensor, dims in arguments:
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
-        batch = dims[:1] == ("...",)
-        named = dims[1:] if batch else dims
-        shape = tuple(tensor.shape)
-        fits = len(shape) >= len(named) if batch else len(shape) == len(named)
-        if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
-        if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
-            where = f" with {', '.join(known)}" if known else ""
-            raise ValueError(
-                f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
-            )
-        if batch:
-            batches.append((name, shape[: len(shape) - len(named)]))
-    if len(batches) > 1:
-        try:
-            torch.broadcast_shapes(*(b for _, b in batches))
-        except RuntimeError:
-            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
-            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
-
-
 def log_softmax(x):
     """Log-softmax over the last dimension; torch.log_softmax(x, dim=-1).
 
@@ -67,7 +37,7 @@ def log_softmax(x):
     Gradients:
         grad_x = grad - exp(y)*sum(grad, dim=-1, keepdim=true)
     """
-    _check_shapes(
+    check_shapes(
         "log_softmax",
         ("x", x, ("...", "N")),
     )

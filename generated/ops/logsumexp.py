@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class LogsumexpFunction(torch.autograd.Function):
     """The autograd Function of `logsumexp`; see `logsumexp` for the formulas."""
@@ -27,38 +29,6 @@ class LogsumexpFunction(torch.autograd.Function):
         return grad_x
 
 
-def _check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
-    sizes = {}
-    batches = []
-    for name, tensor, dims in arguments:
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
-        batch = dims[:1] == ("...",)
-        named = dims[1:] if batch else dims
-        shape = tuple(tensor.shape)
-        fits = len(shape) >= len(named) if batch else len(shape) == len(named)
-        if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
-        if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
-            where = f" with {', '.join(known)}" if known else ""
-            raise ValueError(
-                f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}"
-            )
-        if batch:
-            batches.append((name, shape[: len(shape) - len(named)]))
-    if len(batches) > 1:
-        try:
-            torch.broadcast_shapes(*(b for _, b in batches))
-        except RuntimeError:
-            described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
-            raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
-
-
 def logsumexp(x):
     """log(sum(exp(x))) over the last dimension, without overflow; torch.logsumexp(x, dim=-1).
 
@@ -68,7 +38,7 @@ def logsumexp(x):
     Gradients:
         grad_x = exp(x - unsqueeze(y, dim=-1))*unsqueeze(grad, dim=-1)
     """
-    _check_shapes(
+    check_shapes(
         "logsumexp",
         ("x", x, ("...", "N")),
     )
