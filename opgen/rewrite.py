@@ -24,6 +24,8 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
     u * sign(u)             -> abs(u)
+    u**a * u**b             -> u**(a + b)              (SymPy's d u**g = g * u**g / u:
+                                                        0/0 at u = 0, u**(g - 1) is not)
 
 Gradients are also put over a common denominator (`sympy.together`) where that makes them
 shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
@@ -194,8 +196,22 @@ def _pow(node: sympy.Pow) -> Expr | None:
     return None
 
 
+def _same_base(factors: list[Expr]) -> Expr | None:
+    """u**a * u**b -> u**(a + b): SymPy keeps `u**g / u` apart when `g` is a symbol."""
+    exponents: dict[Expr, list[Expr]] = {}
+    for factor in factors:
+        base, power = factor.as_base_exp()
+        exponents.setdefault(base, []).append(power)
+    if all(len(powers) == 1 for powers in exponents.values()):
+        return None
+    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))  # type: ignore[no-any-return]
+
+
 def _mul(node: sympy.Mul) -> Expr | None:
     factors = list(node.args)
+    combined = _same_base(factors)
+    if combined is not None:
+        return combined
     # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
     for k, factor in enumerate(factors):
         if not _is_exp(factor):
@@ -269,7 +285,9 @@ def rewrite_gradients(derived: Derived) -> Derived:
     variants = []
     for variant in derived.variants:
         gradients = tuple(
-            replace(g, contributions=tuple(replace(c, factor=_shorter(rewrite(c.factor))) for c in g.contributions))
+            replace(
+                g, contributions=tuple(replace(c, factor=rewrite(_shorter(rewrite(c.factor)))) for c in g.contributions)
+            )
             for g in variant.gradients
         )
         variants.append(replace(variant, gradients=gradients))

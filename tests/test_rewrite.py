@@ -41,6 +41,17 @@ RULES = [
 ]
 
 
+def test_powers_of_one_base_combine():
+    """`g * u**g / u`, SymPy's derivative of `u**g`, is 0/0 at u = 0; `g * u**(g - 1)` is not."""
+    u = 1 - x * fn.sigmoid(x)
+    written = sympy.diff(u**beta, x)
+    assert written.has(1 / u)  # SymPy's form, which this rule exists for
+    rewritten = rw.rewrite(written)
+    assert not rewritten.has(1 / u) and rewritten.has(u ** (beta - 1))
+    for point in ({x: "0.3", beta: "2.5"}, {x: "-4", beta: "0.5"}):
+        assert _close(_value(rewritten, point), _value(written, point))
+
+
 def _value(expr: sympy.Expr, point: dict[sympy.Symbol, str]) -> sympy.Float:
     return sympy.N(expr.subs({s: sympy.Float(v, PREC) for s, v in point.items()}), PREC)
 

@@ -34,15 +34,15 @@ class FocalLossFunction(torch.autograd.Function):
             tmp1 = alpha*target + tmp0*(1 - alpha)
             tmp2 = torch.sigmoid(logits)
             tmp3 = 1 - tmp2
-            tmp4 = torch.nn.functional.softplus(logits) - logits*target
-            tmp5 = gamma*tmp4
-            tmp6 = 1 - target*tmp2 - tmp0*tmp3
-            tmp7 = tmp6**gamma/tmp6
+            tmp4 = 1 - target*tmp2 - tmp0*tmp3
+            tmp5 = tmp4**gamma
+            tmp6 = torch.nn.functional.softplus(logits) - logits*target
+            tmp7 = gamma*tmp4**(gamma - 1)*tmp6
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*tmp1*tmp7*(tmp2*tmp3*tmp5*(1 - 2*target) + tmp6*(tmp2 - target))
+            grad_logits = grad_loss*tmp1*(tmp2*tmp3*tmp7*(1 - 2*target) + tmp5*(tmp2 - target))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss*tmp7*(tmp1*tmp5*(1 - 2*tmp2) - logits*tmp1*tmp6 + tmp4*tmp6*(2*alpha - 1))
+            grad_target = grad_loss*(tmp1*tmp7*(1 - 2*tmp2) - logits*tmp1*tmp5 + tmp5*tmp6*(2*alpha - 1))
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
 
@@ -60,7 +60,7 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         loss = alpha_t*ce*(1 - p_t)**gamma
 
     Gradients:
-        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(softplus(logits) - logits*target)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma/(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))
-        grad_target = grad*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) - logits*target) - logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))) + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits))))/(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))
+        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
+        grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1) - logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
     """
     return FocalLossFunction.apply(logits, target, alpha, gamma)
