@@ -17,6 +17,7 @@ T = harness.as_tensor
 SHAPES = {"logits": [3, 4], "target": [3, 4]}
 BROADCAST_SHAPES = {"logits": [3, 4], "target": [4]}
 SAVED = ["logits", "target"]  # what backward needs: inputs and outputs only
+POINTS = {"logits": [-100.0, -30.0, 0.0, 30.0, 100.0], "target": [0.0, 0.0, 1.0, 1.0, 1.0]}  # kinks and edges of the formulas, read row by row
 
 
 def reference(logits, target, alpha, gamma):
@@ -50,6 +51,16 @@ def sample_inputs(shapes=SHAPES, seed=0):
         0.25,
         2.0,
     ]
+
+
+def point_inputs():
+    """Inputs at `tests.points`, row by row; Tensor inputs without points drawn from their domain."""
+    count = len(next(iter(POINTS.values())))
+    args = sample_inputs({name: (count,) for name in SHAPES}, seed=3)
+    for k, name in enumerate(OP.inputs):
+        if name in POINTS:
+            args[k] = torch.tensor(POINTS[name], dtype=DTYPE, requires_grad=True)
+    return args
 
 
 def test_forward_and_backward_match_reference():
@@ -103,6 +114,11 @@ MIDDLES = {"logits": 0.0, "target": 0.5}  # where the other Tensor inputs sit
 
 def test_float32_at_extreme_inputs():
     harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES)
+
+
+def test_finite_at_points():
+    """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
+    harness.check_finite(OP, point_inputs(), second_order=True)
 
 
 def test_broadcasting_inputs():
