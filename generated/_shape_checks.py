@@ -5,14 +5,21 @@ import torch
 
 
 def check_shapes(op, *arguments):
-    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions."""
+    """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions.
+
+    `dims` None: a tensor of any shape, which must broadcast with the other such arguments.
+    """
     sizes = {}
     batches = []
+    plain = []
     for name, tensor, dims in arguments:
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(tensor).__name__}")
+        if dims is None:
+            plain.append((name, tuple(tensor.shape)))
+            continue
         batch = dims[:1] == ("...",)
         named = dims[1:] if batch else dims
         shape = tuple(tensor.shape)
@@ -34,3 +41,9 @@ def check_shapes(op, *arguments):
         except RuntimeError:
             described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
             raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
+    if len(plain) > 1:
+        try:
+            torch.broadcast_shapes(*(s for _, s in plain))
+        except RuntimeError:
+            described = ", ".join(f"'{name}' has shape {list(s)}" for name, s in plain)
+            raise ValueError(f"{op}(): the arguments do not broadcast together: {described}") from None

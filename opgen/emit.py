@@ -269,9 +269,17 @@ def _size_text(spec: Spec, source: str, index: int) -> str:
     return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text
 
 
-def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...]]]:
-    """The Tensor inputs with named dimensions, checked by the functional at call time."""
-    return [(i.name, i.type.dims) for i in spec.tensor_inputs if i.type.dims is not None]
+def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...] | None]]:
+    """The Tensor inputs the functional checks at call time, with their named dimensions.
+
+    Inputs with named dimensions are checked against them; when an op has several Tensor
+    inputs, every one is checked to be a tensor, and those without names (None) to broadcast
+    together, so a mistake names the argument instead of surfacing inside forward.
+    """
+    tensors = spec.tensor_inputs
+    if len(tensors) < 2 and all(i.type.dims is None for i in tensors):
+        return []
+    return [(i.name, i.type.dims) for i in tensors]
 
 
 # -- backward ------------------------------------------------------------------------------------
@@ -480,7 +488,12 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
         module=module_context(spec, names) if spec.module else None,
         shape_checks=[
-            (name, ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else ""))
+            (
+                name,
+                "None"
+                if dims is None
+                else "(" + ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else "") + ")",
+            )
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,

@@ -50,7 +50,7 @@ def _shape_error(spec: Spec) -> dict[str, object] | None:
             wrong = list(shapes[inp.name])
             position = len(wrong) - len(named) + named.index(shared[0])
             wrong[position] += 1
-            return {"name": inp.name, "index": k, "shape": wrong}
+            return {"name": inp.name, "index": k, "shape": wrong, "match": f"argument '{inp.name}' must have shape"}
         seen.update(named)
     for k, inp in enumerate(spec.inputs):
         if inp.is_tensor and inp.type.dims:
@@ -58,8 +58,22 @@ def _shape_error(spec: Spec) -> dict[str, object] | None:
             if batch and len(inp.type.dims) == 1:
                 continue
             wrong = [] if batch else [2, *shapes[inp.name]]
-            return {"name": inp.name, "index": k, "shape": wrong}
-    return None
+            return {"name": inp.name, "index": k, "shape": wrong, "match": f"argument '{inp.name}' must have shape"}
+    return _broadcast_error(spec, shapes)
+
+
+def _broadcast_error(spec: Spec, shapes: dict[str, tuple[int, ...]]) -> dict[str, object] | None:
+    """Two inputs without named dimensions whose shapes cannot broadcast: the last one's last
+    dimension made one longer than another input's (which is longer than 1)."""
+    plain = [(k, i) for k, i in enumerate(spec.inputs) if i.is_tensor and i.type.dims is None]
+    if len(plain) < 2 or len(spec.tensor_inputs) != len(plain):
+        return None
+    k, last = plain[-1]
+    other = next((shapes[i.name] for _, i in plain[:-1] if shapes[i.name] and shapes[i.name][-1] > 1), None)
+    if other is None:
+        return None
+    wrong = [*shapes[last.name][:-1], other[-1] + 1] if shapes[last.name] else [other[-1] + 1]
+    return {"name": last.name, "index": k, "shape": wrong, "match": "do not broadcast together"}
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class AffineFunction(torch.autograd.Function):
     """The autograd Function of `affine`; see `affine` for the formulas."""
@@ -49,6 +51,12 @@ def affine(x, weight, bias=None):
         grad_weight = grad*x
         grad_bias = grad
     """
+    check_shapes(
+        "affine",
+        ("x", x, None),
+        ("weight", weight, None),
+        ("bias", bias, None),
+    )
     return AffineFunction.apply(x, weight, bias)
 
 

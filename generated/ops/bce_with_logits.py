@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class BceWithLogitsFunction(torch.autograd.Function):
     """The autograd Function of `bce_with_logits`; see `bce_with_logits` for the formulas."""
@@ -40,4 +42,9 @@ def bce_with_logits(logits, target):
         grad_logits = grad*(sigmoid(logits) - target)
         grad_target = -grad*logits
     """
+    check_shapes(
+        "bce_with_logits",
+        ("logits", logits, None),
+        ("target", target, None),
+    )
     return BceWithLogitsFunction.apply(logits, target)

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class FocalLossFunction(torch.autograd.Function):
     """The autograd Function of `focal_loss`; see `focal_loss` for the formulas."""
@@ -63,4 +65,9 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
         grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1) - logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
     """
+    check_shapes(
+        "focal_loss",
+        ("logits", logits, None),
+        ("target", target, None),
+    )
     return FocalLossFunction.apply(logits, target, alpha, gamma)

@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class HuberFunction(torch.autograd.Function):
     """The autograd Function of `huber`; see `huber` for the formulas."""
@@ -48,4 +50,9 @@ def huber(input, target, delta=1.0):
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
         grad_target = grad*where(abs(input - target) < delta, target - input, -delta*sign(input - target))
     """
+    check_shapes(
+        "huber",
+        ("input", input, None),
+        ("target", target, None),
+    )
     return HuberFunction.apply(input, target, delta)

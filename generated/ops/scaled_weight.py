@@ -3,6 +3,8 @@
 
 import torch
 
+from .._shape_checks import check_shapes
+
 
 class ScaledWeightFunction(torch.autograd.Function):
     """The autograd Function of `scaled_weight`; see `scaled_weight` for the formulas."""
@@ -38,6 +40,11 @@ def scaled_weight(x, weights):
         grad_x = grad*weights
         grad_weights = grad*x
     """
+    check_shapes(
+        "scaled_weight",
+        ("x", x, None),
+        ("weights", weights, None),
+    )
     return ScaledWeightFunction.apply(x, weights)
 
 

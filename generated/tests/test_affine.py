@@ -7,6 +7,7 @@ themselves are in `harness.py` beside this file.
 """
 
 
+import pytest
 import torch
 
 from .. import Affine, AffineFunction, affine
@@ -69,6 +70,13 @@ def test_gradgradcheck():
 
 def test_saves_only_what_backward_needs():
     harness.check_saved(OP, sample_inputs(), SAVED)
+
+
+def test_wrong_shape_is_a_value_error():
+    args = sample_inputs()
+    args[2] = torch.zeros([5], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"do not broadcast together"):
+        affine(*args)
 
 
 def test_broadcasting_inputs():

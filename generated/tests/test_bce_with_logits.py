@@ -7,6 +7,7 @@ themselves are in `harness.py` beside this file.
 """
 
 
+import pytest
 import torch
 
 from .. import BceWithLogitsFunction, bce_with_logits
@@ -104,6 +105,13 @@ def test_float32_at_extreme_inputs():
 
 def test_matches_native_op():
     harness.check_against_native(OP, sample_inputs(), native)
+
+
+def test_wrong_shape_is_a_value_error():
+    args = sample_inputs()
+    args[1] = torch.zeros([3, 5], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"do not broadcast together"):
+        bce_with_logits(*args)
 
 
 def test_broadcasting_inputs():

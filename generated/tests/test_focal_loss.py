@@ -7,6 +7,7 @@ themselves are in `harness.py` beside this file.
 """
 
 
+import pytest
 import torch
 
 from .. import FocalLossFunction, focal_loss
@@ -119,6 +120,13 @@ def test_float32_at_extreme_inputs():
 def test_finite_at_points():
     """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
     harness.check_finite(OP, point_inputs(), second_order=True)
+
+
+def test_wrong_shape_is_a_value_error():
+    args = sample_inputs()
+    args[1] = torch.zeros([3, 5], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"do not broadcast together"):
+        focal_loss(*args)
 
 
 def test_broadcasting_inputs():

@@ -7,6 +7,7 @@ themselves are in `harness.py` beside this file.
 """
 
 
+import pytest
 import torch
 
 from .. import HuberFunction, huber
@@ -128,6 +129,13 @@ def test_matches_native_op():
 
 def test_matches_native_op_at_points():
     harness.check_against_native(OP, point_inputs(), native)
+
+
+def test_wrong_shape_is_a_value_error():
+    args = sample_inputs()
+    args[1] = torch.zeros([3, 5], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"do not broadcast together"):
+        huber(*args)
 
 
 def test_broadcasting_inputs():

@@ -7,6 +7,7 @@ themselves are in `harness.py` beside this file.
 """
 
 
+import pytest
 import torch
 
 from .. import ScaledWeight, ScaledWeightFunction, scaled_weight
@@ -96,6 +97,13 @@ MIDDLES = {"weights": 0.0, "x": 0.0}  # where the other Tensor inputs sit
 
 def test_float32_at_extreme_inputs():
     harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES)
+
+
+def test_wrong_shape_is_a_value_error():
+    args = sample_inputs()
+    args[1] = torch.zeros([3, 5], dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"do not broadcast together"):
+        scaled_weight(*args)
 
 
 def test_broadcasting_inputs():
