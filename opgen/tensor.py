@@ -351,7 +351,3 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         if isinstance(arg, (sympy.Basic)) and not isinstance(arg, sympy.logic.boolalg.BooleanAtom):
             shape = broadcast(shape, shape_of(arg, table))
     return shape
-
-
-def known_rank(shape: Shape) -> bool:
-    return shape is not None and BATCH not in shape
