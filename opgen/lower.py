@@ -39,6 +39,9 @@ class _Primitive(sympy.Function):
     call = ""  # format string: {F} functional, {0} tensor, {1}... parameters
     backward = ""  # format string: {aten}, {g} incoming gradient, {0}... the primitive's args
     backward_differentiable = False
+    # The derivative alone, where backward shares it between gradients (no kernel then):
+    # format string as `call` (`{neg[k]}`: minus argument k); empty: the derivative formula.
+    prime_call = ""
     fast = True  # fused mode leaves it alone: PyTorch's kernels are as quick as a compiled loop
 
     @classmethod
@@ -237,8 +240,32 @@ class hardtanh(_Primitive):  # noqa: N801
         return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)  # type: ignore[no-any-return]
 
 
+class huber(_Primitive):  # noqa: N801
+    """The Huber function of a difference `d`, quadratic within delta of 0 and linear beyond.
+
+    PyTorch's kernels take an input and a target; the target here is a zero that costs no
+    memory (`expand_as`), so one kernel pass replaces three selects, each slow on CPU.
+    F.huber_loss refuses delta <= 0, where the formula would be linear everywhere: a clear
+    error for what is almost surely a mistake in the arguments.
+    """
+
+    nargs = 2
+    call = "{F}.huber_loss({0}, {0}.new_zeros(()).expand_as({0}), reduction='none', delta={1})"
+    backward = "{aten}.huber_loss_backward({g}, {0}, {0}.new_zeros(()).expand_as({0}), 0, {1})"
+    backward_differentiable = True
+    # d itself within delta of 0, delta * sign(d) beyond: d clipped, with a zero gradient at
+    # the clip points as the formula's (as F.hardtanh's).
+    prime_call = "{F}.hardtanh({0}, {neg[1]}, {1})"
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        d, delta = args
+        quadratic, linear = d**2 / 2, delta * (sympy.Abs(d) - delta / 2)
+        return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)  # type: ignore[no-any-return]
+
+
 PRIMITIVES: dict[str, type[_Primitive]] = {
-    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu, leaky_relu, hardtanh)
+    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu, leaky_relu, hardtanh, huber)
 }
 
 
@@ -273,9 +300,14 @@ class _Prime(sympy.Function):
         return set().union(*(a.free_symbols for a in self.args[1:]))
 
     def _opgen_torch(self, printer: Any) -> str:
+        if self.primitive.prime_call:
+            args = [printer._print(a) for a in self.args[1:]]
+            negated = [printer._print(-a) for a in self.args[1:]]
+            return self.primitive.prime_call.format(*args, neg=negated, F=printer.functional, torch=printer.torch)
         return _grouped(printer, self.elementary())
 
-    _sympystr = _opgen_torch
+    def _sympystr(self, printer: Any) -> str:
+        return _grouped(printer, self.elementary())
 
 
 def _grouped(printer: Any, expr: Expr) -> str:
@@ -397,6 +429,16 @@ def _match_hardtanh(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None
     return None
 
 
+def _match_huber(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where) or not isinstance(node.args[0], sympy.StrictLessThan):
+        return None
+    size, delta = node.args[0].args
+    if not isinstance(size, sympy.Abs) or _tensors(delta, numbers) or (delta.is_number and not delta.is_positive):
+        return None
+    d = size.args[0]
+    return huber(d, delta) if _same(node, huber.elementary(d, delta)) else None
+
+
 def _match_log_sigmoid(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
     return log_sigmoid(node.args[0]) if isinstance(node, logsigmoid) else None
 
@@ -410,6 +452,7 @@ _MATCHERS = (
     _match_elu,
     _match_leaky_relu,
     _match_hardtanh,
+    _match_huber,
 )
 
 

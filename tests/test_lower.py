@@ -17,7 +17,7 @@ from opgen import functions as fn
 from opgen import lower as lw
 from opgen.rewrite import rewrite
 
-x, beta, alpha = sympy.symbols("x beta alpha", real=True)
+x, y, beta, alpha = sympy.symbols("x y beta alpha", real=True)
 NUMBERS = frozenset({beta, alpha})
 
 # primitive, its arguments after x, PyTorch's op with the same arguments
@@ -30,6 +30,7 @@ NATIVE = [
     (lw.elu, (0.7,), lambda t: F.elu(t, 0.7)),
     (lw.leaky_relu, (0.1,), lambda t: F.leaky_relu(t, 0.1)),  # the points include the kink 0
     (lw.hardtanh, (-1.5, 6), lambda t: F.hardtanh(t, -1.5, 6.0)),  # and both bounds
+    (lw.huber, (1.5,), lambda t: F.huber_loss(t, torch.zeros_like(t), reduction="none", delta=1.5)),
 ]
 
 
@@ -40,15 +41,21 @@ def test_primitive_formula_and_derivative_are_pytorchs(primitive, params, native
     (expected_grad,) = torch.autograd.grad(expected.sum(), points)
     call = primitive(x, *params)
     derivative = sympy.diff(call, x)
-    value_fn = sympy.lambdify(x, call.elementary(x, *params), modules=_MODULES)
-    grad_fn = sympy.lambdify(x, derivative.elementary(), modules=_MODULES)
+    value_fn = _lambdify(call.elementary(x, *params), modules=_MODULES)
+    grad_fn = _lambdify(derivative.elementary(), modules=_MODULES)
     torch.testing.assert_close(value_fn(points.detach()), expected.detach())
     torch.testing.assert_close(_f64(grad_fn(points.detach())), expected_grad)  # (where(c, 1, 0) is int)
     # The form fused mode compiles is the same function (mish: through sigmoid, not tanh).
-    fused_fn = sympy.lambdify(x, call.fused_form(x, *params), modules=_MODULES)
-    fused_grad_fn = sympy.lambdify(x, derivative.elementary("fused_form"), modules=_MODULES)
+    fused_fn = _lambdify(call.fused_form(x, *params), modules=_MODULES)
+    fused_grad_fn = _lambdify(derivative.elementary("fused_form"), modules=_MODULES)
     torch.testing.assert_close(fused_fn(points.detach()), expected.detach())
     torch.testing.assert_close(_f64(fused_grad_fn(points.detach())), expected_grad)
+
+
+def _lambdify(expr: sympy.Expr, modules: list) -> object:
+    """A torch function of x; `sign` as torch.sign (SymPy's math printer writes it inline for floats)."""
+    tsign = sympy.Function("tsign")
+    return sympy.lambdify(x, expr.replace(sympy.sign, lambda a: tsign(a)), modules=[{"tsign": torch.sign}, *modules])
 
 
 def _f64(value):
@@ -66,6 +73,7 @@ _MODULES = [
         "tanh": torch.tanh,
         "sqrt": lambda v: torch.sqrt(torch.as_tensor(v, dtype=torch.float64)),
         "maximum": lambda a, b, _: torch.maximum(_f64(a), _f64(b)),
+        "Abs": torch.abs,
         "minimum": lambda a, b, _: torch.minimum(_f64(a), _f64(b)),
     },
     "math",
@@ -92,6 +100,10 @@ _MODULES = [
         (fn.where(x > 0, x, alpha * x), lw.leaky_relu(x, alpha)),
         (fn.maximum(fn.minimum(x, 6, 0), 0, 0), lw.hardtanh(x, 0, 6)),
         (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), lw.hardtanh(x, alpha, beta)),
+        (
+            fn.where(sympy.Abs(x - y) < beta, (x - y) ** 2 / 2, beta * (sympy.Abs(x - y) - beta / 2)),
+            lw.huber(x - y, beta),
+        ),
     ],
 )
 def test_formulas_as_written_lower_to_the_primitive(formula, expected):
@@ -110,6 +122,8 @@ def test_formulas_as_written_lower_to_the_primitive(formula, expected):
         fn.where(x > 0, x, x * x),  # the slope must be a number
         fn.maximum(fn.minimum(x, 0, 0), 6, 0),  # bounds the wrong way round: the constant 6
         fn.maximum(fn.minimum(x, 6, 0), x, 0),  # a bound holding a tensor
+        fn.where(sympy.Abs(x) < -1, x**2 / 2, -(sympy.Abs(x) + sympy.Rational(1, 2))),  # delta <= 0
+        fn.where(sympy.Abs(x) < 1, x**2, sympy.Abs(x) - sympy.Rational(1, 2)),  # not halved
     ],
 )
 def test_near_misses_are_not_lowered(formula):

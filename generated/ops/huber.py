@@ -12,7 +12,7 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def forward(input, target, delta):
         diff = input - target
-        loss = torch.where(torch.abs(diff) < delta, diff**2/2, delta*(torch.abs(diff) - delta/2))
+        loss = torch.nn.functional.huber_loss(diff, diff.new_zeros(()).expand_as(diff), reduction='none', delta=delta)
         return loss
 
     @staticmethod
@@ -27,13 +27,12 @@ class HuberFunction(torch.autograd.Function):
         delta = ctx.delta
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = input - target
-            tmp2 = delta*torch.sign(tmp0)
+            tmp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
         if ctx.needs_input_grad[0]:
-            grad_input = grad_loss*torch.where(torch.abs(tmp0) < delta, tmp0, tmp2)
+            grad_input = grad_loss*tmp0
             grad_input = grad_input.sum_to_size(input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss*torch.where(torch.abs(tmp0) < delta, -tmp0, -tmp2)
+            grad_target = -grad_loss*tmp0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
 
@@ -48,7 +47,7 @@ def huber(input, target, delta=1.0):
 
     Gradients:
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
-        grad_target = grad*where(abs(input - target) < delta, target - input, -delta*sign(input - target))
+        grad_target = -grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
     """
     check_shapes(
         "huber",
