@@ -16,6 +16,7 @@ import sympy
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
 from opgen.emit_kernels import backward_lines, forward_printer
+from opgen.emit_module import module_context
 from opgen.fuse import fusable, fuse
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
@@ -486,7 +487,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         visible=_visible(spec),
         docstring=docstring(doc_lines, indent=4),
         class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
-        module=module_context(spec, names) if spec.module else None,
+        module=module_context(spec, names.torch, names.self, names.functional_ref) if spec.module else None,
         shape_checks=[
             (
                 name,
@@ -522,6 +523,3 @@ def _save_optionals(plan: Plan) -> Plan:
             saved.append(inp.name)
     ordered = [n for n in inputs if n in saved] + [n for n in saved if n not in inputs]
     return replace(plan, saved=tuple(ordered), shapes=tuple(s for s in plan.shapes if s not in ordered))
-
-
-from opgen.emit_module import module_context  # noqa: E402 - the Module part of the same file

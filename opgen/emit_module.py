@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from opgen.model import Module, Spec
 from opgen.names import Namer
+from opgen.render import docstring
 
 # Attributes an nn.Module already has; a spec name equal to one is kept under another name.
 MODULE_ATTRIBUTES = frozenset(
@@ -60,12 +61,11 @@ def _defaults(module: Module) -> list[str]:
     return [f"{a.name}={a.type.default!r}" if a.type.has_default else a.name for a in module.args]
 
 
-def module_context(spec: Spec, names: object) -> ModuleContext:
-    from opgen.emit import OpNames
-
-    assert isinstance(names, OpNames) and spec.module is not None
+def module_context(spec: Spec, torch: str, self_: str, functional: str) -> ModuleContext:
+    """The Module's parts; `torch`, `self_` and `functional` are how the op's file names torch,
+    `self` and the functional (none of them a spec name)."""
+    assert spec.module is not None
     module = spec.module
-    torch, self_ = names.torch, names.self
     params = {p.name: p for p in module.parameters}
     attrs = Namer(MODULE_ATTRIBUTES)
     param_attr = {p.name: attrs.fresh(p.name) for p in module.parameters}
@@ -131,8 +131,6 @@ def module_context(spec: Spec, names: object) -> ModuleContext:
             call_args.append(inp.name)
     repr_parts = [f"{a.name}={{{arg_repr[a.name]}}}" for a in module.args]
     repr_text = 'f"' + ", ".join(repr_parts) + '"' if repr_parts else '""'
-    from opgen.render import docstring
-
     doc = docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
     return ModuleContext(
         module.name,
@@ -140,7 +138,7 @@ def module_context(spec: Spec, names: object) -> ModuleContext:
         init,
         reset,
         ", ".join([self_, *forward_params]),
-        f"{names.functional_ref}({', '.join(call_args)})",
+        f"{functional}({', '.join(call_args)})",
         repr_text,
         doc,
     )
