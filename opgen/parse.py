@@ -31,6 +31,7 @@ from opgen.model import (
     Scalar,
     Spec,
     TestConfig,
+    camel_case,
 )
 from opgen.native import NATIVE_OPS
 
@@ -379,8 +380,6 @@ def _parse_init(node: Raw, name: str) -> Init:
 
 
 def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems: Problems) -> Module:
-    from opgen.model import camel_case
-
     mapping = (
         _need_map(node, "module") if not (isinstance(node, RawScalar) and node.value is None) else RawMap((), node.loc)
     )
