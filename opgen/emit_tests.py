@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from opgen.derive import dimension_names
 from opgen.emit import size_sources
-from opgen.extremes import applies, extreme_rows, middle
+from opgen.extremes import applies, extreme_rows, places
 from opgen.formula import parse_ast
 from opgen.model import Formula, Spec
 from opgen.names import Namer
@@ -251,7 +251,7 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         module_arg_values=_module_args(spec)[1] if spec.module else {},
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
         points=dict(spec.tests.points),
-        extremes=[(n, p, list(v), s) for n, p, v, s in extreme_rows(spec)],
-        middles={i.name: middle(spec, i.name) for i in spec.tensor_inputs} if applies(spec) else {},
+        extremes=[(n, p, list(v), s, at) for n, p, v, s, at in extreme_rows(spec)],
+        places=places(spec) if applies(spec) else {},
         native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,
     )

@@ -1,15 +1,17 @@
 """Exact values at extreme inputs, for the generated float32 accuracy tests.
 
-Receives a `Spec`; returns rows `(input, point, values, slope)`: the spec's formulas *as
-written* (derived again without the stable rewrites or the native lowering, so nothing
+Receives a `Spec`; returns rows `(input, point, values, slope, place)`: the spec's formulas
+*as written* (derived again without the stable rewrites or the native lowering, so nothing
 opgen does to a formula can hide in the reference), evaluated with mpmath at 50
 significant digits (SymPy's own adaptive `evalf` can chase a cancellation for ever), at
 the inputs where naive float formulas fail: ±1e4, ±100, ±30, ±1e-6, 0 and the edges of
 the input's test domain. One Tensor input moves at a time; the others sit in the middle
-of their domain. Points are rounded to float32 first, so a row is exact for the input the
-test really passes. A row is kept only where every exact value is a real number float32
-can hold; `slope` (the derivative of the sum of the differentiable outputs) is None where
-it is not, or where the gradient is an override.
+of their domains, and (with several Tensor inputs) all at the low and all at the high edge
+too, where a loss meets its saturated cases (a target of 0 or 1 with logits of ±100):
+`place` names which (`places`). Points are rounded to float32 first, so a row is exact for
+the input the test really passes. A row is kept only where every exact value is a real
+number float32 can hold; `slope` (the derivative of the sum of the differentiable outputs)
+is None where it is not, or where the gradient is an override.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ DIGITS = 50
 FLOAT32_MAX = 3.4028234663852886e38
 DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}  # as the generated tests' sample_inputs
 
-Row = tuple[str, float, tuple[float, ...], float | None]
+# input, point, exact outputs, exact slope, where the other Tensor inputs sit (a `places` key)
+Row = tuple[str, float, tuple[float, ...], float | None, str]
 
 
 def float32(value: float) -> float:
@@ -43,9 +46,15 @@ def applies(spec: Spec) -> bool:
     return spec.optimize.rewrite and bool(tensors) and all(i.type.dims is None and not i.type.optional for i in tensors)
 
 
-def middle(spec: Spec, name: str) -> float:
-    low, high = spec.tests.domain_of(name)
-    return float32((low + high) / 2)
+def places(spec: Spec) -> dict[str, dict[str, float]]:
+    """Where the Tensor inputs that do not move sit: mid-domain, and with several Tensor
+    inputs also all at the low or all at the high edge of their domains."""
+    domains = {i.name: spec.tests.domain_of(i.name) for i in spec.tensor_inputs}
+    found = {"middle": {n: float32((low + high) / 2) for n, (low, high) in domains.items()}}
+    if len(domains) > 1:
+        found["low"] = {n: float32(low) for n, (low, _) in domains.items()}
+        found["high"] = {n: float32(high) for n, (_, high) in domains.items()}
+    return found
 
 
 def extreme_rows(spec: Spec) -> list[Row]:
@@ -57,10 +66,11 @@ def extreme_rows(spec: Spec) -> list[Row]:
     rows: list[Row] = []
     for inp in spec.tensor_inputs:
         low, high = spec.tests.domain_of(inp.name)
-        for point in sorted({float32(p) for p in (*POINTS, low, high)}):
-            row = _row(spec, derived, inp.name, point)
-            if row is not None:
-                rows.append(row)
+        for place, others in places(spec).items():
+            for point in sorted({float32(p) for p in (*POINTS, low, high)}):
+                row = _row(spec, derived, inp.name, point, others)
+                if row is not None:
+                    rows.append((*row, place))
     return rows
 
 
@@ -95,7 +105,9 @@ def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) ->
     return result if abs(result) <= FLOAT32_MAX else None
 
 
-def _row(spec: Spec, derived: Derived, name: str, point: float) -> Row | None:
+def _row(
+    spec: Spec, derived: Derived, name: str, point: float, others: dict[str, float]
+) -> tuple[str, float, tuple[float, ...], float | None] | None:
     symbols = derived.symbols
     order = [symbols.inputs[i.name] for i in spec.inputs]
     args: list[Any] = []
@@ -103,7 +115,7 @@ def _row(spec: Spec, derived: Derived, name: str, point: float) -> Row | None:
     with mpmath.workdps(DIGITS):
         for inp in spec.inputs:
             if inp.is_tensor:
-                args.append(mpmath.mpf(repr(point if inp.name == name else middle(spec, inp.name))))
+                args.append(mpmath.mpf(repr(point if inp.name == name else others[inp.name])))
             else:
                 default = inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind]
                 value = sample.get(inp.name, default)

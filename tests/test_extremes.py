@@ -22,7 +22,7 @@ def _spec(name: str):
 
 
 def test_rows_are_the_formula_as_written_at_50_digits():
-    rows = {point: (values, slope) for _, point, values, slope in extreme_rows(_spec("swish"))}
+    rows = {point: (values, slope) for _, point, values, slope, _ in extreme_rows(_spec("swish"))}
     assert {-1e4, -100.0, -30.0, 0.0, 30.0, 100.0, 1e4, float32(1e-6)} <= set(rows)
     with mpmath.workdps(50):
         for point in (-100.0, float32(1e-6), 30.0):
@@ -35,7 +35,7 @@ def test_rows_are_the_formula_as_written_at_50_digits():
 
 def test_a_domain_without_real_values_has_no_rows():
     rows = extreme_rows(_spec("safe_sqrt"))
-    assert rows and all(point >= 0 or values[0] == 0 for _, point, values, _ in rows)
+    assert rows and all(point >= 0 or values[0] == 0 for _, point, values, _, _ in rows)
 
 
 def test_the_check_fails_for_the_naive_float32_formula():
@@ -44,7 +44,7 @@ def test_the_check_fails_for_the_naive_float32_formula():
     tests = importlib.import_module("generated.tests.test_swish")
     harness = importlib.import_module("generated.tests.harness")
     rejected = []
-    for _, point, (value,), slope in tests.EXTREMES:
+    for _, point, (value,), slope, _ in tests.EXTREMES:
         x = torch.tensor([point], dtype=torch.float32, requires_grad=True)
         y = x / (1 + torch.exp(-x))
         (grad,) = torch.autograd.grad(y.sum(), x)

@@ -197,11 +197,11 @@ def check_module(module, op, forward_args, full_args):
     module.reset_parameters()
 
 
-def extreme_inputs(op, args, name, point, middles):
-    """float32 inputs of one element: `name` at `point`, the other Tensor inputs at `middles`."""
+def extreme_inputs(op, args, name, point, others):
+    """float32 inputs of one element: `name` at `point`, the other Tensor inputs at `others`."""
     args = list(args)
     for k in op.tensor_inputs:
-        value = point if op.inputs[k] == name else middles[op.inputs[k]]
+        value = point if op.inputs[k] == name else others[op.inputs[k]]
         args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
     return args
 
@@ -214,16 +214,16 @@ def accurate(got, exact, rival=None):
     return error <= 1e-6 + 1e-5 * abs(exact) or (rival is not None and error <= abs(rival.item() - exact))
 
 
-def check_extremes(op, args, extremes, middles, native=None):
+def check_extremes(op, args, extremes, places, native=None):
     """float32 values and derivatives at extreme inputs against exact ones (see EXTREMES)."""
     bad = []
-    for name, point, exact, slope in extremes:
-        inputs = extreme_inputs(op, args, name, point, middles)
+    for name, point, exact, slope, at in extremes:
+        inputs = extreme_inputs(op, args, name, point, places[at])
         outs = op(*inputs)
         rival = native(*inputs) if native is not None else None
         for j, (out, want) in enumerate(zip(outs, exact)):
             if not accurate(out, want, rival if j == 0 else None):
-                bad.append(f"output {j} at {name} = {point}: {out.item()!r}, exact {want!r}")
+                bad.append(f"output {j} at {name} = {point} ({at}): {out.item()!r}, exact {want!r}")
         if slope is None:
             continue
         k = op.inputs.index(name)
@@ -234,5 +234,5 @@ def check_extremes(op, args, extremes, middles, native=None):
             [outs[j].sum() for j in op.differentiable], [inputs[k]], allow_unused=True, materialize_grads=True
         )
         if not accurate(grad, slope, rival_grad):
-            bad.append(f"derivative at {name} = {point}: {grad.item()!r}, exact {slope!r}")
+            bad.append(f"derivative at {name} = {point} ({at}): {grad.item()!r}, exact {slope!r}")
     assert not bad, "\n".join(bad)

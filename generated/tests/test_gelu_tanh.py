@@ -70,25 +70,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (0.0,), 0.0),
-    ("x", -100.0, (0.0,), 0.0),
-    ("x", -30.0, (0.0,), 0.0),
-    ("x", -5.0, (-2.291796196629506e-07,), -1.5463619875325946e-06),
-    ("x", -9.999999974752427e-07, (-4.99999599795343e-07,), 0.4999992021154412),
-    ("x", 0.0, (0.0,), 0.5),
-    ("x", 9.999999974752427e-07, (5.000003976798997e-07,), 0.5000007978845588),
-    ("x", 5.0, (4.999999770820381,), 1.0000015463619876),
-    ("x", 30.0, (30.0,), 1.0),
-    ("x", 100.0, (100.0,), 1.0),
-    ("x", 10000.0, (10000.0,), 1.0),
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
+    ("x", -5.0, (-2.291796196629506e-07,), -1.5463619875325946e-06, "middle"),
+    ("x", -9.999999974752427e-07, (-4.99999599795343e-07,), 0.4999992021154412, "middle"),
+    ("x", 0.0, (0.0,), 0.5, "middle"),
+    ("x", 9.999999974752427e-07, (5.000003976798997e-07,), 0.5000007978845588, "middle"),
+    ("x", 5.0, (4.999999770820381,), 1.0000015463619876, "middle"),
+    ("x", 30.0, (30.0,), 1.0, "middle"),
+    ("x", 100.0, (100.0,), 1.0, "middle"),
+    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

@@ -84,25 +84,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-1.0,), 0.0),
-    ("x", -100.0, (-1.0,), 0.0),
-    ("x", -30.0, (-1.0,), 0.0),
-    ("x", -3.0, (-1.0,), 0.0),
-    ("x", -9.999999974752427e-07, (-9.999999974752427e-07,), 1.0),
-    ("x", 0.0, (0.0,), 1.0),
-    ("x", 9.999999974752427e-07, (9.999999974752427e-07,), 1.0),
-    ("x", 3.0, (1.0,), 0.0),
-    ("x", 30.0, (1.0,), 0.0),
-    ("x", 100.0, (1.0,), 0.0),
-    ("x", 10000.0, (1.0,), 0.0),
+    ("x", -10000.0, (-1.0,), 0.0, "middle"),
+    ("x", -100.0, (-1.0,), 0.0, "middle"),
+    ("x", -30.0, (-1.0,), 0.0, "middle"),
+    ("x", -3.0, (-1.0,), 0.0, "middle"),
+    ("x", -9.999999974752427e-07, (-9.999999974752427e-07,), 1.0, "middle"),
+    ("x", 0.0, (0.0,), 1.0, "middle"),
+    ("x", 9.999999974752427e-07, (9.999999974752427e-07,), 1.0, "middle"),
+    ("x", 3.0, (1.0,), 0.0, "middle"),
+    ("x", 30.0, (1.0,), 0.0, "middle"),
+    ("x", 100.0, (1.0,), 0.0, "middle"),
+    ("x", 10000.0, (1.0,), 0.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_finite_at_points():

@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-10000.0,), 1.0),
-    ("x", -100.0, (-100.0,), 1.0),
-    ("x", -30.0, (-30.000000000000092,), 0.9999999999999064),
-    ("x", -10.0, (-10.000045398899218,), 0.9999546021312976),
-    ("x", -9.999999974752427e-07, (-0.693147680560069,), 0.5000002499999994),
-    ("x", 0.0, (-0.6931471805599453,), 0.5),
-    ("x", 9.999999974752427e-07, (-0.6931466805600716,), 0.49999975000000063),
-    ("x", 10.0, (-4.539889921686465e-05,), 4.5397868702434395e-05),
-    ("x", 30.0, (-9.357622968839737e-14,), 9.357622968839299e-14),
-    ("x", 100.0, (-3.720076068853569e-44,), 3.720075976020836e-44),
-    ("x", 10000.0, (0.0,), 0.0),
+    ("x", -10000.0, (-10000.0,), 1.0, "middle"),
+    ("x", -100.0, (-100.0,), 1.0, "middle"),
+    ("x", -30.0, (-30.000000000000092,), 0.9999999999999064, "middle"),
+    ("x", -10.0, (-10.000045398899218,), 0.9999546021312976, "middle"),
+    ("x", -9.999999974752427e-07, (-0.693147680560069,), 0.5000002499999994, "middle"),
+    ("x", 0.0, (-0.6931471805599453,), 0.5, "middle"),
+    ("x", 9.999999974752427e-07, (-0.6931466805600716,), 0.49999975000000063, "middle"),
+    ("x", 10.0, (-4.539889921686465e-05,), 4.5397868702434395e-05, "middle"),
+    ("x", 30.0, (-9.357622968839737e-14,), 9.357622968839299e-14, "middle"),
+    ("x", 100.0, (-3.720076068853569e-44,), 3.720075976020836e-44, "middle"),
+    ("x", 10000.0, (0.0,), 0.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.0,), -0.0),
-    ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42),
-    ("x", -30.0, (-2.807286890651921e-12,), -2.713710660963392e-12),
-    ("x", -6.0, (-0.014854080479424993,), -0.01235996793178131),
-    ("x", -9.999999974752427e-07, (-5.999996784851312e-07,), 0.5999993599999536),
-    ("x", 0.0, (0.0,), 0.6),
-    ("x", 9.999999974752427e-07, (6.00000318485128e-07,), 0.6000006399999503),
-    ("x", 6.0, (5.999926634065253,), 1.0001341405062099),
-    ("x", 30.0, (30.0,), 1.0),
-    ("x", 100.0, (100.0,), 1.0),
-    ("x", 10000.0, (10000.0,), 1.0),
+    ("x", -10000.0, (-0.0,), -0.0, "middle"),
+    ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42, "middle"),
+    ("x", -30.0, (-2.807286890651921e-12,), -2.713710660963392e-12, "middle"),
+    ("x", -6.0, (-0.014854080479424993,), -0.01235996793178131, "middle"),
+    ("x", -9.999999974752427e-07, (-5.999996784851312e-07,), 0.5999993599999536, "middle"),
+    ("x", 0.0, (0.0,), 0.6, "middle"),
+    ("x", 9.999999974752427e-07, (6.00000318485128e-07,), 0.6000006399999503, "middle"),
+    ("x", 6.0, (5.999926634065253,), 1.0001341405062099, "middle"),
+    ("x", 30.0, (30.0,), 1.0, "middle"),
+    ("x", 100.0, (100.0,), 1.0, "middle"),
+    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

@@ -66,22 +66,23 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("tensor", -10000.0, (-7500.0,), 0.75),
-    ("tensor", -100.0, (-75.0,), 0.75),
-    ("tensor", -30.0, (-22.5,), 0.75),
-    ("tensor", -3.0, (-2.25,), 0.75),
-    ("tensor", -9.999999974752427e-07, (-7.49999998106432e-07,), 0.75),
-    ("tensor", 0.0, (0.0,), 0.75),
-    ("tensor", 9.999999974752427e-07, (7.49999998106432e-07,), 0.75),
-    ("tensor", 3.0, (2.25,), 0.75),
-    ("tensor", 30.0, (22.5,), 0.75),
-    ("tensor", 100.0, (75.0,), 0.75),
-    ("tensor", 10000.0, (7500.0,), 0.75),
+    ("tensor", -10000.0, (-7500.0,), 0.75, "middle"),
+    ("tensor", -100.0, (-75.0,), 0.75, "middle"),
+    ("tensor", -30.0, (-22.5,), 0.75, "middle"),
+    ("tensor", -3.0, (-2.25,), 0.75, "middle"),
+    ("tensor", -9.999999974752427e-07, (-7.49999998106432e-07,), 0.75, "middle"),
+    ("tensor", 0.0, (0.0,), 0.75, "middle"),
+    ("tensor", 9.999999974752427e-07, (7.49999998106432e-07,), 0.75, "middle"),
+    ("tensor", 3.0, (2.25,), 0.75, "middle"),
+    ("tensor", 30.0, (22.5,), 0.75, "middle"),
+    ("tensor", 100.0, (75.0,), 0.75, "middle"),
+    ("tensor", 10000.0, (7500.0,), 0.75, "middle"),
 ]
-MIDDLES = {"tensor": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"tensor": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)

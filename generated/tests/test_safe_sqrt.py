@@ -75,25 +75,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (0.0,), 0.0),
-    ("x", -100.0, (0.0,), 0.0),
-    ("x", -30.0, (0.0,), 0.0),
-    ("x", -3.0, (0.0,), 0.0),
-    ("x", -9.999999974752427e-07, (0.0,), 0.0),
-    ("x", 0.0, (0.0,), 0.0),
-    ("x", 9.999999974752427e-07, (0.0009999999987376214,), 500.0000006311893),
-    ("x", 3.0, (1.7320508075688772,), 0.28867513459481287),
-    ("x", 30.0, (5.477225575051661,), 0.09128709291752768),
-    ("x", 100.0, (10.0,), 0.05),
-    ("x", 10000.0, (100.0,), 0.005),
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
+    ("x", -3.0, (0.0,), 0.0, "middle"),
+    ("x", -9.999999974752427e-07, (0.0,), 0.0, "middle"),
+    ("x", 0.0, (0.0,), 0.0, "middle"),
+    ("x", 9.999999974752427e-07, (0.0009999999987376214,), 500.0000006311893, "middle"),
+    ("x", 3.0, (1.7320508075688772,), 0.28867513459481287, "middle"),
+    ("x", 30.0, (5.477225575051661,), 0.09128709291752768, "middle"),
+    ("x", 100.0, (10.0,), 0.05, "middle"),
+    ("x", 10000.0, (100.0,), 0.005, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
 
 
 def test_finite_at_points():

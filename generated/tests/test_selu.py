@@ -71,25 +71,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-1.7580993408473766,), 0.0),
-    ("x", -100.0, (-1.7580993408473766,), 6.540263121344393e-44),
-    ("x", -30.0, (-1.758099340847212,), 1.6451630773416182e-13),
-    ("x", -3.0, (-1.6705687287671118,), 0.08753061208026487),
-    ("x", -9.999999974752427e-07, (-1.7580984573592296e-06,), 1.7580975827489194),
-    ("x", 0.0, (0.0,), 1.7580993408473766),
-    ("x", 9.999999974752427e-07, (1.0507009847027154e-06,), 1.0507009873554805),
-    ("x", 3.0, (3.1521029620664414,), 1.0507009873554805),
-    ("x", 30.0, (31.521029620664414,), 1.0507009873554805),
-    ("x", 100.0, (105.07009873554804,), 1.0507009873554805),
-    ("x", 10000.0, (10507.009873554805,), 1.0507009873554805),
+    ("x", -10000.0, (-1.7580993408473766,), 0.0, "middle"),
+    ("x", -100.0, (-1.7580993408473766,), 6.540263121344393e-44, "middle"),
+    ("x", -30.0, (-1.758099340847212,), 1.6451630773416182e-13, "middle"),
+    ("x", -3.0, (-1.6705687287671118,), 0.08753061208026487, "middle"),
+    ("x", -9.999999974752427e-07, (-1.7580984573592296e-06,), 1.7580975827489194, "middle"),
+    ("x", 0.0, (0.0,), 1.7580993408473766, "middle"),
+    ("x", 9.999999974752427e-07, (1.0507009847027154e-06,), 1.0507009873554805, "middle"),
+    ("x", 3.0, (3.1521029620664414,), 1.0507009873554805, "middle"),
+    ("x", 30.0, (31.521029620664414,), 1.0507009873554805, "middle"),
+    ("x", 100.0, (105.07009873554804,), 1.0507009873554805, "middle"),
+    ("x", 10000.0, (10507.009873554805,), 1.0507009873554805, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

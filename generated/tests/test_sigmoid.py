@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (0.0,), 0.0),
-    ("x", -100.0, (3.720075976020836e-44,), 3.720075976020836e-44),
-    ("x", -30.0, (9.357622968839299e-14,), 9.357622968838423e-14),
-    ("x", -10.0, (4.5397868702434395e-05,), 4.5395807735951673e-05),
-    ("x", -9.999999974752427e-07, (0.49999975000000063,), 0.2499999999999375),
-    ("x", 0.0, (0.5,), 0.25),
-    ("x", 9.999999974752427e-07, (0.5000002499999994,), 0.2499999999999375),
-    ("x", 10.0, (0.9999546021312976,), 4.5395807735951673e-05),
-    ("x", 30.0, (0.9999999999999064,), 9.357622968838423e-14),
-    ("x", 100.0, (1.0,), 3.720075976020836e-44),
-    ("x", 10000.0, (1.0,), 0.0),
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (3.720075976020836e-44,), 3.720075976020836e-44, "middle"),
+    ("x", -30.0, (9.357622968839299e-14,), 9.357622968838423e-14, "middle"),
+    ("x", -10.0, (4.5397868702434395e-05,), 4.5395807735951673e-05, "middle"),
+    ("x", -9.999999974752427e-07, (0.49999975000000063,), 0.2499999999999375, "middle"),
+    ("x", 0.0, (0.5,), 0.25, "middle"),
+    ("x", 9.999999974752427e-07, (0.5000002499999994,), 0.2499999999999375, "middle"),
+    ("x", 10.0, (0.9999546021312976,), 4.5395807735951673e-05, "middle"),
+    ("x", 30.0, (0.9999999999999064,), 9.357622968838423e-14, "middle"),
+    ("x", 100.0, (1.0,), 3.720075976020836e-44, "middle"),
+    ("x", 10000.0, (1.0,), 0.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.0,), -0.0),
-    ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42),
-    ("x", -30.0, (-2.8072868906517896e-12,), -2.713710660963134e-12),
-    ("x", -6.0, (-0.014835738939808645,), -0.012326432591525513),
-    ("x", -9.999999974752427e-07, (-4.999997487376226e-07,), 0.49999950000000126),
-    ("x", 0.0, (0.0,), 0.5),
-    ("x", 9.999999974752427e-07, (5.0000024873762e-07,), 0.5000004999999987),
-    ("x", 6.0, (5.985164261060191,), 1.0123264325915255),
-    ("x", 30.0, (29.999999999997193,), 1.0000000000027136),
-    ("x", 100.0, (100.0,), 1.0),
-    ("x", 10000.0, (10000.0,), 1.0),
+    ("x", -10000.0, (-0.0,), -0.0, "middle"),
+    ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42, "middle"),
+    ("x", -30.0, (-2.8072868906517896e-12,), -2.713710660963134e-12, "middle"),
+    ("x", -6.0, (-0.014835738939808645,), -0.012326432591525513, "middle"),
+    ("x", -9.999999974752427e-07, (-4.999997487376226e-07,), 0.49999950000000126, "middle"),
+    ("x", 0.0, (0.0,), 0.5, "middle"),
+    ("x", 9.999999974752427e-07, (5.0000024873762e-07,), 0.5000004999999987, "middle"),
+    ("x", 6.0, (5.985164261060191,), 1.0123264325915255, "middle"),
+    ("x", 30.0, (29.999999999997193,), 1.0000000000027136, "middle"),
+    ("x", 100.0, (100.0,), 1.0, "middle"),
+    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

@@ -81,24 +81,25 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (1.3386499649048353e-52,), -0.0001),
-    ("x", -100.0, (-5.630836827106933e-52,), -0.01),
-    ("x", -30.0, (8.888927322917585e-52,), -0.03333333333333333),
-    ("x", -3.0, (-8.888927322917585e-52,), 0.3333333333333333),
-    ("x", -9.999999974752427e-07, (0.9999999999983551,), 3.2898681253903343e-06),
-    ("x", 9.999999974752427e-07, (0.9999999999983551,), -3.2898681253903343e-06),
-    ("x", 3.0, (-8.888927322917585e-52,), -0.3333333333333333),
-    ("x", 30.0, (8.888927322917585e-52,), 0.03333333333333333),
-    ("x", 100.0, (-5.630836827106933e-52,), 0.01),
-    ("x", 10000.0, (1.3386499649048353e-52,), 0.0001),
+    ("x", -10000.0, (1.3386499649048353e-52,), -0.0001, "middle"),
+    ("x", -100.0, (-5.630836827106933e-52,), -0.01, "middle"),
+    ("x", -30.0, (8.888927322917585e-52,), -0.03333333333333333, "middle"),
+    ("x", -3.0, (-8.888927322917585e-52,), 0.3333333333333333, "middle"),
+    ("x", -9.999999974752427e-07, (0.9999999999983551,), 3.2898681253903343e-06, "middle"),
+    ("x", 9.999999974752427e-07, (0.9999999999983551,), -3.2898681253903343e-06, "middle"),
+    ("x", 3.0, (-8.888927322917585e-52,), -0.3333333333333333, "middle"),
+    ("x", 30.0, (8.888927322917585e-52,), 0.03333333333333333, "middle"),
+    ("x", 100.0, (-5.630836827106933e-52,), 0.01, "middle"),
+    ("x", 10000.0, (1.3386499649048353e-52,), 0.0001, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_finite_at_points():

@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.9999000099990001,), 9.998000299960006e-09),
-    ("x", -100.0, (-0.9900990099009901,), 9.802960494069208e-05),
-    ("x", -30.0, (-0.967741935483871,), 0.001040582726326743),
-    ("x", -3.0, (-0.75,), 0.0625),
-    ("x", -9.999999974752427e-07, (-9.999989974762477e-07,), 0.9999980000030051),
-    ("x", 0.0, (0.0,), 1.0),
-    ("x", 9.999999974752427e-07, (9.999989974762477e-07,), 0.9999980000030051),
-    ("x", 3.0, (0.75,), 0.0625),
-    ("x", 30.0, (0.967741935483871,), 0.001040582726326743),
-    ("x", 100.0, (0.9900990099009901,), 9.802960494069208e-05),
-    ("x", 10000.0, (0.9999000099990001,), 9.998000299960006e-09),
+    ("x", -10000.0, (-0.9999000099990001,), 9.998000299960006e-09, "middle"),
+    ("x", -100.0, (-0.9900990099009901,), 9.802960494069208e-05, "middle"),
+    ("x", -30.0, (-0.967741935483871,), 0.001040582726326743, "middle"),
+    ("x", -3.0, (-0.75,), 0.0625, "middle"),
+    ("x", -9.999999974752427e-07, (-9.999989974762477e-07,), 0.9999980000030051, "middle"),
+    ("x", 0.0, (0.0,), 1.0, "middle"),
+    ("x", 9.999999974752427e-07, (9.999989974762477e-07,), 0.9999980000030051, "middle"),
+    ("x", 3.0, (0.75,), 0.0625, "middle"),
+    ("x", 30.0, (0.967741935483871,), 0.001040582726326743, "middle"),
+    ("x", 100.0, (0.9900990099009901,), 9.802960494069208e-05, "middle"),
+    ("x", 10000.0, (0.9999000099990001,), 9.998000299960006e-09, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():

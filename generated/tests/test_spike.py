@@ -77,25 +77,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("v", -10000.0, (0.0,), None),
-    ("v", -100.0, (0.0,), None),
-    ("v", -30.0, (0.0,), None),
-    ("v", -3.0, (0.0,), None),
-    ("v", -9.999999974752427e-07, (0.0,), None),
-    ("v", 0.0, (0.0,), None),
-    ("v", 9.999999974752427e-07, (0.0,), None),
-    ("v", 3.0, (1.0,), None),
-    ("v", 30.0, (1.0,), None),
-    ("v", 100.0, (1.0,), None),
-    ("v", 10000.0, (1.0,), None),
+    ("v", -10000.0, (0.0,), None, "middle"),
+    ("v", -100.0, (0.0,), None, "middle"),
+    ("v", -30.0, (0.0,), None, "middle"),
+    ("v", -3.0, (0.0,), None, "middle"),
+    ("v", -9.999999974752427e-07, (0.0,), None, "middle"),
+    ("v", 0.0, (0.0,), None, "middle"),
+    ("v", 9.999999974752427e-07, (0.0,), None, "middle"),
+    ("v", 3.0, (1.0,), None, "middle"),
+    ("v", 30.0, (1.0,), None, "middle"),
+    ("v", 100.0, (1.0,), None, "middle"),
+    ("v", 10000.0, (1.0,), None, "middle"),
 ]
-MIDDLES = {"v": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"v": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
 
 
 def test_finite_at_points():

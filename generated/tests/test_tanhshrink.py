@@ -69,25 +69,26 @@ def test_saves_only_what_backward_needs():
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
 # float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked).
+# of the differentiable outputs' sum in that input (None: not checked), where the other
+# Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-9999.0,), 1.0),
-    ("x", -100.0, (-99.0,), 1.0),
-    ("x", -30.0, (-29.0,), 1.0),
-    ("x", -3.0, (-2.0049452463132695,), 0.9901339628345598),
-    ("x", -9.999999974752427e-07, (-3.333333308084427e-19,), 9.999999949498188e-13),
-    ("x", 0.0, (0.0,), 0.0),
-    ("x", 9.999999974752427e-07, (3.333333308084427e-19,), 9.999999949498188e-13),
-    ("x", 3.0, (2.0049452463132695,), 0.9901339628345598),
-    ("x", 30.0, (29.0,), 1.0),
-    ("x", 100.0, (99.0,), 1.0),
-    ("x", 10000.0, (9999.0,), 1.0),
+    ("x", -10000.0, (-9999.0,), 1.0, "middle"),
+    ("x", -100.0, (-99.0,), 1.0, "middle"),
+    ("x", -30.0, (-29.0,), 1.0, "middle"),
+    ("x", -3.0, (-2.0049452463132695,), 0.9901339628345598, "middle"),
+    ("x", -9.999999974752427e-07, (-3.333333308084427e-19,), 9.999999949498188e-13, "middle"),
+    ("x", 0.0, (0.0,), 0.0, "middle"),
+    ("x", 9.999999974752427e-07, (3.333333308084427e-19,), 9.999999949498188e-13, "middle"),
+    ("x", 3.0, (2.0049452463132695,), 0.9901339628345598, "middle"),
+    ("x", 30.0, (29.0,), 1.0, "middle"),
+    ("x", 100.0, (99.0,), 1.0, "middle"),
+    ("x", 10000.0, (9999.0,), 1.0, "middle"),
 ]
-MIDDLES = {"x": 0.0}  # where the other Tensor inputs sit
+PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, MIDDLES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
 
 
 def test_matches_native_op():
