@@ -68,7 +68,6 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
     "scaled_weight": torch.mul,
 }
 
-DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}
 VARIANTS = ("generated", "naive", "native", "fused")
 
 
@@ -129,7 +128,6 @@ def generate_fused(specs_folder: str) -> str:
 
 def make_case(spec: Spec, size: int, seed: int, fused_package: str | None) -> Case:
     generator = torch.Generator().manual_seed(seed)
-    values = dict(spec.tests.values)
     args: list[object] = []
     tensors = []
     for k, inp in enumerate(spec.inputs):
@@ -139,9 +137,7 @@ def make_case(spec: Spec, size: int, seed: int, fused_package: str | None) -> Ca
             args.append(sample.requires_grad_())
             tensors.append(k)
         else:
-            args.append(
-                values.get(inp.name, inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind])
-            )
+            args.append(spec.test_value(inp))
     generated = importlib.import_module("generated")
     calls: dict[str, Callable[..., object]] = {"generated": getattr(generated, spec.name), "naive": _naive(spec)}
     if spec.name in NATIVE:

@@ -28,7 +28,6 @@ from opgen.tensor import BATCH
 
 DEFAULT_SHAPE = (3, 4)
 DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
-DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
 BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
 
@@ -208,15 +207,13 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names))
         params = ", ".join([*names.values(), *grads_in.values()])
         overrides.append({"input": override.input, "params": params, "expr": text})
-    values = dict(spec.tests.values)
     samples = []
     for inp in spec.inputs:
         if inp.is_tensor:
             low, high = spec.tests.domain_of(inp.name)
             samples.append({"name": inp.name, "tensor": True, "low": low, "high": high})
         else:
-            value = values.get(inp.name, inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind])
-            samples.append({"name": inp.name, "tensor": False, "value": repr(value)})
+            samples.append({"name": inp.name, "tensor": False, "value": repr(spec.test_value(inp))})
     tensor_inputs = [i.name for i in spec.tensor_inputs]
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     checked = [n for n in tensor_inputs if spec.override(n) is None]

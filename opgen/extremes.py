@@ -30,7 +30,6 @@ from opgen.model import Spec
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
 DIGITS = 50
 FLOAT32_MAX = 3.4028234663852886e38
-DEFAULT_VALUES = {"float": 0.75, "int": 2, "bool": True}  # as the generated tests' sample_inputs
 
 # input, point, exact outputs, exact slope, where the other Tensor inputs sit (a `places` key)
 Row = tuple[str, float, tuple[float, ...], float | None, str]
@@ -111,15 +110,13 @@ def _row(
     symbols = derived.symbols
     order = [symbols.inputs[i.name] for i in spec.inputs]
     args: list[Any] = []
-    sample = dict(spec.tests.values)
     with mpmath.workdps(DIGITS):
         for inp in spec.inputs:
             if inp.is_tensor:
                 args.append(mpmath.mpf(repr(point if inp.name == name else others[inp.name])))
             else:
-                default = inp.type.default if inp.type.has_default else DEFAULT_VALUES[inp.type.kind]
-                value = sample.get(inp.name, default)
-                args.append(value if isinstance(value, bool) else mpmath.mpf(repr(value)))
+                given = spec.test_value(inp)
+                args.append(given if isinstance(given, bool) else mpmath.mpf(repr(given)))
     full = derived.full
     outputs = []
     for _, expr in full.inlined:

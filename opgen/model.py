@@ -15,6 +15,7 @@ Scalar = bool | int | float
 
 TENSOR = "Tensor"
 NON_TENSOR_KINDS = ("float", "int", "bool")
+SAMPLE_VALUES: dict[str, Scalar] = {"float": 0.75, "int": 2, "bool": True}  # see Spec.test_value
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,16 @@ class Spec:
 
     def override(self, name: str) -> GradientOverride | None:
         return next((g for g in self.gradients if g.input == name), None)
+
+    def test_value(self, inp: Input) -> Scalar:
+        """The value a non-tensor input takes in tests and benchmarks: `tests.values`, else its
+        default, else a fixed choice per kind."""
+        values = dict(self.tests.values)
+        if inp.name in values:
+            return values[inp.name]
+        if inp.type.default is not None:
+            return inp.type.default
+        return SAMPLE_VALUES[inp.type.kind]
 
 
 def camel_case(name: str) -> str:
