@@ -14,6 +14,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.lower import _Prime
+from opgen.names import Namer
 from opgen.printer import TorchPrinter
 
 
@@ -55,8 +56,8 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, torch: str) -> 
         fast if primitive.backward_differentiable else printer._print(total.xreplace({prime: prime.elementary()}))
     )
     if primitive.backward_no_grad:
-        taken = set(printer.names.values())
-        temps = {t: _fresh(f"{var}_{t}", taken) for t in primitive.backward_temps}
+        namer = Namer(set(printer.names.values()))
+        temps = {t: namer.fresh(f"{var}_{t}") for t in primitive.backward_temps}
         lines = [line.format(*args, g=g, var=var, torch=torch, **temps) for line in primitive.backward_no_grad]
         comment = "  # in place on its own temporaries (Note [forward in place])"
     else:
@@ -68,14 +69,6 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, torch: str) -> 
         f"else:{comment}",
         *(f"    {line}" for line in lines),
     ]
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
 
 
 def _output_kernel(total: Expr, printer: TorchPrinter, torch: str) -> str | None:

@@ -29,6 +29,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen import functions as fn
+from opgen.names import Namer
 from opgen.rewrite import logsigmoid, rewrite
 
 
@@ -77,8 +78,7 @@ class _Primitive(sympy.Function):
         if not (self.call_no_grad and getattr(printer, "no_grad", False)):
             return self.call.format(*args, F=printer.functional, torch=printer.torch)
         # `{s}` in `call_no_grad` is a value computed once and bound with `:=`.
-        taken = {*printer.names.values(), printer.torch, printer.math}
-        name = next(n for n in ("s", "s_", "s__", *(f"s{k}" for k in range(len(taken) + 1))) if n not in taken)
+        name = Namer({*printer.names.values(), printer.torch, printer.math}).fresh("s")
         return self.call_no_grad.format(*args, F=printer.functional, torch=printer.torch, s=name)
 
     def _sympystr(self, printer: Any) -> str:
