@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import import_package
+from spec_ops import build_ops
 
 SPEC = """\
 name: affine_act
@@ -28,17 +28,8 @@ module:
 """
 
 
-def build(run_cli, tmp_path):
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / "affine_act.yaml").write_text(SPEC, encoding="utf-8")
-    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "mods"))
-    assert status == 0, err
-    return import_package(tmp_path, "mods")
-
-
-def test_module_parameters_init_when_and_repr(run_cli, tmp_path):
-    package = build(run_cli, tmp_path)
+def test_module_parameters_init_when_and_repr(tmp_path):
+    package = build_ops(tmp_path, "mods", {"affine_act": SPEC})
     with_bias = package.AffineAct(5)
     assert dict(with_bias.named_parameters()).keys() == {"scale", "shift"}
     assert with_bias.scale.shape == (5,) and torch.equal(with_bias.scale.detach(), torch.full((5,), 2.0))
@@ -59,8 +50,8 @@ def test_module_parameters_init_when_and_repr(run_cli, tmp_path):
     torch.testing.assert_close(with_bias.scale.grad, expected.detach())
 
 
-def test_reset_parameters_redraws(run_cli, tmp_path):
-    package = build(run_cli, tmp_path)
+def test_reset_parameters_redraws(tmp_path):
+    package = build_ops(tmp_path, "mods", {"affine_act": SPEC})
     module = package.AffineAct(4)
     with torch.no_grad():
         module.scale.zero_()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import import_package
+from spec_ops import build_ops
 
 HOSTILE = '''\
 name: torch
@@ -28,13 +28,8 @@ module:
 '''
 
 
-def test_any_identifier_works_as_a_name(run_cli, tmp_path):
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / "torch.yaml").write_text(HOSTILE, encoding="utf-8")
-    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "pkg"))
-    assert status == 0, err
-    package = import_package(tmp_path, "pkg")
+def test_any_identifier_works_as_a_name(tmp_path):
+    package = build_ops(tmp_path, "pkg", {"torch": HOSTILE})
     op = package.torch
     generator = torch.Generator().manual_seed(0)
     ctx, grad, sum_ = (torch.randn(5, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(3))
@@ -56,11 +51,7 @@ def test_any_identifier_works_as_a_name(run_cli, tmp_path):
     torch.testing.assert_close(module.grad.detach(), torch.ones(5, dtype=module.grad.dtype))
 
 
-def test_doc_text_reaches_the_docstring_verbatim(run_cli, tmp_path):
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / "torch.yaml").write_text(HOSTILE, encoding="utf-8")
-    assert run_cli("generate", str(specs), "-o", str(tmp_path / "pkg2"))[0] == 0
-    package = import_package(tmp_path, "pkg2")
+def test_doc_text_reaches_the_docstring_verbatim(tmp_path):
+    package = build_ops(tmp_path, "pkg2", {"torch": HOSTILE})
     doc = package.torch.__doc__
     assert "Ends early? \"\"\" or ''' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t." in doc
