@@ -1,7 +1,8 @@
-"""Every YAML example of the spec-format page generates, imports and passes its generated tests.
+"""Every YAML example of the spec-format reference generates, imports and passes its generated tests.
 
-The page is the format's contract and lives beside the repository (`../shared/spec-format.md`);
-its examples are taken from it as written, not copied here.
+The reference is `docs/spec-format.md`; its examples are taken from it as written, not copied
+here. It carries the v1 format's five examples word for word; where the v1 contract page sits
+beside the repository (`../shared/spec-format.md`), a test checks that it still does.
 """
 
 from __future__ import annotations
@@ -9,18 +10,29 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import ROOT, import_package
 
-PAGE = ROOT.parent / "shared" / "spec-format.md"
+PAGE = ROOT / "docs" / "spec-format.md"
+CONTRACT = ROOT.parent / "shared" / "spec-format.md"
+V1_EXAMPLES = ["linear", "mul_constant", "scaled_weight", "sign_ste", "swish"]
+
+
+def yaml_blocks(page: Path) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
 
 
 def examples() -> list[str]:
-    if not PAGE.is_file():
-        pytest.skip(f"{PAGE} is not beside the repository")
-    return re.findall(r"```yaml\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return yaml_blocks(PAGE)
+
+
+def name_of(text: str) -> str:
+    match = re.search(r"^name: (\w+)", text, flags=re.MULTILINE)
+    assert match, text
+    return match.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +52,20 @@ def package(tmp_path_factory):
     return root, texts
 
 
-def test_the_page_has_its_five_examples(package):
+def test_the_page_has_the_five_v1_examples(package):
     _, texts = package
-    names = sorted(re.search(r"^name: (\w+)", t, flags=re.MULTILINE).group(1) for t in texts)
-    assert names == ["linear", "mul_constant", "scaled_weight", "sign_ste", "swish"]
+    names = [name_of(t) for t in texts]
+    assert set(V1_EXAMPLES) <= set(names)
+    assert len(names) == len(set(names)), "every example of the page needs its own op name"
+
+
+@pytest.mark.skipif(not CONTRACT.is_file(), reason="the v1 contract page is not beside the repository")
+def test_the_page_carries_the_contract_examples_word_for_word():
+    ours = set(examples())
+    contract = yaml_blocks(CONTRACT)
+    assert sorted(name_of(t) for t in contract) == V1_EXAMPLES
+    for text in contract:
+        assert text in ours, f"docs/spec-format.md lost or changed the v1 example '{name_of(text)}'"
 
 
 def test_generated_tests_of_every_example_pass(package):
