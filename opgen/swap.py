@@ -59,12 +59,28 @@ LOCK_WAIT = 60.0  # seconds a run waits for another run on the same OUT
 # whose working directory is inside OUT must `cd` again afterwards.
 
 
+def mount_points() -> set[str]:
+    """Every mount point of this process (Linux; elsewhere none, and `os.path.ismount` must do)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return set()
+    unescape = re.compile(r"\\([0-7]{3})")
+    fields = [line.split(" ") for line in lines]
+    return {unescape.sub(lambda m: chr(int(m.group(1), 8)), field[4]) for field in fields if len(field) > 4}
+
+
+def _is_mount(path: Path, mounts: set[str]) -> bool:
+    return str(path) in mounts or os.path.ismount(path)
+
+
 def real_out(out: Path, writing: bool = True) -> Path:
     """The folder that is really replaced: `out` with every symbolic link resolved."""
     real = Path(os.path.realpath(out))
     if os.path.lexists(real) and not real.is_dir():
         raise WriteError(f"-o {out}: exists and is not a folder")
-    if writing and (real.parent == real or os.path.ismount(real)):
+    if writing and (real.parent == real or _is_mount(real, mount_points())):
         raise WriteError(
             f"-o {out}: {real} is a mount point, and opgen replaces the package folder with one rename, which a mount"
             " point does not allow; write to a folder inside it, or to a folder elsewhere with a symbolic link to it"
@@ -161,9 +177,9 @@ def _carry(source: Path, target: Path) -> None:
             shutil.copy2(source, target, follow_symlinks=False)
 
 
-def _check_folder(folder: Path, device: int, real: Path) -> os.stat_result:
+def _check_folder(folder: Path, device: int, real: Path, mounts: set[str]) -> os.stat_result:
     info = os.lstat(folder)
-    if info.st_dev != device:
+    if info.st_dev != device or (folder != real and _is_mount(folder, mounts)):
         raise WriteError(
             f"{folder}: is a mount point inside {real}; opgen replaces the whole folder and cannot carry a mount over"
         )
@@ -177,7 +193,7 @@ def _check_folder(folder: Path, device: int, real: Path) -> os.stat_result:
 
 def _mirror(real: Path, staging: Path, skip: set[str]) -> list[tuple[Path, os.stat_result]]:
     """Carry every entry of `real` except `skip` into `staging`; returns each folder with its old status."""
-    device = os.lstat(real).st_dev
+    device, mounts = os.lstat(real).st_dev, mount_points()
 
     def fail(error: OSError) -> None:
         raise error
@@ -186,7 +202,7 @@ def _mirror(real: Path, staging: Path, skip: set[str]) -> list[tuple[Path, os.st
     for dirpath, dirnames, filenames in os.walk(real, onerror=fail):
         here = Path(dirpath)
         rel_dir = here.relative_to(real)
-        folders.append((staging / rel_dir, _check_folder(here, device, real)))
+        folders.append((staging / rel_dir, _check_folder(here, device, real, mounts)))
         (staging / rel_dir).mkdir(exist_ok=True)
         for name in sorted(filenames + [d for d in dirnames if (here / d).is_symlink()]):
             if (rel_dir / name).as_posix() not in skip:
@@ -294,8 +310,14 @@ def retire(folder: Path, real: Path) -> Path | None:
     if not os.path.lexists(folder):
         return None
     own = owned_leftovers(folder)
-    for dirpath, dirnames, filenames in os.walk(folder, topdown=False):
+    device, mounts = os.lstat(folder).st_dev, mount_points()
+    walked = []
+    for dirpath, dirnames, filenames in os.walk(folder):
         here = Path(dirpath)
+        # never into another filesystem mounted inside: it stays, and so does the folder
+        dirnames[:] = [d for d in dirnames if os.lstat(here / d).st_dev == device and not _is_mount(here / d, mounts)]
+        walked.append((here, dirnames, filenames))
+    for here, dirnames, filenames in reversed(walked):
         rel_dir = here.relative_to(folder)
         for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
             rel = rel_dir / name

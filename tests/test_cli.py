@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import GENERATED, ROOT, import_package
 
 SWISH = """\
@@ -221,3 +222,36 @@ def test_readme_shows_the_generated_swish_function():
     source = (GENERATED / "ops" / "swish.py").read_text(encoding="utf-8")
     listing = source[source.index("class SwishFunction") :].rstrip()
     assert f"```python\n{listing}\n```" in readme, "refresh the swish listing in the README"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("class", "is a Python keyword"),
+        ("None", "is a Python keyword"),
+        ("math", "standard library"),
+        ("json", "standard library"),
+        ("sys", "standard library"),
+        ("torch", "a module the generated code imports"),
+        ("pytest", "installed distribution pytest"),
+        ("numpy", "installed distribution numpy"),
+        ("ｔｏｒｃｈ", "is read by Python as 'torch'"),
+        ("my-ops", "is not a Python identifier"),
+    ],
+)
+def test_package_names_that_cannot_work_are_refused(run_cli, tmp_path, name, why):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "swish.yaml").write_text(SWISH)
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / name))
+    assert status == 2 and why in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"]
+
+
+@pytest.mark.parametrize("name", ["match", "len"])
+def test_soft_keywords_and_builtins_are_fine_package_names(run_cli, tmp_path, name):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "swish.yaml").write_text(SWISH)
+    assert run_cli("generate", str(specs), "-o", str(tmp_path / name))[0] == 0
+    assert import_package(tmp_path, name).swish is not None
