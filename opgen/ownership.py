@@ -19,7 +19,7 @@ MANIFEST_HEADER = (
     "# The files of this package that opgen wrote and may replace or remove; it never touches any other.\n"
 )
 PLACES = ("", "ops/", "tests/")  # the folders of a package where opgen puts files
-_ENTRY = re.compile(r"(?:ops/|tests/)?[A-Za-z_][A-Za-z0-9_]*\.py")
+_ENTRY = re.compile(r"(?:(ops|tests)/)?([^/]+)\.py")
 
 
 class WriteError(Exception):
@@ -35,10 +35,11 @@ class WriteError(Exception):
 # entry (`../x`, `sub/pkg/x.py`, an absolute path) makes the manifest invalid and the run stops.
 #
 # Packages written before the manifest existed have none. For them, and only when OUT's own
-# `__init__.py` carries the marker (OUT is an opgen package), opgen owns the marker files directly in
-# those places: top level, `ops/`, `tests/`. Never deeper: a separate opgen package nested at
-# `OUT/generated/` is never OUT's, with or without a manifest. A folder with neither a manifest nor a
-# generated `__init__.py` owns nothing, so every file opgen would write there must be new.
+# `__init__.py` and `ops/__init__.py` carry the marker (OUT is the root of an opgen package, not
+# its `ops/` folder), opgen owns the marker files directly in those places: top level, `ops/`,
+# `tests/`. Never deeper: a separate opgen package nested at `OUT/generated/` is never OUT's, with
+# or without a manifest. A folder with neither a manifest nor a generated package root owns
+# nothing, so every file opgen would write there must be new.
 # Symbolic links are never owned (replacing one would be the user's business).
 
 
@@ -68,7 +69,8 @@ def read_manifest(folder: Path) -> list[str] | None:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line or line.startswith("#"):
             continue
-        if not _ENTRY.fullmatch(line):
+        match = _ENTRY.fullmatch(line)
+        if not match or not match.group(2).isidentifier():
             raise WriteError(
                 f"{path}:{number}:1: '{line}' is not a file opgen writes (NAME.py, ops/NAME.py or tests/NAME.py); "
                 "the manifest was edited: restore it or remove the package"
@@ -93,10 +95,16 @@ def owned(folder: Path) -> set[str]:
     """The files of the package `folder` that opgen may replace or remove (Note [owned files])."""
     entries = read_manifest(folder)
     if entries is None:
-        if not is_generated(folder / "__init__.py"):
+        if not (is_generated(folder / "__init__.py") and is_generated(folder / "ops" / "__init__.py")):
             return set()
         return _in_places(folder)
-    return {rel for rel in entries if is_generated(folder / rel)} | {MANIFEST}
+    return {rel for rel in entries if _in_own_folder(folder, rel) and is_generated(folder / rel)} | {MANIFEST}
+
+
+def _in_own_folder(folder: Path, rel: str) -> bool:
+    """`rel`'s folder inside `folder` is a real folder, not a link to somewhere else."""
+    place = rel.rpartition("/")[0]
+    return not place or (not (folder / place).is_symlink() and (folder / place).is_dir())
 
 
 def owned_leftovers(folder: Path) -> set[str]:
@@ -107,4 +115,4 @@ def owned_leftovers(folder: Path) -> set[str]:
         entries = None
     if entries is None:
         return _in_places(folder)
-    return {rel for rel in entries if is_generated(folder / rel)} | {MANIFEST}
+    return {rel for rel in entries if _in_own_folder(folder, rel) and is_generated(folder / rel)} | {MANIFEST}

@@ -104,6 +104,19 @@ def test_a_package_without_manifest_is_adopted_and_only_its_own_files_go(version
     assert (out / write.MANIFEST).read_text().splitlines()[2:] == sorted(old)
 
 
+@pytest.mark.parametrize("manifest", [True, False], ids=["with-manifest", "without"])
+def test_the_ops_folder_of_a_package_is_not_a_package(versions, tmp_path, manifest):
+    """`-o pkg/ops` must not take pkg's op modules for its own (its `__init__.py` is generated too)."""
+    old, _ = versions
+    out = tmp_path / "pkg"
+    write.generate(out, old)
+    if not manifest:
+        (out / write.MANIFEST).unlink()
+    before = tree(out)
+    change, _ = write.generate(out / "ops", old)
+    assert change.conflicts == ("__init__.py",) and tree(out) == before
+
+
 def test_a_folder_that_is_not_a_package_owns_nothing(versions, tmp_path):
     old, _ = versions
     out = tmp_path / "pkg"
