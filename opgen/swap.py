@@ -42,6 +42,8 @@ LOCK_WAIT = 60.0  # seconds a run waits for another run on the same OUT
 # the user's files and nested packages come along unchanged; a copy where the filesystem has no hard
 # links), folder modes last. Then one `renameat2(RENAME_EXCHANGE)` swaps the two folders: before it
 # OUT is wholly the old package, after it wholly the new one, and the staging name holds the old tree.
+# New files are fsynced before the switch; beyond that, the promise is about a run that is killed,
+# not about a machine that loses power.
 # Where the exchange is not available (not Linux, or a filesystem without it) OUT is renamed away and
 # the new tree renamed in: a kill between the two leaves no OUT, and the next run puts the old one
 # back before anything else (the one weaker spot, only on such systems).
