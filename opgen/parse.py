@@ -393,7 +393,7 @@ def _parse_init(node: Raw, name: str) -> Init:
         raise SpecError(node.loc, f"init '{node.value}': arguments must be numbers") from None
     if not all(math.isfinite(a) for a in args):
         raise SpecError(
-            node.loc, f"init '{node.value}': arguments must be finite, or every parameter is NaN or infinite"
+            node.loc, f"init '{node.value}': arguments must be finite, else the parameter is NaN or infinite"
         )
     if len(args) not in INIT_ARITY[match["kind"]]:
         counts = " or ".join(str(n) for n in INIT_ARITY[match["kind"]])
@@ -421,7 +421,7 @@ def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems
             if text.value == taken:
                 raise SpecError(
                     text.loc,
-                    f"module.name '{taken}' is already {what}'s name; the package exports both, choose another",
+                    f"module.name '{taken}' is already the name of {what}; the package exports both, so choose another",
                 )
         name = text.value
     args: list[Input] = []
