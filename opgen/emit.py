@@ -8,21 +8,21 @@ the `nn.Module`. Statement bodies are built here as lines, every expression prin
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import sympy
 
+from opgen import quote
 from opgen.derive import Derived, Variant, dimension_names
 from opgen.display import display
 from opgen.emit_kernels import backward_lines, forward_printer
-from opgen.emit_module import module_context
+from opgen.emit_module import default_text, module_context
 from opgen.fuse import fusable, fuse
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan
 from opgen.printer import TorchPrinter
-from opgen.render import Renderer, docstring
+from opgen.render import Renderer
 from opgen.tensor import ShapeError, dim_size, is_dim_size, shape_of
 
 Lines = list[str]
@@ -395,7 +395,7 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Li
 # -- the whole module -------------------------------------------------------------------------------
 
 
-def _signature(spec: Spec) -> list[str]:
+def _signature(spec: Spec, math: str) -> list[str]:
     """Python parameters in `inputs` order; trailing `Tensor?` inputs default to None."""
     params = []
     defaults_from = len(spec.inputs)
@@ -407,8 +407,7 @@ def _signature(spec: Spec) -> list[str]:
             break
     for k, inp in enumerate(spec.inputs):
         if k >= defaults_from:
-            default = repr(inp.type.default) if inp.type.has_default else "None"
-            params.append(f"{inp.name}={default}")
+            params.append(f"{inp.name}={default_text(inp.type.default, inp.type.has_default, math)}")
         else:
             params.append(inp.name)
     return params
@@ -471,11 +470,17 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     setup = setup_body(plan, names, varies)
     formulas = formulas_doc(derived, plan, names)
-    params = _signature(spec)
+    params = _signature(spec, names.math)
     doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
+    module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
+    code = forward + backward + [h for f in helpers for h in f] + params
+    if module is not None:
+        code += [module.init_params, module.forward_params, *module.init_body, *module.reset_body]
     text = renderer.render(
         "op.py.j2",
         spec=spec,
+        source_comment=quote.comment(spec.source),
+        module_doc=quote.docstring([f"{spec.name}: a custom autograd op generated from {spec.source}."], indent=0),
         names=names,
         forward_params=", ".join(i.name for i in spec.inputs),
         forward=forward,
@@ -485,20 +490,20 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
         visible=_visible(spec),
-        docstring=docstring(doc_lines, indent=4),
-        class_doc=docstring([f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4),
-        module=module_context(spec, names.torch, names.self, names.functional_ref) if spec.module else None,
+        docstring=quote.docstring(doc_lines, indent=4),
+        class_doc=quote.docstring(
+            [f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4
+        ),
+        module=module,
         shape_checks=[
             (
                 name,
-                "None"
-                if dims is None
-                else "(" + ", ".join(json.dumps(d) for d in dims) + ("," if len(dims) == 1 else "") + ")",
+                "None" if dims is None else quote.literal(dims),
             )
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,
-        uses_math=any(f"{names.math}." in line for line in forward + backward + [h for f in helpers for h in f]),
+        uses_math=quote.uses_math(code, names.math),
     )
     return text
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opgen.model import Module, Spec
+from opgen import quote
+from opgen.model import Module, Scalar, Spec
 from opgen.names import Namer
-from opgen.render import docstring
 
 # Attributes an nn.Module already has; a spec name equal to one is kept under another name.
 MODULE_ATTRIBUTES = frozenset(
@@ -40,30 +40,38 @@ class ModuleContext:
 
 def _init_call(module_torch: str, target: str, init_kind: str, args: tuple[float, ...]) -> str:
     init = f"{module_torch}.nn.init"
+    a = [quote.number(x) for x in args]  # finite: the parser refuses others
     if init_kind == "uniform":
-        return f"{init}.uniform_({target}, {args[0]!r}, {args[1]!r})"
+        return f"{init}.uniform_({target}, {a[0]}, {a[1]})"
     if init_kind == "normal":
-        return f"{init}.normal_({target}, {args[0]!r}, {args[1]!r})"
+        return f"{init}.normal_({target}, {a[0]}, {a[1]})"
     if init_kind == "zeros":
         return f"{init}.zeros_({target})"
     if init_kind == "ones":
         return f"{init}.ones_({target})"
     if init_kind == "constant":
-        return f"{init}.constant_({target}, {args[0]!r})"
+        return f"{init}.constant_({target}, {a[0]})"
     if init_kind == "kaiming_uniform":
-        return f"{init}.kaiming_uniform_({target}" + (f", a={args[0]!r})" if args else ")")
+        return f"{init}.kaiming_uniform_({target}" + (f", a={a[0]})" if args else ")")
     if init_kind == "xavier_uniform":
-        return f"{init}.xavier_uniform_({target}" + (f", gain={args[0]!r})" if args else ")")
+        return f"{init}.xavier_uniform_({target}" + (f", gain={a[0]})" if args else ")")
     raise ValueError(init_kind)  # pragma: no cover - the parser allows only these
 
 
-def _defaults(module: Module) -> list[str]:
-    return [f"{a.name}={a.type.default!r}" if a.type.has_default else a.name for a in module.args]
+def default_text(value: Scalar | None, has_default: bool, math: str) -> str:
+    """A parameter's default as source: the declared value (`math.inf` when infinite), else None."""
+    return quote.number(value, math) if has_default and value is not None else "None"
 
 
-def module_context(spec: Spec, torch: str, self_: str, functional: str) -> ModuleContext:
-    """The Module's parts; `torch`, `self_` and `functional` are how the op's file names torch,
-    `self` and the functional (none of them a spec name)."""
+def _defaults(module: Module, math: str) -> list[str]:
+    return [
+        f"{a.name}={default_text(a.type.default, True, math)}" if a.type.has_default else a.name for a in module.args
+    ]
+
+
+def module_context(spec: Spec, torch: str, math: str, self_: str, functional: str) -> ModuleContext:
+    """The Module's parts; `torch`, `math`, `self_` and `functional` are how the op's file names
+    torch, math, `self` and the functional (none of them a spec name)."""
     assert spec.module is not None
     module = spec.module
     params = {p.name: p for p in module.parameters}
@@ -79,7 +87,8 @@ def module_context(spec: Spec, torch: str, self_: str, functional: str) -> Modul
             continue
         arg_attr[arg.name] = attrs.fresh(arg.name if arg.name not in params else "_" + arg.name)
         arg_repr[arg.name] = f"{self_}.{arg_attr[arg.name]}"
-    init: list[str] = ["super().__init__()"]
+    # Not `super().__init__()`: the op's own name or a module arg may be `super`.
+    init: list[str] = [f"{torch}.nn.Module.__init__({self_})"]
     for arg in module.args:
         if arg.name in arg_attr:
             init.append(f"{self_}.{arg_attr[arg.name]} = {arg.name}")
@@ -94,7 +103,7 @@ def module_context(spec: Spec, torch: str, self_: str, functional: str) -> Modul
                 f"if {p.when}:",
                 f"    {self_}.{attr} = {create}",
                 "else:",
-                f"    {self_}.register_parameter({attr!r}, None)",
+                f"    {self_}.register_parameter({quote.string(attr)}, None)",
             ]
         else:
             init.append(f"{self_}.{attr} = {create}")
@@ -115,8 +124,7 @@ def module_context(spec: Spec, torch: str, self_: str, functional: str) -> Modul
     for inp in reversed(forward_inputs):
         has_default = inp.type.has_default or inp.type.optional
         if trailing and has_default:
-            default = repr(inp.type.default) if inp.type.has_default else "None"
-            forward_params.append(f"{inp.name}={default}")
+            forward_params.append(f"{inp.name}={default_text(inp.type.default, inp.type.has_default, math)}")
         else:
             trailing = False
             forward_params.append(inp.name)
@@ -129,12 +137,11 @@ def module_context(spec: Spec, torch: str, self_: str, functional: str) -> Modul
             call_args.append(arg_repr[source] if source not in arg_attr else f"{self_}.{arg_attr[source]}")
         else:
             call_args.append(inp.name)
-    repr_parts = [f"{a.name}={{{arg_repr[a.name]}}}" for a in module.args]
-    repr_text = 'f"' + ", ".join(repr_parts) + '"' if repr_parts else '""'
-    doc = docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
+    repr_text = _repr_fstring([(f"{a.name}=", arg_repr[a.name]) for a in module.args])
+    doc = quote.docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
     return ModuleContext(
         module.name,
-        ", ".join([self_, *_defaults(module)]),
+        ", ".join([self_, *_defaults(module, math)]),
         init,
         reset,
         ", ".join([self_, *forward_params]),
@@ -142,3 +149,13 @@ def module_context(spec: Spec, torch: str, self_: str, functional: str) -> Modul
         repr_text,
         doc,
     )
+
+
+def _repr_fstring(parts: list[tuple[str, str]]) -> str:
+    """`f"a={self.a}, b={self.b}"`: each (text, expression) pair as text then the expression's value."""
+    if not parts:
+        return '""'
+    body = ", ".join(
+        quote.string(text)[1:-1].replace("{", "{{").replace("}", "}}") + "{" + expr + "}" for text, expr in parts
+    )
+    return 'f"' + body + '"'

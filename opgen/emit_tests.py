@@ -12,13 +12,16 @@ finite, and, with `tests.native`, that the first output matches PyTorch's own op
 from __future__ import annotations
 
 import ast
+import math as math_module
+import re
 from dataclasses import dataclass, replace
 
+from opgen import quote
 from opgen.derive import dimension_names
-from opgen.emit import size_sources
+from opgen.emit import public_names, size_sources
 from opgen.extremes import applies, extreme_rows, places
 from opgen.formula import parse_ast
-from opgen.model import Formula, Spec
+from opgen.model import Formula, Scalar, Spec
 from opgen.names import Namer
 from opgen.native import NATIVE_OPS
 from opgen.plan import Plan
@@ -49,7 +52,12 @@ def _shape_error(spec: Spec) -> dict[str, object] | None:
             wrong = list(shapes[inp.name])
             position = len(wrong) - len(named) + named.index(shared[0])
             wrong[position] += 1
-            return {"name": inp.name, "index": k, "shape": wrong, "match": f"argument '{inp.name}' must have shape"}
+            return {
+                "name": inp.name,
+                "index": k,
+                "shape": wrong,
+                "match": _pattern(f"argument '{inp.name}' must have shape"),
+            }
         seen.update(named)
     for k, inp in enumerate(spec.inputs):
         if inp.is_tensor and inp.type.dims:
@@ -57,7 +65,12 @@ def _shape_error(spec: Spec) -> dict[str, object] | None:
             if batch and len(inp.type.dims) == 1:
                 continue
             wrong = [] if batch else [2, *shapes[inp.name]]
-            return {"name": inp.name, "index": k, "shape": wrong, "match": f"argument '{inp.name}' must have shape"}
+            return {
+                "name": inp.name,
+                "index": k,
+                "shape": wrong,
+                "match": _pattern(f"argument '{inp.name}' must have shape"),
+            }
     return _broadcast_error(spec, shapes)
 
 
@@ -72,7 +85,12 @@ def _broadcast_error(spec: Spec, shapes: dict[str, tuple[int, ...]]) -> dict[str
     if other is None:
         return None
     wrong = [*shapes[last.name][:-1], other[-1] + 1] if shapes[last.name] else [other[-1] + 1]
-    return {"name": last.name, "index": k, "shape": wrong, "match": "do not broadcast together"}
+    return {"name": last.name, "index": k, "shape": wrong, "match": _pattern("do not broadcast together")}
+
+
+def _pattern(message: str) -> str:
+    """A string literal of the regular expression that matches `message` as it is."""
+    return quote.string(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", message))
 
 
 @dataclass(frozen=True)
@@ -163,26 +181,93 @@ def _sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> 
     return result
 
 
-def _module_args(spec: Spec) -> tuple[list[str], dict[str, str]]:
+def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
     """Constructor arguments for the Module test, and the value each arg ends up with.
 
-    An int arg named like a dimension (`in_features`) gets that dimension's sample size.
+    An int arg named like a dimension (`in_features`) gets that dimension's sample size; an
+    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`).
     """
     assert spec.module is not None
-    values: dict[str, object] = {**dim_sizes(spec), **dict(spec.tests.values)}
+    values: dict[str, Scalar] = {**dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
     for arg in spec.module.args:
+        default = arg.type.default
         if arg.name in values:
             value = values[arg.name]
-        elif arg.type.has_default:
-            chosen[arg.name] = repr(arg.type.default)
+        elif arg.type.has_default and default is not None and _finite(default):
+            chosen[arg.name] = quote.number(default, math)
             continue
         else:
             value = DEFAULT_ARG[arg.type.kind]
-        args.append(f"{arg.name}={value!r}")
-        chosen[arg.name] = repr(value)
+        args.append(f"{arg.name}={quote.number(value, math)}")
+        chosen[arg.name] = quote.number(value, math)
     return args, chosen
+
+
+def _finite(value: Scalar) -> bool:
+    return not isinstance(value, float) or math_module.isfinite(value)
+
+
+# Every name the generated test module defines or uses besides the spec's (see test_op.py.j2):
+# module globals, the locals of its test functions and the builtins it calls. The op's
+# functional and classes are imported under another name when theirs is one of these.
+TEST_MODULE_NAMES = frozenset(
+    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED POINTS EXTREMES PLACES OP
+    sample_inputs point_inputs native reference shapes seed generator count args k name module
+    params forward_args full len next iter enumerate dict getattr list repr""".split()
+)
+
+
+def _test_module_globals(spec: Spec, optional: list[str]) -> set[str]:
+    """TEST_MODULE_NAMES and the names made from spec names: `reference_without_<input>`,
+    `reference_grad_<input>`, `test_<input>_none_drops_its_terms`."""
+    made = {f"reference_without_{n}" for n in optional} | {f"test_{n}_none_drops_its_terms" for n in optional}
+    return set(TEST_MODULE_NAMES) | made | {f"reference_grad_{g.input}" for g in spec.gradients}
+
+
+def _import_names(public: list[str], namer: Namer, avoid: set[str]) -> dict[str, str]:
+    """The name each exported op name has in the test module: its own, unless that is one of
+    `avoid` or pytest would collect it as a test (`test*`, `Test*`)."""
+    return {
+        name: namer.fresh("_" + name) if name in avoid or name.lower().startswith("test") else name for name in public
+    }
+
+
+def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
+    """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.quote`),
+    and all their texts (to see whether the file needs `math`)."""
+    samples = []
+    for inp in spec.inputs:
+        if inp.is_tensor:
+            low, high = spec.tests.domain_of(inp.name)
+            samples.append({"name": inp.name, "tensor": True, "low": quote.number(low), "high": quote.number(high)})
+        else:
+            samples.append({"name": inp.name, "tensor": False, "value": quote.number(spec.test_value(inp), math)})
+    extremes = []
+    for name, point, values, slope, at in extreme_rows(spec):
+        shown = " ".join(quote.number(v) + "," for v in values)
+        row = [
+            quote.string(name),
+            quote.number(point, math),
+            f"({shown})",
+            "None" if slope is None else quote.number(slope),
+        ]
+        extremes.append("(" + ", ".join([*row, quote.string(at)]) + ")")
+    module_args, module_arg_values = _module_args(spec, math) if spec.module else ([], {})
+    points = quote.literal({n: list(v) for n, v in spec.tests.points}, math) if spec.tests.points else None
+    # float32 of the domain's bounds: infinite for a bound beyond float32's range
+    places_text = quote.literal(places(spec), math) if applies(spec) else "{}"
+    context: dict[str, object] = {
+        "samples": samples,
+        "points": points,
+        "extremes": extremes,
+        "places": places_text,
+        "module_args": module_args if spec.module else None,
+        "module_arg_values": module_arg_values,
+    }
+    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values()]
+    return context, texts + [str(sample.get("value", "")) for sample in samples]
 
 
 def emit_tests(plan: Plan, renderer: Renderer) -> str:
@@ -191,11 +276,13 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
     spec = replace(derived.spec, outputs=tuple(o for o in derived.spec.outputs if not o.hidden))
     hidden = {o.name for o in derived.spec.outputs if o.hidden}
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
-    namer = Namer(set(user) | {spec.name, spec.function_class_name} | ({spec.module.name} if spec.module else set()))
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    reserved = _test_module_globals(spec, optional)
+    namer = Namer(set(user) | reserved | set(public_names(spec)))
     torch, math, t, check = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T"), namer.fresh("harness")
+    api = _import_names(public_names(spec), namer, reserved)
     names = {n: n for n in user}
     grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
-    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     references = [_reference(spec, names, "reference", set(), t, torch, math)]
     for name in optional:
         references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math))
@@ -207,48 +294,40 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names))
         params = ", ".join([*names.values(), *grads_in.values()])
         overrides.append({"input": override.input, "params": params, "expr": text})
-    samples = []
-    for inp in spec.inputs:
-        if inp.is_tensor:
-            low, high = spec.tests.domain_of(inp.name)
-            samples.append({"name": inp.name, "tensor": True, "low": low, "high": high})
-        else:
-            samples.append({"name": inp.name, "tensor": False, "value": repr(spec.test_value(inp))})
     tensor_inputs = [i.name for i in spec.tensor_inputs]
     index = {i.name: k for k, i in enumerate(spec.inputs)}
-    checked = [n for n in tensor_inputs if spec.override(n) is None]
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
+    numbers, number_texts = _numbers(spec, math)
     texts = [line for ref in references for line in ref.lines] + [str(o["expr"]) for o in overrides]
+    texts += number_texts
     return renderer.render(
         "test_op.py.j2",
-        uses_math=any(f"{math}." in text for text in texts),
+        uses_math=quote.uses_math(texts, math),
         spec=spec,
+        source_comment=quote.comment(spec.source),
         torch=torch,
         math=math,
         T=t,
         check=check,
-        imports=sorted([spec.name, spec.function_class_name] + ([spec.module.name] if spec.module else [])),
+        api=api,
+        imports=[name if alias == name else f"{name} as {alias}" for name, alias in sorted(api.items())],
         references=references,
         overrides=overrides,
-        samples=samples,
+        scope=user,
         shapes=_sample_shapes(spec, False),
         broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
         batched_shapes=_sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
         shape_error=_shape_error(spec),
         tensor_index=[index[n] for n in tensor_inputs],
-        checked_index=[index[n] for n in checked],
+        checked_index=[index[n] for n in tensor_inputs if spec.override(n) is None],
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],
         saved=[n for n in plan.saved if n not in hidden],
         hidden_saved=sum(1 for n in plan.saved if n in hidden),
         input_names=[i.name for i in spec.inputs],
-        module_args=_module_args(spec)[0] if spec.module else None,
-        module_arg_values=_module_args(spec)[1] if spec.module else {},
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
-        points=dict(spec.tests.points),
-        extremes=[(n, p, list(v), s, at) for n, p, v, s, at in extreme_rows(spec)],
-        places=places(spec) if applies(spec) else {},
         native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,
+        **numbers,
     )

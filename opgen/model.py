@@ -7,6 +7,7 @@ that involve one node live in `__post_init__`; those across nodes are checked by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from opgen.errors import Loc
@@ -204,11 +205,12 @@ class Spec:
 
     def test_value(self, inp: Input) -> Scalar:
         """The value a non-tensor input takes in tests and benchmarks: `tests.values`, else its
-        default, else a fixed choice per kind."""
+        default when finite (a NaN or infinite default would make every compared value one),
+        else a fixed choice per kind."""
         values = dict(self.tests.values)
         if inp.name in values:
             return values[inp.name]
-        if inp.type.default is not None:
+        if inp.type.default is not None and math.isfinite(inp.type.default):
             return inp.type.default
         return SAMPLE_VALUES[inp.type.kind]
 

@@ -41,3 +41,28 @@ class Namer:
 def ctx_namer() -> Namer:
     """Names for attributes on ctx: never one of ctx's own, never private-looking."""
     return Namer(CTX_ATTRIBUTES | {n for n in dir(builtins) if n.startswith("_")})
+
+
+# The generated package's own modules: an op or class of one of these names would replace the
+# module in the package's namespace (`pkg.tests` must stay the test subpackage).
+PACKAGE_MODULES = frozenset({"ops", "tests", "_shape_checks"})
+
+
+def public_name_problem(name: str) -> str | None:
+    """Why the package cannot export `name` (an op or class name), or None."""
+    if name in PACKAGE_MODULES:
+        return f"is the name of the generated package's own module `{name}`; choose another name"
+    return None
+
+
+def op_name_problem(name: str) -> str | None:
+    """Why an op cannot have `name` (it names `ops/<name>.py` and `tests/test_<name>.py`), or None."""
+    if problem := public_name_problem(name):
+        return problem
+    if name.startswith("test_"):
+        return (
+            f"starts with 'test_': pytest would collect `ops/{name}.py` and its function as tests; choose another name"
+        )
+    if name == "conftest":
+        return "would make `ops/conftest.py`, which pytest loads as its own configuration; choose another name"
+    return None

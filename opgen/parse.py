@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
+import math
 import re
 
 from opgen.errors import Loc, Problems, SpecError
@@ -33,7 +34,9 @@ from opgen.model import (
     TestConfig,
     camel_case,
 )
+from opgen.names import op_name_problem, public_name_problem
 from opgen.native import NATIVE_OPS
+from opgen.quote import identifier_problem
 
 TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
@@ -81,12 +84,9 @@ def _need_text(node: Raw, what: str) -> RawScalar:
 
 
 def check_identifier(name: str, loc: Loc, what: str) -> None:
-    if not name.isidentifier():
-        raise SpecError(loc, f"{what} '{name}' is not a Python identifier")
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name) and name in ("_",):
-        raise SpecError(loc, f"{what} '{name}' is a Python keyword; choose another name")
-    if name.startswith("__") and name.endswith("__"):
-        raise SpecError(loc, f"{what} '{name}' is a dunder name; choose another name")
+    """A spec name as the generated code can use it (`opgen.quote.identifier_problem`)."""
+    if problem := identifier_problem(name):
+        raise SpecError(loc, f"{what} '{name}' {problem}")
 
 
 def _scalar_default(kind: str, text: str, loc: Loc) -> Scalar:
@@ -135,6 +135,8 @@ def parse_type(text: object, loc: Loc, allow_tensor: bool = True) -> InputType:
         for n in names:
             if n != "..." and not n.isidentifier():
                 raise SpecError(loc, f"'{text}': dimension '{n}' is not a name")
+            if n != "..." and (problem := identifier_problem(n)) and "NFKC" in problem:
+                raise SpecError(loc, f"'{text}': dimension '{n}' {problem}")
         dims = tuple(names)
     return InputType(TENSOR, optional=bool(opt), dims=dims)
 
@@ -222,18 +224,29 @@ def _parse_gradients(node: Raw, inputs: tuple[Input, ...], problems: Problems) -
     return tuple(overrides)
 
 
-def _number(node: Raw, what: str) -> float:
+def _number(node: Raw, what: str, finite: bool = False) -> float:
+    """A number of `tests:`; NaN is refused (no check can pass at or with NaN), and so is
+    infinity when `finite` (Note [non-finite numbers] in opgen.quote)."""
     if not isinstance(node, RawScalar) or isinstance(node.value, bool):
         raise SpecError(node.loc, f"{what} must be a number")
     value = node.value
     if isinstance(value, str):
         try:
-            return float(value)  # `inf`, `-inf`, `1e-3` written as text
+            number = float(value)  # `inf`, `-inf`, `1e-3` written as text
         except ValueError:
             raise SpecError(node.loc, f"{what} must be a number, not '{value}'") from None
-    if not isinstance(value, (int, float)):
+    elif isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf if value > 0 else -math.inf
+    else:
         raise SpecError(node.loc, f"{what} must be a number")
-    return float(value)
+    if math.isnan(number):
+        raise SpecError(node.loc, f"{what} is NaN; the generated tests need a number to compare")
+    if finite and math.isinf(number):
+        raise SpecError(node.loc, f"{what} must be finite: tests draw inputs uniformly between the bounds")
+    return number
 
 
 def _int_list(node: Raw, what: str) -> tuple[int, ...]:
@@ -265,7 +278,7 @@ def _parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) 
                     raise SpecError(loc, f"tests.domain: '{name}' is not a Tensor input")
                 if not isinstance(value, RawList) or len(value.items) != 2:
                     raise SpecError(value.loc, f"tests.domain.{name} must be [low, high]")
-                low, high = (_number(v, f"tests.domain.{name}") for v in value.items)
+                low, high = (_number(v, f"tests.domain.{name}", finite=True) for v in value.items)
                 if not low < high:
                     raise SpecError(value.loc, f"tests.domain.{name}: low ({low}) must be below high ({high})")
                 domain.append((name, low, high))
@@ -295,7 +308,12 @@ def _parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) 
                 kind = by_name[name].type.kind
                 if not isinstance(value, RawScalar):
                     raise SpecError(value.loc, f"tests.values.{name} must be a {kind}")
-                values.append((name, _scalar_default(kind, str(value.value), value.loc)))
+                sample = _scalar_default(kind, str(value.value), value.loc)
+                if isinstance(sample, float) and math.isnan(sample):
+                    raise SpecError(
+                        value.loc, f"tests.values.{name} is NaN; the generated tests need a number to compare"
+                    )
+                values.append((name, sample))
     if (node_ := mapping.get("gradgrad")) is not None:
         if not isinstance(node_, RawScalar) or not isinstance(node_.value, bool):
             problems.add(SpecError(node_.loc, "tests.gradgrad must be true or false"))
@@ -373,6 +391,10 @@ def _parse_init(node: Raw, name: str) -> Init:
         args = tuple(float(a) for a in args_text.split(",")) if args_text else ()
     except ValueError:
         raise SpecError(node.loc, f"init '{node.value}': arguments must be numbers") from None
+    if not all(math.isfinite(a) for a in args):
+        raise SpecError(
+            node.loc, f"init '{node.value}': arguments must be finite, else the parameter is NaN or infinite"
+        )
     if len(args) not in INIT_ARITY[match["kind"]]:
         counts = " or ".join(str(n) for n in INIT_ARITY[match["kind"]])
         raise SpecError(node.loc, f"init '{match['kind']}' takes {counts} argument(s), got {len(args)}")
@@ -390,6 +412,17 @@ def _parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems
         text = _need_text(name_node, "module.name")
         if not isinstance(text.value, str) or not text.value.isidentifier() or keyword.iskeyword(text.value):
             raise SpecError(text.loc, f"module.name '{text.value}' is not a Python class name")
+        if problem := identifier_problem(text.value) or public_name_problem(text.value):
+            raise SpecError(text.loc, f"module.name '{text.value}' {problem}")
+        for taken, what in (
+            (spec_name, "the op's functional"),
+            (camel_case(spec_name) + "Function", "the op's Function class"),
+        ):
+            if text.value == taken:
+                raise SpecError(
+                    text.loc,
+                    f"module.name '{taken}' is already the name of {what}; the package exports both, so choose another",
+                )
         name = text.value
     args: list[Input] = []
     if (args_node := mapping.get("args")) is not None:
@@ -491,6 +524,8 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
             name = str(text.value)
             if not _SNAKE_RE.match(name) or keyword.iskeyword(name) or (name.startswith("__") and name.endswith("__")):
                 raise SpecError(text.loc, f"name '{name}' must be a snake_case Python identifier, e.g. my_op")
+            if problem := identifier_problem(name) or op_name_problem(name):
+                raise SpecError(text.loc, f"name '{name}' {problem}")
     with problems.collect():
         if (node := top.get("doc")) is not None:
             doc = str(_need_text(node, "doc").value)

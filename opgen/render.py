@@ -1,8 +1,10 @@
-"""Jinja rendering shared by the emitters, and safe docstrings.
+"""Jinja rendering shared by the emitters.
 
 Templates are looked up first in a user's template folder (if given), then in the
 `templates/` folder shipped with opgen, so a user can override one file kind at a time.
-`StrictUndefined` makes a missing variable an error rather than empty text.
+`StrictUndefined` makes a missing variable an error rather than empty text. Outside text
+reaches templates only through `opgen.quote` (the `py` filter writes data as a Python
+literal, the emitters pass comments and docstrings already quoted).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import jinja2
+
+from opgen import quote
 
 
 def default_template_dir() -> Path:
@@ -37,28 +41,14 @@ class Renderer:
             keep_trailing_newline=True,
             autoescape=False,
         )
+        self.env.filters["py"] = quote.literal
 
     def render(self, template: str, **context: object) -> str:
         text = self.env.get_template(template).render(**context)
-        # One newline at the end, no trailing spaces: stable, diff-friendly output.
-        lines = [line.rstrip() for line in text.splitlines()]
+        # One newline at the end, no trailing spaces: stable, diff-friendly output. Split at
+        # "\n" only: `splitlines` would also break at characters that do not end a line for
+        # Python (Note [escaping] in opgen.quote).
+        lines = [line.rstrip(" \t") for line in text.split("\n")]
         while lines and not lines[-1]:
             lines.pop()
         return "\n".join(lines) + "\n"
-
-
-def docstring(lines: list[str], indent: int) -> str:
-    """A triple-quoted docstring whose text cannot end it early or escape from it.
-
-    Spec `doc` text is data: backslashes and quotes are escaped, so nothing in it can close
-    the string or form an escape sequence; it reaches Jinja as a value, never as template
-    source, so `{{ }}` in it stays literal text.
-    """
-    pad = " " * indent
-    body: list[str] = []
-    for line in "\n".join(lines).splitlines():
-        line = line.replace("\\", "\\\\").replace('"', '\\"')
-        body.append(pad + line if line.strip() else "")
-    if len(body) == 1:
-        return '"""' + body[0].strip() + '"""'
-    return '"""' + body[0].strip() + "\n" + "\n".join(body[1:]) + "\n" + pad + '"""'

@@ -64,13 +64,13 @@ class Affine(torch.nn.Module):
     """`affine` as a module; see `affine` for the formulas."""
 
     def __init__(self, features, bias=True):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.features = features
         self.weight = torch.nn.Parameter(torch.empty(features))
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(features))
         else:
-            self.register_parameter('bias', None)
+            self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -67,7 +67,7 @@ class Bilinear(torch.nn.Module):
     """`bilinear` as a module; see `bilinear` for the formulas."""
 
     def __init__(self, in1_features, in2_features, out_features, bias=True):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.in1_features = in1_features
         self.in2_features = in2_features
         self.out_features = out_features
@@ -75,7 +75,7 @@ class Bilinear(torch.nn.Module):
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_features))
         else:
-            self.register_parameter('bias', None)
+            self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self):

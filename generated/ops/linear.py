@@ -57,14 +57,14 @@ class Linear(torch.nn.Module):
     """`linear` as a module; see `linear` for the formulas."""
 
     def __init__(self, in_features, out_features, bias=True):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.in_features = in_features
         self.out_features = out_features
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features))
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(out_features))
         else:
-            self.register_parameter('bias', None)
+            self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self):

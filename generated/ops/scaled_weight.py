@@ -52,7 +52,7 @@ class ScaledWeight(torch.nn.Module):
     """`scaled_weight` as a module; see `scaled_weight` for the formulas."""
 
     def __init__(self, size):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.size = size
         self.weights = torch.nn.Parameter(torch.empty(size))
         self.reset_parameters()

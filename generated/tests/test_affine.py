@@ -75,7 +75,7 @@ def test_saves_only_what_backward_needs():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[2] = torch.zeros([5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"do not broadcast together"):
+    with pytest.raises(ValueError, match="do not broadcast together"):
         affine(*args)
 
 

@@ -88,5 +88,5 @@ def test_batched_inputs():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([5, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"argument 'k' must have shape"):
+    with pytest.raises(ValueError, match="argument 'k' must have shape"):
         attention_scores(*args)

@@ -153,7 +153,7 @@ def test_matches_native_op():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([3, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"do not broadcast together"):
+    with pytest.raises(ValueError, match="do not broadcast together"):
         bce_with_logits(*args)
 
 

@@ -84,7 +84,7 @@ def test_matches_native_op():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([4, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"argument 'x2' must have shape"):
+    with pytest.raises(ValueError, match="argument 'x2' must have shape"):
         bilinear(*args)
 
 

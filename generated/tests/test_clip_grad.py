@@ -25,7 +25,7 @@ def reference(x, bound):
     return {'y': y}
 
 
-def reference_grad_x(x, bound, y, grad_y, **_):
+def reference_grad_x(x, bound, y, grad_y):
     """The gradient override of `x`, evaluated independently."""
     return T(torch.clamp(grad_y, min=-bound, max=bound))
 
@@ -37,6 +37,7 @@ OP = harness.OpUnderTest(
     tensor_inputs=[0],
     checked=[],
     differentiable=[0],
+    scope=["x", "bound", "y"],
     overrides={0: reference_grad_x},
 )
 

@@ -91,5 +91,5 @@ def test_batched_inputs():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([4], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"argument 'x2' must have shape"):
+    with pytest.raises(ValueError, match="argument 'x2' must have shape"):
         cosine_similarity(*args)

@@ -179,7 +179,7 @@ def test_matches_native_op_at_points():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([3, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"do not broadcast together"):
+    with pytest.raises(ValueError, match="do not broadcast together"):
         huber(*args)
 
 

@@ -74,7 +74,7 @@ def test_saves_only_what_backward_needs():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([5, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"argument 'weight' must have shape"):
+    with pytest.raises(ValueError, match="argument 'weight' must have shape"):
         linear(*args)
 
 

@@ -29,7 +29,7 @@ def reference(x, scale):
     return {'level': level, 'y': y, 'code': code, 'inside': inside}
 
 
-def reference_grad_x(x, scale, level, y, code, inside, grad_y, **_):
+def reference_grad_x(x, scale, level, y, code, inside, grad_y):
     """The gradient override of `x`, evaluated independently."""
     return T(grad_y * inside)
 
@@ -41,6 +41,7 @@ OP = harness.OpUnderTest(
     tensor_inputs=[0],
     checked=[],
     differentiable=[0],
+    scope=["x", "scale", "level", "y", "code", "inside"],
     overrides={0: reference_grad_x},
 )
 

@@ -90,5 +90,5 @@ def test_batched_inputs():
 def test_wrong_shape_is_a_value_error():
     args = sample_inputs()
     args[1] = torch.zeros([5, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"argument 'y' must have shape"):
+    with pytest.raises(ValueError, match="argument 'y' must have shape"):
         rbf_kernel(*args)

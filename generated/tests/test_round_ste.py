@@ -25,7 +25,7 @@ def reference(x):
     return {'y': y}
 
 
-def reference_grad_x(x, y, grad_y, **_):
+def reference_grad_x(x, y, grad_y):
     """The gradient override of `x`, evaluated independently."""
     return T(grad_y)
 
@@ -37,6 +37,7 @@ OP = harness.OpUnderTest(
     tensor_inputs=[0],
     checked=[],
     differentiable=[0],
+    scope=["x", "y"],
     overrides={0: reference_grad_x},
 )
 

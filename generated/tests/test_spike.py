@@ -27,7 +27,7 @@ def reference(v, threshold, slope):
     return {'s': s}
 
 
-def reference_grad_v(v, threshold, slope, s, grad_s, **_):
+def reference_grad_v(v, threshold, slope, s, grad_s):
     """The gradient override of `v`, evaluated independently."""
     return T(grad_s / (1 + slope * torch.abs(v - threshold)) ** 2)
 
@@ -39,6 +39,7 @@ OP = harness.OpUnderTest(
     tensor_inputs=[0],
     checked=[],
     differentiable=[0],
+    scope=["v", "threshold", "slope", "s"],
     overrides={0: reference_grad_v},
 )
 
