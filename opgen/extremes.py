@@ -62,12 +62,13 @@ def extreme_rows(spec: Spec) -> list[Row]:
     derived = derive(spec, Problems())
     if derived is None:
         return []
+    compiled = _Compiled(derived)
     rows: list[Row] = []
     for inp in spec.tensor_inputs:
         low, high = spec.tests.domain_of(inp.name)
         for place, others in places(spec).items():
             for point in sorted({float32(p) for p in (*POINTS, low, high)}):
-                row = _row(spec, derived, inp.name, point, others)
+                row = _row(spec, compiled, inp.name, point, others)
                 if row is not None:
                     rows.append((*row, place))
     return rows
@@ -91,8 +92,23 @@ _MPMATH: dict[str, Any] = {
 }
 
 
-def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) -> float | None:
-    function: Callable[..., Any] = sympy.lambdify(symbols, expr, modules=[_MPMATH, "mpmath"])
+class _Compiled:
+    """Each formula of `derived` turned into an mpmath function once, however many points read it."""
+
+    def __init__(self, derived: Derived) -> None:
+        symbols = derived.symbols
+        self.order = [symbols.inputs[i.name] for i in derived.spec.inputs]
+        self.outputs = [self.compile(expr) for _, expr in derived.full.inlined]
+        self.slopes: dict[str, Callable[..., Any] | None] = {}
+        for gradient in derived.full.gradients:
+            factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
+            self.slopes[gradient.input] = None if gradient.overridden else self.compile(factor)
+
+    def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
+        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"])  # type: ignore[no-any-return]
+
+
+def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
     try:
         with mpmath.workdps(DIGITS):
             value = function(*args)
@@ -105,10 +121,8 @@ def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) ->
 
 
 def _row(
-    spec: Spec, derived: Derived, name: str, point: float, others: dict[str, float]
+    spec: Spec, compiled: _Compiled, name: str, point: float, others: dict[str, float]
 ) -> tuple[str, float, tuple[float, ...], float | None] | None:
-    symbols = derived.symbols
-    order = [symbols.inputs[i.name] for i in spec.inputs]
     args: list[Any] = []
     with mpmath.workdps(DIGITS):
         for inp in spec.inputs:
@@ -117,16 +131,12 @@ def _row(
             else:
                 given = spec.test_value(inp)
                 args.append(given if isinstance(given, bool) else mpmath.mpf(repr(given)))
-    full = derived.full
     outputs = []
-    for _, expr in full.inlined:
-        value = _evaluate(expr, order, args)
+    for function in compiled.outputs:
+        value = _evaluate(function, args)
         if value is None:
             return None
         outputs.append(value)
-    gradient = next(g for g in full.gradients if g.input == name)
-    slope = None
-    if not gradient.overridden:
-        factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
-        slope = _evaluate(factor, order, args)
+    slope_function = compiled.slopes[name]
+    slope = None if slope_function is None else _evaluate(slope_function, args)
     return (name, point, tuple(outputs), slope)
