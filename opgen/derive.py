@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import sympy
 from sympy import Expr, S
 
-from opgen import tensor
+from opgen import limits, tensor
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
 from opgen.guard import guard_branches, settle_indicators
@@ -316,6 +316,7 @@ def _variant(
         inlined[symbol] = kept.xreplace(inlined)
     tensor_inputs = set(symbols.tensor_inputs)
     for output in spec.outputs:
+        limits.check_inlined(inlined[symbols.outputs[output.name]], output.formula.loc, output.name)
         if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
             raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
     gradients = []
