@@ -135,7 +135,7 @@ class _Reader:
         self.shape(node, value.expr)
         expr = value.expr
         if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:  # type: ignore[attr-defined]
-            raise self.fail(node, f"this constant is beyond float64's range ({_SIZE_HINT})")
+            raise self.fail(node, f"the constant `{_short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
         return value
 
     def number(self, node: ast.expr) -> Expr:
@@ -218,10 +218,10 @@ class _Reader:
                 raise self.fail(node, "division by the constant zero")
             return self.checked(node, Value(a / b, NUM))
         if isinstance(op, ast.Pow):
-            if a.is_number and b.is_number and limits.power_bits(a, b) > limits.FLOAT64_BITS:
-                raise self.fail(
-                    node, f"the constant {_short(f'{a} ** {b}')} is far beyond float64's range ({_SIZE_HINT})"
-                )
+            bits = limits.power_bits(a, b) if a.is_number and b.is_number else 0.0
+            if abs(bits) > limits.FLOAT64_BITS:
+                written = f"`{_short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
+                raise self.fail(node, f"the constant {written}, outside float64 ({_SIZE_HINT})")
             return self.checked(node, Value(a**b, NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
 

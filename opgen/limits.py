@@ -67,7 +67,7 @@ def digit_runs(text: str) -> Iterator[tuple[int, int]]:
 
 
 def power_bits(base: sympy.Expr, exponent: sympy.Expr) -> float:
-    """log2 of |base ** exponent| for two numbers, estimated in floats (inf when it overflows)."""
+    """log2 of |base ** exponent| for two numbers, estimated in floats (±inf when it overflows)."""
     try:
         size = abs(complex(base.evalf(15)))
         power = complex(exponent.evalf(15))
@@ -75,9 +75,8 @@ def power_bits(base: sympy.Expr, exponent: sympy.Expr) -> float:
         return 0.0  # zoo, nan and the like: SymPy's own rules apply
     if size in (0.0, 1.0) or math.isnan(size) or math.isnan(power.real):
         return 0.0
-    if math.isinf(size) or math.isinf(power.real):
-        return math.inf
-    return abs(power.real * math.log2(size))
+    bits = power.real * math.log2(size)
+    return bits if math.isfinite(bits) else math.copysign(math.inf, bits)
 
 
 def tree_size_and_depth(expr: sympy.Basic) -> tuple[int, int]:

@@ -157,7 +157,9 @@ def _scalar(node: yaml.ScalarNode, loc: Loc, scalars: _Scalars) -> object:
     try:
         return scalars.construct_object(node)
     except Exception:  # noqa: BLE001 - each tag's reader fails its own way (KeyError, ValueError, ...)
-        raise SpecError(loc, f"'{node.value}' is not a valid {_short_tag(node.tag)} value") from None
+        raise SpecError(
+            loc, f"'{node.value}' is not a valid {_short_tag(node.tag)} value; drop the tag or fix the value"
+        ) from None
 
 
 def _unbalanced(text: str) -> bool:
