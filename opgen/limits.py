@@ -101,9 +101,9 @@ def tree_size_and_depth(expr: sympy.Basic) -> tuple[int, int]:
 
 
 def check_inlined(expr: sympy.Basic, loc: Loc, name: str) -> None:
-    """Refuse an output whose formula, with its lets written out, is over the size or depth limit."""
+    """Refuse a formula (`name`: "output 'y'") that is over the size or depth limit with its lets written out."""
     size, depth = tree_size_and_depth(expr)
-    what = f"output '{name}' with its lets written out"
+    what = f"{name} with its lets written out"
     if size > INLINED_NODES.value:
         hint = "use each let fewer times (every use repeats its whole formula), or split the op"
         raise INLINED_NODES.refuse(loc, what, size, hint)

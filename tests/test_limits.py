@@ -209,6 +209,12 @@ def test_a_chain_of_14_lets_each_used_twice_is_refused_by_the_inlined_size(tmp_p
     )
 
 
+def test_a_gradient_override_over_the_inlined_size_is_refused(tmp_path, existing):
+    text = spec_with("x * l0", lets=doubling_lets(14)) + "gradients:\n  x: grad * l13\n"
+    pattern = r":22:6: the gradient of 'x' with its lets written out is 61439 nodes, over the 'inlined size' limit"
+    refuse(tmp_path, existing, text, pattern)
+
+
 def test_a_chain_of_lets_nested_too_deep_is_refused_by_the_inlined_depth(tmp_path, existing):
     lets = "  l0: sin(x)\n" + "".join(f"  l{k}: tanh(exp(l{k - 1}))\n" for k in range(1, 60))
     pattern = r":66:6: output 'y' with its lets written out is 120 levels deep, over the 'inlined depth' limit of 100"
