@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import sympy
 from sympy import Expr, S
 
-from opgen import tensor
+from opgen import limits, tensor
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
 from opgen.guard import guard_branches, settle_indicators
@@ -316,6 +316,7 @@ def _variant(
         inlined[symbol] = kept.xreplace(inlined)
     tensor_inputs = set(symbols.tensor_inputs)
     for output in spec.outputs:
+        limits.check_inlined(inlined[symbols.outputs[output.name]], output.formula.loc, f"output '{output.name}'")
         if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
             raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
     gradients = []
@@ -331,7 +332,10 @@ def _variant(
                 for n, e in ((n, inlined.get(symbols.lets[n])) for n in symbols.lets)
                 if e is not None
             }
-            kept = drop_terms(override.xreplace(lets_inlined), frozenset(absent))
+            written_out = override.xreplace(lets_inlined)
+            where = next(g.formula.loc for g in spec.gradients if g.input == inp.name)
+            limits.check_inlined(written_out, where, f"the gradient of '{inp.name}'")
+            kept = drop_terms(written_out, frozenset(absent))
             kept = S.Zero if kept is None else guard_branches(kept, symbols.tensors)
             contributions = (Contribution(None, kept),)
             gradients.append(Gradient(inp.name, contributions, True))

@@ -70,6 +70,19 @@ class Problems:
         return bool(self.errors)
 
 
+class Interrupted(BaseException):
+    """Work on a spec stopped from outside (its time budget ran out, `opgen.limits`).
+
+    Not an `Exception`, so no handler meant for errors swallows it; `located` blocks let it
+    pass and the innermost one records where the work was.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.loc: Loc | None = None
+        self.what = ""
+
+
 @contextlib.contextmanager
 def located(loc: Loc, what: str = "") -> Iterator[None]:
     """Re-raise any unexpected error inside the block as a `SpecError` at `loc`.
@@ -80,6 +93,10 @@ def located(loc: Loc, what: str = "") -> Iterator[None]:
     try:
         yield
     except SpecError:
+        raise
+    except Interrupted as interrupted:
+        if interrupted.loc is None:
+            interrupted.loc, interrupted.what = loc, what
         raise
     except RecursionError:
         raise SpecError(loc, f"{what or 'formula'} is nested too deeply") from None

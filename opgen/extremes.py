@@ -22,6 +22,7 @@ from typing import Any
 
 import mpmath
 import sympy
+from sympy.printing.pycode import MpmathPrinter
 
 from opgen.derive import Derived, derive
 from opgen.errors import Problems
@@ -62,23 +63,53 @@ def extreme_rows(spec: Spec) -> list[Row]:
     derived = derive(spec, Problems())
     if derived is None:
         return []
+    compiled = _Compiled(derived)
+    arguments = {place: _arguments(spec, others) for place, others in places(spec).items()}
     rows: list[Row] = []
-    for inp in spec.tensor_inputs:
+    for k, inp in enumerate(spec.inputs):
+        if not inp.is_tensor:
+            continue
         low, high = spec.tests.domain_of(inp.name)
-        for place, others in places(spec).items():
+        for place, values in arguments.items():
             for point in sorted({float32(p) for p in (*POINTS, low, high)}):
-                row = _row(spec, derived, inp.name, point, others)
+                row = _row(compiled, inp.name, point, [*values[:k], _mpf(point), *values[k + 1 :]])
                 if row is not None:
                     rows.append((*row, place))
     return rows
 
 
+# Note [runaway magnitudes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# mpmath numbers have unbounded exponents, so `exp(exp(exp(x)))` or `x ** x ** x` at x = 1e4
+# is representable, but the next `exp`, `sin` or power of such a number needs working
+# precision in proportion to its exponent: minutes, or all memory. A value that large is far
+# beyond float32, so no kept row needs it: the functions whose cost grows with their
+# argument's size, and powers with a variable exponent, drop the row (OverflowError) when an
+# argument is over 2 ** MAGNITUDE_BITS. Formulas whose points stay in float range print and
+# compute exactly as before.
+MAGNITUDE_BITS = 10_000
+
+
+def _bounded(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, refusing arguments too large to compute with (Note [runaway magnitudes])."""
+
+    def call(*args: Any) -> Any:
+        for arg in args:
+            if isinstance(arg, mpmath.mpf) and mpmath.isfinite(arg) and mpmath.mag(arg) > MAGNITUDE_BITS:
+                raise OverflowError("argument too large")
+        return function(*args)
+
+    return call
+
+
+_SIZE_BOUND = ("exp", "expm1", "sin", "cos", "tan", "sinh", "cosh", "tanh", "erf", "erfc", "loggamma", "polygamma")
+
 # mpmath versions of the formula language's functions that lambdify does not know.
 _MPMATH: dict[str, Any] = {
-    "sigmoid": lambda u: 1 / (1 + mpmath.exp(-u)),
-    "softplus": lambda u: mpmath.log1p(mpmath.exp(u)),
+    "sigmoid": _bounded(lambda u: 1 / (1 + mpmath.exp(-u))),
+    "softplus": _bounded(lambda u: mpmath.log1p(mpmath.exp(u))),
     "log1p": mpmath.log1p,
-    "expm1": mpmath.expm1,
+    "expm1": _bounded(mpmath.expm1),
     "where": lambda c, a, b: a if c else b,
     "sign": mpmath.sign,
     "floor": mpmath.floor,
@@ -88,11 +119,43 @@ _MPMATH: dict[str, Any] = {
     "maximum": lambda a, b, _: max(a, b),
     "minimum": lambda a, b, _: min(a, b),
     "clamp": lambda u, lo, hi: min(max(u, lo), hi),
+    "_power": _bounded(lambda base, exponent: base**exponent),
+    **{name: _bounded(getattr(mpmath, name)) for name in _SIZE_BOUND if name != "expm1"},
 }
 
 
-def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) -> float | None:
-    function: Callable[..., Any] = sympy.lambdify(symbols, expr, modules=[_MPMATH, "mpmath"])
+class _Printer(MpmathPrinter):
+    """lambdify's mpmath printer, with variable powers through `_power` (Note [runaway magnitudes])."""
+
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # noqa: N802
+        if expr.exp.is_number:
+            return super()._print_Pow(expr, rational=rational)  # type: ignore[no-any-return]
+        return f"_power({self._print(expr.base)}, {self._print(expr.exp)})"
+
+
+def _printer() -> _Printer:
+    """The printer lambdify would choose for these modules, with `_Printer`'s powers."""
+    settings = {"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True}
+    return _Printer({**settings, "user_functions": {name: name for name in _MPMATH}})
+
+
+class _Compiled:
+    """Each formula of `derived` turned into an mpmath function once, however many points read it."""
+
+    def __init__(self, derived: Derived) -> None:
+        symbols = derived.symbols
+        self.order = [symbols.inputs[i.name] for i in derived.spec.inputs]
+        self.outputs = [self.compile(expr) for _, expr in derived.full.inlined]
+        self.slopes: dict[str, Callable[..., Any] | None] = {}
+        for gradient in derived.full.gradients:
+            factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
+            self.slopes[gradient.input] = None if gradient.overridden else self.compile(factor)
+
+    def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
+        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())  # type: ignore[no-any-return]
+
+
+def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
     try:
         with mpmath.workdps(DIGITS):
             value = function(*args)
@@ -104,29 +167,32 @@ def _evaluate(expr: sympy.Expr, symbols: list[sympy.Symbol], args: list[Any]) ->
     return result if abs(result) <= FLOAT32_MAX else None
 
 
-def _row(
-    spec: Spec, derived: Derived, name: str, point: float, others: dict[str, float]
-) -> tuple[str, float, tuple[float, ...], float | None] | None:
-    symbols = derived.symbols
-    order = [symbols.inputs[i.name] for i in spec.inputs]
-    args: list[Any] = []
+def _mpf(value: float) -> Any:
     with mpmath.workdps(DIGITS):
-        for inp in spec.inputs:
-            if inp.is_tensor:
-                args.append(mpmath.mpf(repr(point if inp.name == name else others[inp.name])))
-            else:
-                given = spec.test_value(inp)
-                args.append(given if isinstance(given, bool) else mpmath.mpf(repr(given)))
-    full = derived.full
+        return mpmath.mpf(repr(value))
+
+
+def _arguments(spec: Spec, others: dict[str, float]) -> list[Any]:
+    """Every input's value, in order: the Tensor inputs where `others` puts them, the rest at their test values."""
+    args: list[Any] = []
+    for inp in spec.inputs:
+        if inp.is_tensor:
+            args.append(_mpf(others[inp.name]))
+        else:
+            given = spec.test_value(inp)
+            args.append(given if isinstance(given, bool) else _mpf(given))
+    return args
+
+
+def _row(
+    compiled: _Compiled, name: str, point: float, args: list[Any]
+) -> tuple[str, float, tuple[float, ...], float | None] | None:
     outputs = []
-    for _, expr in full.inlined:
-        value = _evaluate(expr, order, args)
+    for function in compiled.outputs:
+        value = _evaluate(function, args)
         if value is None:
             return None
         outputs.append(value)
-    gradient = next(g for g in full.gradients if g.input == name)
-    slope = None
-    if not gradient.overridden:
-        factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
-        slope = _evaluate(factor, order, args)
+    slope_function = compiled.slopes[name]
+    slope = None if slope_function is None else _evaluate(slope_function, args)
     return (name, point, tuple(outputs), slope)

@@ -17,7 +17,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen import functions as fn
-from opgen import tensor
+from opgen import limits, tensor
 from opgen.errors import Loc, SpecError
 from opgen.model import Formula
 
@@ -133,6 +133,9 @@ class _Reader:
 
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
+        expr = value.expr
+        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:  # type: ignore[attr-defined]
+            raise self.fail(node, f"the constant `{_short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
         return value
 
     def number(self, node: ast.expr) -> Expr:
@@ -215,6 +218,10 @@ class _Reader:
                 raise self.fail(node, "division by the constant zero")
             return self.checked(node, Value(a / b, NUM))
         if isinstance(op, ast.Pow):
+            bits = limits.power_bits(a, b) if a.is_number and b.is_number else 0.0
+            if abs(bits) > limits.FLOAT64_BITS:
+                written = f"`{_short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
+                raise self.fail(node, f"the constant {written}, outside float64 ({_SIZE_HINT})")
             return self.checked(node, Value(a**b, NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
 
@@ -311,6 +318,7 @@ class _Reader:
             raise self.fail(node, f"{name}() takes {count} argument{plural}, got {len(node.args)}")
 
 
+_SIZE_HINT = "the 'constant size' limit: numbers below 2 ** 1024, about 1.8e308"
 _OPERATOR_TEXT = {ast.FloorDiv: "`//`", ast.Mod: "`%`", ast.LShift: "`<<`", ast.RShift: "`>>`", ast.BitXor: "`^`"}
 
 
@@ -349,16 +357,56 @@ def _float(value: float) -> Expr:
     return sympy.Rational(repr(value)) if len(repr(value)) <= 12 else sympy.Float(value, 17)
 
 
+def _text_loc(formula: Formula, index: int) -> Loc:
+    """Where character `index` of the formula's text is."""
+    base = formula.loc
+    before = formula.text[:index]
+    if "\n" not in before:
+        return Loc(base.file, base.line, base.col + index)
+    return Loc(base.file, base.line + before.count("\n"), len(before) - before.rfind("\n"))
+
+
 def parse_ast(formula: Formula) -> ast.expr:
-    """The Python syntax tree of a formula; a syntax error is a located `SpecError`."""
+    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`."""
     text = formula.text
+    for start, length in limits.digit_runs(text):
+        raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
         col = (error.offset or 1) - 1 + (len(text) - len(text.lstrip()))
         loc = Loc(formula.loc.file, formula.loc.line, formula.loc.col + max(col, 0))
         raise SpecError(loc, f"syntax error in `{text}`: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        limit = limits.FORMULA_DEPTH
+        raise SpecError(
+            formula.loc, f"`{_short(text)}` is nested too deeply to read (the '{limit.name}' limit is {limit.value})"
+        ) from None
+    _check_size(tree.body, formula)
     return tree.body
+
+
+def _check_size(tree: ast.expr, formula: Formula) -> None:
+    """Refuse a formula, as written, over the 'formula size' or 'formula depth' limit."""
+    reader = _Reader(formula, Scope({}, frozenset()))
+    count = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, ast.expr):
+            count += 1
+            if depth > limits.FORMULA_DEPTH.value:
+                hint = "name parts of it with `let`"
+                raise limits.FORMULA_DEPTH.refuse(reader.loc(node), f"`{_short(formula.text)}` here", depth, hint)
+            depth += 1
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+    if count > limits.FORMULA_NODES.value:
+        hint = "split it into several `let`s, or the op into several ops"
+        raise limits.FORMULA_NODES.refuse(formula.loc, f"`{_short(formula.text)}`", count, hint)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_formula(formula: Formula, scope: Scope, want: str = NUM) -> sympy.Basic:

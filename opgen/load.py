@@ -3,6 +3,16 @@
 Receives paths; returns `Raw` nodes (`RawMap`, `RawList`, `RawScalar`), each with its
 `Loc`. Reads with PyYAML's safe composer only (no tags that construct objects), and
 rejects duplicate keys, which plain YAML loaders silently drop.
+
+Note [yaml limits]
+~~~~~~~~~~~~~~~~~~
+A spec is plain YAML: text, numbers, true/false, null, mappings and lists. Every other
+tag (`!!timestamp`, `!!python/...`, `!custom`) is refused where it is written, and a value
+its tag cannot read (`!!bool maybe`) is a located error, not the constructor's exception.
+Composing stays within `opgen.limits`: nesting (the composer recurses per level) and the
+number of nodes with every alias expanded (an alias repeats a whole subtree, so a few lines
+can stand for billions of nodes); an alias inside the node it names is refused, since
+the tree it stands for has no end. An alias is located where it is written, not at its anchor.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from pathlib import Path
 import yaml
 from yaml.constructor import SafeConstructor
 
+from opgen import limits
 from opgen.errors import Loc, SpecError
 
 
@@ -65,6 +76,92 @@ class _Scalars(SafeConstructor):
     """Turns scalar nodes into Python values with YAML's safe schema."""
 
 
+_YAML = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {_YAML + kind for kind in ("str", "int", "float", "bool", "null")}
+_COLLECTION_TAGS = {yaml.SequenceNode: _YAML + "seq", yaml.MappingNode: _YAML + "map"}
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag[len(_YAML) :] if tag.startswith(_YAML) else tag
+
+
+class _Composer(yaml.SafeLoader):
+    """PyYAML's safe composer within the limits of Note [yaml limits]."""
+
+    def __init__(self, text: str, file: str) -> None:
+        super().__init__(text)
+        self.file = file
+        self.depth = 0
+        self.open_anchors: set[str] = set()
+        self.sizes: dict[int, int] = {}  # id(node) -> how many nodes it stands for, aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        loc = _loc(self.file, event.start_mark)
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.open_anchors:
+                raise SpecError(loc, f"the alias *{event.anchor} is inside the node &{event.anchor} it names")
+            return self._at_alias(super().compose_node(parent, index), event)
+        if self.depth >= limits.YAML_DEPTH.value:
+            raise limits.YAML_DEPTH.refuse(loc, "this YAML value", self.depth + 1, "nest mappings and lists less")
+        opens = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)) and event.anchor is not None
+        if opens:
+            self.open_anchors.add(event.anchor)
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+            if opens:
+                self.open_anchors.discard(event.anchor)
+        self._count(node, loc)
+        return node
+
+    def _at_alias(self, node: yaml.Node, event: yaml.AliasEvent) -> yaml.Node:
+        """A copy of the anchored node, located at the alias (a collection shares its items)."""
+        copy: yaml.Node
+        if isinstance(node, yaml.ScalarNode):
+            copy = yaml.ScalarNode(node.tag, node.value, event.start_mark, event.end_mark, style=node.style)
+        elif isinstance(node, yaml.SequenceNode):
+            copy = yaml.SequenceNode(node.tag, node.value, event.start_mark, event.end_mark, node.flow_style)
+        else:
+            copy = yaml.MappingNode(node.tag, node.value, event.start_mark, event.end_mark, node.flow_style)
+        self._count(copy, _loc(self.file, event.start_mark))
+        return copy
+
+    def _count(self, node: yaml.Node, loc: Loc) -> None:
+        if isinstance(node, yaml.ScalarNode):
+            size = 1
+        elif isinstance(node, yaml.SequenceNode):
+            size = 1 + sum(self.sizes[id(item)] for item in node.value)
+        else:
+            size = 1 + sum(self.sizes[id(key)] + self.sizes[id(value)] for key, value in node.value)
+        if size > limits.YAML_NODES.value:
+            what = "this YAML value with its aliases (*name) expanded"
+            raise limits.YAML_NODES.refuse(loc, what, size, "use fewer aliases, or split the spec")
+        self.sizes[id(node)] = size
+
+
+def _scalar(node: yaml.ScalarNode, loc: Loc, scalars: _Scalars) -> object:
+    """The Python value of a scalar node, read with YAML's safe schema (Note [yaml limits])."""
+    if node.tag not in _SCALAR_TAGS:
+        if node.tag == _YAML + "timestamp":
+            raise SpecError(loc, f"'{node.value}' reads as a YAML date; put it in quotes if it is text")
+        raise SpecError(
+            loc, f"the YAML tag {_short_tag(node.tag)} is not allowed; a spec holds text, numbers, true/false and null"
+        )
+    if node.tag in (_YAML + "int", _YAML + "float"):
+        digits = sum(char.isdigit() for char in node.value)
+        if digits > limits.DIGITS.value:
+            raise limits.DIGITS.refuse(loc, "this number", digits, "write it shorter, e.g. 1.5e30")
+    try:
+        return scalars.construct_object(node)
+    except Exception:  # noqa: BLE001 - each tag's reader fails its own way (KeyError, ValueError, ...)
+        raise SpecError(
+            loc, f"'{node.value}' is not a valid {_short_tag(node.tag)} value; drop the tag or fix the value"
+        ) from None
+
+
 def _unbalanced(text: str) -> bool:
     return text.count("(") > text.count(")")
 
@@ -95,10 +192,14 @@ def _rejoin_flow_entries(node: yaml.MappingNode, source: str) -> list[tuple[yaml
 def _convert(node: yaml.Node, file: str, scalars: _Scalars, source: str) -> Raw:
     loc = _loc(file, node.start_mark)
     if isinstance(node, yaml.ScalarNode):
-        value = scalars.construct_object(node)
+        value = _scalar(node, loc, scalars)
         if not isinstance(value, (str, int, float, bool, type(None))):
             raise SpecError(loc, f"unsupported YAML value of type {type(value).__name__}")
         return RawScalar(value, loc, quoted=node.style in ("'", '"'))
+    if _COLLECTION_TAGS.get(type(node), node.tag) != node.tag:
+        raise SpecError(
+            loc, f"the YAML tag {_short_tag(node.tag)} is not allowed; a spec holds plain mappings and lists"
+        )
     if isinstance(node, yaml.SequenceNode):
         return RawList(tuple(_convert(item, file, scalars, source) for item in node.value), loc)
     if isinstance(node, yaml.MappingNode):
@@ -109,7 +210,7 @@ def _convert(node: yaml.Node, file: str, scalars: _Scalars, source: str) -> Raw:
             key_loc = _loc(file, key_node.start_mark)
             if not isinstance(key_node, yaml.ScalarNode):
                 raise SpecError(key_loc, "mapping keys must be plain names")
-            key = scalars.construct_object(key_node)
+            key = _scalar(key_node, key_loc, scalars)
             if isinstance(key, bool):
                 # `true:`/`yes:` keys: keep the text the user wrote, not YAML 1.1's bool.
                 key = key_node.value
@@ -126,7 +227,7 @@ def _convert(node: yaml.Node, file: str, scalars: _Scalars, source: str) -> Raw:
 def load_text(text: str, file: str) -> Raw:
     """Parse one YAML document into a located raw tree."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _Composer(text, file).get_single_node()
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         problem = error.problem or error.context or "invalid YAML"

@@ -13,6 +13,7 @@ import keyword
 import math
 import re
 
+from opgen import limits
 from opgen.errors import Loc, Problems, SpecError
 from opgen.load import Raw, RawList, RawMap, RawScalar
 from opgen.model import (
@@ -91,6 +92,9 @@ def check_identifier(name: str, loc: Loc, what: str) -> None:
 
 def _scalar_default(kind: str, text: str, loc: Loc) -> Scalar:
     lowered = text.strip()
+    digits = sum(char.isdigit() for char in lowered)
+    if digits > limits.DIGITS.value:
+        raise limits.DIGITS.refuse(loc, "this number", digits, "write it shorter, e.g. 1.5e30")
     if kind == "bool":
         if lowered in ("true", "True"):
             return True
@@ -558,6 +562,7 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
         if (node := top.get("optimize")) is not None:
             optimize = _parse_optimize(node, problems)
     _check_unique_names(inputs, lets, outputs, problems)
+    _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
     return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize)
@@ -595,3 +600,13 @@ def _check_unique_names(
             )
         else:
             seen[name] = (what, loc)
+
+
+def _check_counts(top: RawMap, problems: Problems) -> None:
+    """At most `opgen.limits`' number of inputs, lets and outputs."""
+    for key, limit in (("inputs", limits.INPUTS), ("let", limits.LETS), ("outputs", limits.OUTPUTS)):
+        node = top.get(key)
+        if isinstance(node, RawMap) and len(node.entries) > limit.value:
+            problems.add(
+                limit.refuse(top.key_loc(key), f"the number of {limit.name}", len(node.entries), "split the op")
+            )

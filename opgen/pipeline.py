@@ -14,7 +14,7 @@ from pathlib import Path
 import sympy
 from sympy import Expr
 
-from opgen import quote
+from opgen import limits, quote
 from opgen.derive import Rewrite, derive
 from opgen.emit import emit_op, public_names, shape_checks
 from opgen.emit_tests import emit_tests
@@ -98,7 +98,7 @@ def build(args: list[str], renderer: Renderer, policy: str | None = None, fuse: 
     result = Result()
     exported: dict[str, Loc] = {}  # every name the package exports: functionals and classes
     for path, display in find_spec_files(args, result.problems):
-        with result.problems.collect():
+        with result.problems.collect(), limits.budget(Loc(display, 1, 1)):
             spec = parse_spec(load_file(path, display), source_name(path), result.problems)
             if spec is None:
                 continue

@@ -95,12 +95,40 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
         if not expr.is_Atom:
             swap[expr] = output
         for call in sorted(calls & expr.atoms(sympy.Function), key=sympy.default_sort_key):
-            hole = sympy.Dummy("hole")
+            hole = sympy.Dummy("hole", real=True)
             linear = expr.xreplace({call: hole})
-            coeff = sympy.diff(linear, hole)
-            if coeff.is_number and coeff != 0 and not linear.has(call):
+            coeff = _coefficient(linear, hole)
+            if coeff is not None and coeff != 0 and not linear.has(call):
                 swap.setdefault(call, (output - linear.subs(hole, 0)) / coeff)
     return swap
+
+
+def _coefficient(expr: Expr, hole: sympy.Symbol) -> Expr | None:
+    """The number `c` when `expr` is `c * hole + rest` and `rest` does not use `hole`; else None.
+
+    Read off the sums and products that lead to `hole`, not by differentiating: `hole` inside
+    any other node (`floor(hole)`, whose derivative is 0 almost everywhere) is not linear.
+    """
+    if expr == hole:
+        return sympy.S.One
+    if hole not in expr.free_symbols:
+        return sympy.S.Zero
+    if isinstance(expr, sympy.Add):
+        total: Expr = sympy.S.Zero
+        for term in expr.args:
+            part = _coefficient(term, hole)
+            if part is None:
+                return None
+            total += part
+        return total
+    if isinstance(expr, sympy.Mul):
+        inner = [f for f in expr.args if hole in f.free_symbols]
+        rest = [f for f in expr.args if hole not in f.free_symbols]
+        if len(inner) != 1 or not all(f.is_number for f in rest):
+            return None
+        part = _coefficient(inner[0], hole)
+        return None if part is None else sympy.Mul(*rest) * part
+    return None
 
 
 def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:

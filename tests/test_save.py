@@ -73,3 +73,17 @@ def test_cost_counts_shared_subexpressions_once_and_tanh_dearly():
     x, y = sympy.symbols("x y", real=True)
     assert cost([sympy.tanh(x) ** 2]) > 5 * cost([(x - y) ** 2])
     assert cost([sympy.exp(x) + 1, sympy.exp(x) * 2]) < 2 * cost([sympy.exp(x) + 1])
+
+
+def test_an_output_stands_in_for_a_call_only_where_it_holds_the_call_linearly(tmp_path, run_cli):
+    # `floor(tanh(x))` uses tanh(x), but not linearly: y - floor(0) is not tanh(x) where x < 0.
+    spec = tmp_path / "op.yaml"
+    spec.write_text("name: op\ninputs:\n  x: Tensor\n  b: Tensor?\noutputs:\n  y: tanh(x) + floor(tanh(x)) + b\n")
+    assert run_cli("generate", str(spec), "-o", str(tmp_path / "floor_pkg"), "--policy", "balanced")[0] == 0
+    op = import_package(tmp_path, "floor_pkg").op
+    x = torch.linspace(-3, 3, 13, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(13, dtype=torch.float64)
+    (got,) = torch.autograd.grad(op(x, b).sum(), x)
+    plain = x.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad((torch.tanh(plain) + torch.floor(torch.tanh(plain))).sum(), plain)
+    torch.testing.assert_close(got, want)
