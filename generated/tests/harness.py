@@ -19,6 +19,12 @@ def as_tensor(value):
     return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=DTYPE)
 
 
+def fit_to(value, shape):
+    """`value` broadcast to `shape`, then summed back to it: how an op fits a gradient to its input."""
+    value = as_tensor(value)
+    return value.expand(torch.broadcast_shapes(value.shape, shape)).sum_to_size(shape)
+
+
 def as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
@@ -74,7 +80,7 @@ def expected_gradients(op, args, reference, grads_out):
     named = dict(zip(op.inputs, args)) | {name: value.detach().to(DTYPE) for name, value in values.items()}
     for k, override in op.overrides.items():
         if args[k] is not None:
-            expected[k] = override(**named, **grads).expand_as(args[k])
+            expected[k] = fit_to(override(**named, **grads), args[k].shape)
     return expected
 
 
