@@ -21,6 +21,7 @@ from opgen import limits, tensor
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import NUM, Scope, Value, read_formula
 from opgen.guard import guard_branches, settle_indicators
+from opgen.kinds import with_definitions
 from opgen.model import Spec
 from opgen.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 
@@ -382,13 +383,13 @@ def _unchanged(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
     return expr
 
 
-def _plain_numbers(spec: Spec, symbols: Symbols, read: dict[str, Expr]) -> frozenset[sympy.Symbol]:
-    """The symbols that hold plain numbers: non-tensor inputs, and lets made only of them."""
-    numbers = {symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor}
-    for name, expr in read.items():  # in dependency order
-        if name in symbols.lets and expr.free_symbols <= numbers:
-            numbers.add(symbols.lets[name])
-    return frozenset(numbers)
+def _plain_numbers(symbols: Symbols, read: dict[str, Expr]) -> frozenset[sympy.Symbol]:
+    """The symbols that hold plain numbers (Note [numbers and tensors]): non-tensor inputs,
+    named dimension sizes, and lets made only of them."""
+    lets = [(symbols.lets[name], expr) for name, expr in read.items() if name in symbols.lets]  # dependency order
+    tensors = with_definitions(symbols.tensors, lets)
+    used = set().union(*(expr.free_symbols for expr in read.values()))
+    return frozenset(s for s in used | set(symbols.inputs.values()) | set(symbols.lets.values()) if s not in tensors)
 
 
 def derive(spec: Spec, problems: Problems, rewrite: Rewrite = _unchanged) -> Derived | None:
@@ -408,7 +409,7 @@ def derive(spec: Spec, problems: Problems, rewrite: Rewrite = _unchanged) -> Der
     try:
         order = _definition_order(spec, symbols, definitions)
         read = _read_definitions(spec, symbols, order, shapes)
-        numbers = _plain_numbers(spec, symbols, read)
+        numbers = _plain_numbers(symbols, read)
         definitions = {name: rewrite(expr, numbers) for name, expr in read.items()}
     except _Many as many:
         problems.errors.extend(many.problems.errors)

@@ -8,6 +8,7 @@ the `nn.Module`. Statement bodies are built here as lines, every expression prin
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import sympy
@@ -18,9 +19,10 @@ from opgen.display import display
 from opgen.emit_kernels import backward_lines, forward_printer
 from opgen.emit_module import default_text, module_context
 from opgen.fuse import fusable, fuse
+from opgen.kinds import with_definitions
 from opgen.model import Spec
 from opgen.names import Namer, ctx_namer
-from opgen.plan import BackwardPlan, GradPlan, Plan
+from opgen.plan import BackwardPlan, GradPlan, Plan, Temp
 from opgen.printer import TorchPrinter
 from opgen.render import Renderer
 from opgen.tensor import ShapeError, dim_size, is_dim_size, shape_of
@@ -111,7 +113,10 @@ def forward_dims(derived: Derived) -> list[str]:
     return sorted(s.name.split(":", 1)[1] for s in used)
 
 
-def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None) -> TorchPrinter:
+def make_printer(
+    derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None, temps: tuple[Temp, ...] = ()
+) -> TorchPrinter:
+    """A printer for the op's formulas; `temps` are the temporaries of one backward variant, in order."""
     symbols = derived.symbols
     table: dict[sympy.Symbol, str] = {}
     for group in (symbols.inputs, symbols.lets, symbols.outputs):
@@ -120,15 +125,12 @@ def make_printer(derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str
     table |= names.temps
     table |= {dim_size(n): f"{names.ctx}.{attr}" for n, attr in names.size_attrs.items()}
     table |= extra or {}
-    # Temporaries of the gradients hold tensors; conditions are never kept in them (plan).
-    tensors = set(symbols.tensors | frozenset(names.temps))
-    # A `let` holds a tensor when its formula uses one (in any variant), else a plain number.
-    for variant in derived.variants:
-        for name, expr in variant.lets:
-            if expr.free_symbols & tensors:
-                tensors.add(symbols.lets[name])
+    # A `let` or temporary holds a tensor when its formula uses one (in any variant), else a
+    # plain number (Note [numbers and tensors]); conditions are never kept in them (plan).
+    lets = [(symbols.lets[name], expr) for variant in derived.variants for name, expr in variant.lets]
+    tensors = with_definitions(symbols.tensors, [*lets, *((t.symbol, t.expr) for t in temps)])
     printer = TorchPrinter(
-        table, frozenset(tensors), torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional"
+        table, tensors, torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional"
     )
     printer.tensor_shapes = dict(derived.shapes)
     return printer
@@ -144,6 +146,18 @@ def _with_temp_shapes(printer: TorchPrinter, plan: Plan) -> TorchPrinter:
                 except ShapeError:
                     printer.tensor_shapes[temp.symbol] = None
     return printer
+
+
+def _temps(bp: BackwardPlan) -> tuple[Temp, ...]:
+    return tuple(t for group in bp.groups for t in group.temps)
+
+
+def _variant_printer(printer: TorchPrinter, bp: BackwardPlan, names: OpNames) -> TorchPrinter:
+    """`printer` knowing which of this variant's temporaries hold tensors (variants number theirs alike)."""
+    variant = copy.copy(printer)
+    temps = [(t.symbol, t.expr) for t in _temps(bp)]
+    variant.tensors = with_definitions(printer.tensors - frozenset(names.temps), temps)
+    return variant
 
 
 def _indent(lines: Lines, level: int = 1) -> Lines:
@@ -293,47 +307,66 @@ def _needs(names: OpNames, plan: Plan, inputs: tuple[str, ...]) -> str:
 
 
 def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    """`grad_<input> = ...`, fitted to the input's shape (Note [gradient shapes])."""
     symbols = plan.derived.symbols
     var = names.grads_out[grad.input]
     first_grad = names.grads_in[next(iter(symbols.grads))]
     lines: Lines = []
+    shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
     if not grad.contributions:
         if plan.gate_none or plan.derived.has_tensor_ops:
             return [f"{var} = None  # {grad.input} has a zero gradient"]
+        if grad.reduce:  # the input's own shape: it may be larger than the output's (`x + 0 * z`)
+            return [f"{var} = {first_grad}.new_zeros({shape})"]
         lines.append(f"{var} = {names.torch}.zeros_like({first_grad})")
     elif grad.overridden or grad.contributions[0].output is None:
         expr = grad.contributions[0].factor
         text = printer.doprint_expr(expr)
-        if not printer.is_tensor(expr):
+        if not printer.is_tensor(expr) and grad.overridden and grad.expand:
+            text = f"{first_grad}.new_tensor({text})"  # the override's value at every element of the input
+        elif not printer.is_tensor(expr):
             text = f"{names.torch}.full_like({first_grad}, {text})"
         lines.append(f"{var} = {text}")
     elif plan.gate_none:
-        for k, contribution in enumerate(grad.contributions):
-            assert contribution.output is not None
-            incoming = names.grads_in[contribution.output]
-            term = printer.doprint_expr(symbols.grads[contribution.output] * contribution.factor)
-            lines.append(f"if {incoming} is not None:")
-            if k == 0:
-                lines.append(f"    {var} = {term}")
-            else:
-                lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
+        return _gated_sum(plan, grad, names, printer, shape)
+    elif grad.separate:
+        terms = [symbols.grads[c.output] * c.factor for c in grad.contributions if c.output]
+        return [f"{var} = " + " + ".join(f"{printer._postfix(t)}.sum_to_size({shape})" for t in terms)]
     else:
         total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
         if plan.derived.spec.optimize.lower:
             lines += backward_lines(var, total, printer, names.torch)
         else:
             lines.append(f"{var} = {printer.doprint_expr(total)}")
-    shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
     if grad.expand and grad.reduce:
         lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")
     elif grad.expand:
         lines.append(f"{var} = {var}.expand({shape})")
     elif grad.reduce:
-        if plan.gate_none and grad.contributions:
-            lines.append(f"if {var} is not None:")
-            lines.append(f"    {var} = {var}.sum_to_size({shape})")
+        lines.append(f"{var} = {var}.sum_to_size({shape})")
+    return lines
+
+
+def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter, shape: str) -> Lines:
+    """The sum of the contributions whose incoming gradient is not None (`set_materialize_grads(False)`)."""
+    symbols = plan.derived.symbols
+    var = names.grads_out[grad.input]
+    lines: Lines = []
+    for k, contribution in enumerate(grad.contributions):
+        assert contribution.output is not None
+        incoming = names.grads_in[contribution.output]
+        product = symbols.grads[contribution.output] * contribution.factor
+        term = printer.doprint_expr(product)
+        if grad.separate:
+            term = f"{printer._postfix(product)}.sum_to_size({shape})"
+        lines.append(f"if {incoming} is not None:")
+        if k == 0:
+            lines.append(f"    {var} = {term}")
         else:
-            lines.append(f"{var} = {var}.sum_to_size({shape})")
+            lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
+    if grad.reduce and not grad.separate:
+        lines.append(f"if {var} is not None:")
+        lines.append(f"    {var} = {var}.sum_to_size({shape})")
     return lines
 
 
@@ -342,6 +375,7 @@ def _temp_lines(temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
 
 
 def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    printer = _variant_printer(printer, bp, names)
     lines: Lines = []
     placed: set[int] = set()
     for grad in bp.grads:
@@ -455,7 +489,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     spec = derived.spec
     names = make_names(plan)
-    printer = _with_temp_shapes(make_printer(derived, names), plan)
+    printer = _with_temp_shapes(make_printer(derived, names, temps=_temps(plan.backward[-1])), plan)
     backward, varies = backward_body(plan, names, printer)
     if varies:
         plan = _save_optionals(plan)

@@ -181,14 +181,33 @@ def _sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> 
     return result
 
 
+def _parameter_sizes(spec: Spec) -> dict[str, int]:
+    """The int args that size a parameter, each with the size its input has in the samples.
+
+    `weight: {shape: [normalized_shape]}` for `weight: Tensor[D]` gives `normalized_shape`
+    the sample size of D, so the Module's parameters fit the sampled inputs as the
+    functional's arguments do; shapes align from the last dimension, as broadcasting does.
+    """
+    assert spec.module is not None
+    samples = _sample_shapes(spec, False)
+    sizes: dict[str, int] = {}
+    for param in spec.module.parameters:
+        sample = samples.get(param.name, ())
+        for entry, size in zip(reversed(param.shape), reversed(sample), strict=False):
+            if isinstance(entry, str):
+                sizes.setdefault(entry, size)
+    return sizes
+
+
 def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
     """Constructor arguments for the Module test, and the value each arg ends up with.
 
-    An int arg named like a dimension (`in_features`) gets that dimension's sample size; an
+    An int arg named like a dimension (`in_features`) gets that dimension's sample size;
+    one that sizes a parameter, the size of the parameter's input (`_parameter_sizes`); an
     arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`).
     """
     assert spec.module is not None
-    values: dict[str, Scalar] = {**dim_sizes(spec), **dict(spec.tests.values)}
+    values: dict[str, Scalar] = {**_parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
     for arg in spec.module.args:

@@ -14,7 +14,8 @@ Note [kink conventions]
 - `max(a, b)` / `min(a, b)` of two tensors: half the gradient to each side at a tie
   (as `torch.maximum` / `torch.minimum`).
 - `clamp(x, lo, hi)`: gradient 1 for `lo <= x <= hi`, so it passes at the bounds (as
-  `torch.clamp`); `lo` gets it where `x < lo`, `hi` where `x > hi`.
+  `torch.clamp`); `lo` gets it where `x < lo < hi`, `hi` where `x > hi` or `hi < lo` (the
+  value is `hi` wherever the bounds cross, as `torch.clamp`'s).
 - `where(c, a, b)`: the condition gets no gradient; each branch gets the gradient where
   it was chosen.
 - `sign floor ceil round heaviside` and comparisons: zero gradient everywhere.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import sympy
 from sympy import Expr, Function, S
+from sympy.core.logic import fuzzy_and
 
 
 class _Elementwise(Function):
@@ -128,10 +130,19 @@ class heaviside(_Step):  # noqa: N801
         return 1.0 if x >= 0 else 0.0
 
 
+def _real(args: tuple[sympy.Basic, ...]) -> bool | None:
+    """Real when every argument is: formula values are real tensors and numbers (SymPy would
+    otherwise call a comparison of them "non-real" and refuse it)."""
+    return fuzzy_and(a.is_extended_real for a in args)
+
+
 class where(Function):  # noqa: N801
     """`where(cond, a, b)`; the condition is a SymPy boolean and gets no gradient."""
 
     nargs = 3
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return _real(self.args[1:])
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         cond, a, b = self.args
@@ -162,6 +173,15 @@ class _Extremum(Function):
 
     nargs = 3  # a, b, and a flag: 1 when both hold tensors
 
+    @classmethod
+    def eval(cls, a: Expr, b: Expr, both: Expr) -> Expr | None:
+        if a.is_number and b.is_number:  # a constant (`max(-2, -3)`): SymPy's own, which has a value
+            return sympy.Max(a, b) if cls._wins is sympy.StrictGreaterThan else sympy.Min(a, b)  # type: ignore[no-any-return]
+        return None
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return _real(self.args[:2])
+
     _wins = staticmethod(sympy.StrictGreaterThan)
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
@@ -184,8 +204,18 @@ class minimum(_Extremum):  # noqa: N801
 class clamp(Function):  # noqa: N801
     nargs = 3
 
+    @classmethod
+    def eval(cls, x: Expr, lo: Expr, hi: Expr) -> Expr | None:
+        if x.is_number and lo.is_number and hi.is_number:  # a constant (`clamp(2, 0, 1)`), as torch.clamp
+            return sympy.Min(sympy.Max(x, lo), hi)  # type: ignore[no-any-return]
+        return None
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return _real(self.args)
+
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         x, lo, hi = self.args
         inside = sympy.And(sympy.GreaterThan(x, lo), sympy.LessThan(x, hi))
-        below, above = sympy.StrictLessThan(x, lo), sympy.StrictGreaterThan(x, hi)
+        below = sympy.And(sympy.StrictLessThan(x, lo), sympy.StrictLessThan(lo, hi))
+        above = sympy.Or(sympy.StrictGreaterThan(x, hi), sympy.StrictLessThan(hi, lo))
         return where(inside, x.diff(s), S.Zero) + where(below, lo.diff(s), S.Zero) + where(above, hi.diff(s), S.Zero)

@@ -373,7 +373,7 @@ def _match_softplus(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None
     if not isinstance(node, sympy.Mul):
         return None
     for factor in node.args:
-        if isinstance(factor, fn.softplus):
+        if isinstance(factor, fn.softplus) and _tensors(factor, numbers):  # of a number: `math`, not a kernel
             beta, u = factor.args[0].as_independent(*_tensors(factor, numbers), as_Add=False)
             if beta != 1 and _split(node, factor) == 1 / beta:
                 return softplus_beta(u, beta)

@@ -10,6 +10,19 @@ Note [what backward may use]
 Backward is built only from saved inputs and outputs and plain numbers, with differentiable
 torch ops, so autograd can differentiate it again (double backward). No tensor is ever
 stored on `ctx` as an attribute; only non-tensor inputs and shapes are.
+
+Note [gradient shapes]
+~~~~~~~~~~~~~~~~~~~~~~
+A gradient returned from backward has exactly its input's shape, whatever the formula:
+- broadcast inputs: the gradient is summed back to the input's shape (`reduce`);
+- outputs of different shapes (`y: x`, `u: x + z` with `z` larger than `x`): each output's
+  contribution is summed on its own (`separate`), since adding them first would broadcast
+  the smaller one and count it once per row of the larger;
+- an override that may not span its input (`w: 2 * grad * x` has `x`'s shape, `x: z` may
+  have fewer dimensions than `x`): broadcast to the input's shape, then summed to it
+  (`expand` and `reduce`); the generated tests fit the override's value the same way;
+- a zero gradient: zeros of the input's shape, which may be larger than the output's
+  (`y: x + 0 * z`), or None where backward may return None (Note [what backward may use]).
 """
 
 from __future__ import annotations
@@ -19,8 +32,8 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
-from opgen.derive import Contribution, Derived, Variant
-from opgen.tensor import is_dim_size
+from opgen.derive import Contribution, Derived, Gradient, Variant
+from opgen.tensor import has_tensor_ops, is_dim_size
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class GradPlan:
     overridden: bool
     reduce: bool  # sum back to the input's shape (it may have been broadcast)
     expand: bool = False  # expand to the input's shape (a reduction left a dimension out)
+    separate: bool = False  # sum each contribution to the input's shape on its own
 
 
 @dataclass(frozen=True)
@@ -123,18 +137,55 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
         for contribution in gradient.contributions:
             contributions.append(Contribution(contribution.output, reduced[position]))
             position += 1
-        if gradient.fit is not None:
-            fit = gradient.fit
-            grads.append(
-                GradPlan(
-                    gradient.input, index_of[gradient.input], tuple(contributions), False, fit.sum_to_size, fit.expand
-                )
-            )
-            continue
-        grads.append(
-            GradPlan(gradient.input, index_of[gradient.input], tuple(contributions), gradient.overridden, may_broadcast)
-        )
+        grads.append(_grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast))
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
+
+
+def _grad_plan(
+    derived: Derived,
+    variant: Variant,
+    gradient: Gradient,
+    contributions: tuple[Contribution, ...],
+    index_of: dict[str, int],
+    may_broadcast: bool,
+) -> GradPlan:
+    """How one input's gradient is fitted to the input's shape (Note [gradient shapes])."""
+    index = index_of[gradient.input]
+    if gradient.fit is not None:
+        fit = gradient.fit
+        return GradPlan(gradient.input, index, contributions, False, fit.sum_to_size, fit.expand)
+    widen = gradient.overridden and not _covers(derived, variant, gradient.input, gradient.contributions)
+    separate = may_broadcast and len(_input_sets(derived, variant, contributions)) > 1
+    return GradPlan(
+        input=gradient.input,
+        index=index,
+        contributions=contributions,
+        overridden=gradient.overridden,
+        reduce=may_broadcast or widen,
+        expand=widen,
+        separate=separate,
+    )
+
+
+def _input_sets(derived: Derived, variant: Variant, contributions: tuple[Contribution, ...]) -> set[frozenset]:
+    """The distinct sets of Tensor inputs of the outputs the contributions come through."""
+    inlined = dict(variant.inlined)
+    tensors = frozenset(derived.symbols.tensor_inputs)
+    return {frozenset(inlined[c.output].free_symbols & tensors) for c in contributions if c.output is not None}
+
+
+def _covers(derived: Derived, variant: Variant, name: str, contributions: tuple[Contribution, ...]) -> bool:
+    """Whether an elementwise gradient has at least its input's shape: it uses the input, or the
+    incoming gradient of an output that uses it elementwise (and so broadcasts to its shape)."""
+    symbols = derived.symbols
+    x = symbols.inputs[name]
+    inlined = dict(variant.inlined)
+    wide = {symbols.grads[o] for o in symbols.grads if x in inlined[o].free_symbols and not has_tensor_ops(inlined[o])}
+    return all(
+        not has_tensor_ops(c.factor) and bool(c.factor.free_symbols & ({x} | wide))
+        for c in contributions
+        if c.output is None
+    )
 
 
 def plan(derived: Derived) -> Plan:

@@ -2,10 +2,11 @@
 
 `TorchPrinter` is a SymPy `CodePrinter` subclass: one `_print_<Class>` method or table
 entry per function, and strict, so anything without a rule raises instead of printing
-SymPy's own notation. It knows which symbols hold tensors: a function of tensors prints
-as `torch.f(...)`, a function of plain numbers as `math.f(...)`, a condition on plain
-numbers as a Python conditional. The names it prints for `torch` and `math` are chosen by
-the emitter so that no spec name can shadow them.
+SymPy's own notation. It knows which symbols hold tensors (Note [numbers and tensors] in
+`opgen.kinds`): a function of tensors prints as `torch.f(...)`, a function of plain numbers
+as `math.f(...)` (or a formula of `math` functions where `math` lacks it), a condition on
+plain numbers as a Python conditional. The names it prints for `torch` and `math` are
+chosen by the emitter so that no spec name can shadow them.
 """
 
 from __future__ import annotations
@@ -18,9 +19,29 @@ from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import precedence
 
 from opgen import functions as fn
+from opgen.kinds import is_tensor_valued
 from opgen.tensor_print import TensorPrinting
 
-# SymPy class -> (torch function, math function or None)
+
+def _sigmoid_of_number(u: Expr) -> Expr:
+    """sigmoid(u) with `math.exp` of a non-positive argument only: it never overflows."""
+    e = sympy.exp(-sympy.Abs(u))
+    return fn.where(sympy.GreaterThan(u, 0), 1 / (1 + e), e / (1 + e))
+
+
+def _softplus_of_number(u: Expr) -> Expr:
+    """softplus(u) = max(u, 0) + log1p(exp(-|u|)): no overflow, no cancellation."""
+    return fn.where(sympy.StrictGreaterThan(u, 0), u, S.Zero) + fn.log1p(sympy.exp(-sympy.Abs(u)))
+
+
+def _sign_of_number(u: Expr) -> Expr:
+    return fn.where(sympy.StrictGreaterThan(u, 0), S.One, fn.where(sympy.StrictLessThan(u, 0), S.NegativeOne, S.Zero))
+
+
+# Functions of a number that `math` lacks, as formulas of what it has.
+_NUMBER_FORMULAS = {"sigmoid": _sigmoid_of_number, "softplus": _softplus_of_number, "sign": _sign_of_number}
+
+# SymPy class -> (torch function, math function or None: see `_number_function`)
 _UNARY: dict[type, tuple[str, str | None]] = {
     sympy.exp: ("exp", "exp"),
     sympy.log: ("log", "log"),
@@ -79,7 +100,7 @@ class TorchPrinter(TensorPrinting, CodePrinter):
     # -- helpers ---------------------------------------------------------------------
 
     def is_tensor(self, expr: sympy.Basic) -> bool:
-        return bool(expr.free_symbols & self.tensors)
+        return is_tensor_valued(expr, self.tensors)
 
     def _dtype_source(self, expr: sympy.Basic) -> str:
         symbols = sorted(expr.free_symbols & self.tensors, key=lambda s: s.name)
@@ -135,8 +156,10 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         return "False"
 
     def _print_number(self, expr: Expr) -> str:
-        value = float(expr.evalf(17))
-        return repr(value)
+        value = expr.evalf(17)
+        if not value.is_Float:  # no value SymPy can compute: print it as Python
+            return str(super()._print(expr))
+        return repr(float(value))
 
     def doprint_expr(self, expr: sympy.Basic) -> str:
         return str(self._print(expr))
@@ -160,7 +183,7 @@ class TorchPrinter(TensorPrinting, CodePrinter):
             coeff = sympy.Mul(*numeric)
             rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
             sign = "-" if coeff.is_negative else ""
-            coeff = abs(coeff)
+            coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
             body = self.parenthesize(rest, precedence(expr), strict=True)
             if coeff == 1:
                 return sign + body
@@ -181,6 +204,9 @@ class TorchPrinter(TensorPrinting, CodePrinter):
             return f"1 / {self.math}.sqrt({self._print(base)})"
         if base == S.Exp1:
             return self._unary("exp", "exp", exp)
+        if not self.is_tensor(expr) and not exp.is_Integer:
+            # Python's `**` of a negative number and a fraction is complex; math.pow raises instead.
+            return f"{self.math}.pow({self._print(base)}, {self._print(exp)})"
         if isinstance(exp, sympy.Rational) and not exp.is_Integer:
             return f"{self.parenthesize(base, precedence(expr))}**{self._print(exp)}"
         return str(super()._print_Pow(expr, rational=rational))
@@ -191,8 +217,19 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         if self.is_tensor(arg):
             return f"{self.torch}.{torch_name}({self._print(arg)})"
         if math_name is None:
-            raise PrintError(f"{torch_name}() of a non-tensor value ({arg}) has no Python math equivalent")
+            return self._number_function(torch_name, arg)
         return f"{self.math}.{math_name}({self._print(arg)})"
+
+    def _number_function(self, name: str, *args: sympy.Basic) -> str:
+        """A function `math` lacks, of numbers: a formula of `math` functions where one is exact,
+        else PyTorch's own function of a float64 scalar tensor, back as a Python float."""
+        if name in _NUMBER_FORMULAS:
+            formula = _NUMBER_FORMULAS[name](*args)
+            text = self._print(formula)
+            return f"({text})" if isinstance(formula, (sympy.Add, sympy.Mul, sympy.Pow)) else text
+        *extra, arg = args
+        scalar = f"{self.torch}.tensor({self._print(arg)}, dtype={self.torch}.float64)"
+        return f"{self.torch}.{name}({''.join(self._print(e) + ', ' for e in extra)}{scalar}).item()"
 
     def _print_Function(self, expr: sympy.Basic) -> str:
         rule = _UNARY.get(type(expr))
@@ -222,13 +259,16 @@ class TorchPrinter(TensorPrinting, CodePrinter):
 
     def _print_softplus(self, expr: fn.softplus) -> str:
         if not self.is_tensor(expr):
-            raise PrintError("softplus() of a non-tensor value has no Python math equivalent")
+            return self._number_function("softplus", expr.args[0])
         return self._call(f"{self.functional}.softplus", expr.args[0])
 
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args
+        if self.is_tensor(order):
+            raise PrintError("polygamma of a tensor order")
         if not self.is_tensor(arg):
-            raise PrintError("polygamma of a non-tensor value has no Python math equivalent")
+            name = "digamma" if order == 0 else "polygamma"
+            return self._number_function(name, *([arg] if order == 0 else expr.args))
         if order == 0:
             return self._call(f"{self.torch}.digamma", arg)
         return f"{self.torch}.polygamma({self._print(order)}, {self._print(arg)})"
@@ -238,8 +278,12 @@ class TorchPrinter(TensorPrinting, CodePrinter):
 
     def _print_where(self, expr: fn.where) -> str:
         cond, a, b = expr.args
-        if not self.is_tensor(cond):
+        if not self.is_tensor(expr):
             return f"({self._print(a)} if {self._print(cond)} else {self._print(b)})"
+        if not self.is_tensor(cond):
+            # Tensor branches under a number condition: the value broadcasts both, as torch.where.
+            flag = f"{self._dtype_source(expr)}.new_tensor({self._print(cond)}, dtype={self.torch}.bool)"
+            return f"{self.torch}.where({flag}, {self._print(a)}, {self._print(b)})"
         if a == 1 and b == 0:
             return f"({self._print(cond)}).to({self._dtype_source(cond)}.dtype)"
         if not self.is_tensor(a) and not self.is_tensor(b):
@@ -273,9 +317,15 @@ class TorchPrinter(TensorPrinting, CodePrinter):
 
     def _print_clamp(self, expr: fn.clamp) -> str:
         x, lo, hi = expr.args
-        if not self.is_tensor(x):
-            raise PrintError("clamp() of a non-tensor value")
-        return self._call(f"{self.torch}.clamp", x, lo, hi)
+        if not self.is_tensor(expr):
+            # min(max(x, lo), hi), as torch.clamp: `hi` wherever lo > hi.
+            px, plo, phi = (self._print(a) for a in expr.args)
+            return f"({phi} if {px} > {phi} or {plo} > {phi} else {plo} if {px} < {plo} else {px})"
+        if not self.is_tensor(lo) and not self.is_tensor(hi):
+            return self._call(f"{self.torch}.clamp", x, lo, hi)
+        # torch.clamp takes its bounds both as numbers or both as tensors.
+        args = [self._print(a) if self.is_tensor(a) else self._as_tensor(a, expr) for a in expr.args]
+        return f"{self.torch}.clamp({', '.join(args)})"
 
     # -- conditions ----------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from sympy import Expr
 from opgen import functions as fn
 from opgen.derive import Contribution, Derived, Symbols, Variant
 from opgen.display import display
+from opgen.kinds import is_tensor_valued
 from opgen.model import POLICIES, Formula, Output
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
@@ -86,10 +87,17 @@ def _saved(exprs: list[Expr], symbols: Symbols) -> int:
     return len(set().union(*(e.free_symbols for e in exprs)) & tensors) if exprs else 0
 
 
+def _costly_calls(factors: list[Expr], symbols: Symbols) -> set[Expr]:
+    """The costly tensor-valued calls of `factors`; a call of plain numbers is a `math` call on a
+    number (Note [numbers and tensors]), never worth saving or taking from an output."""
+    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    return {c for c in calls if is_tensor_valued(c, symbols.tensors)}
+
+
 def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> dict[Expr, Expr]:
     """What in `factors` each output can stand in for (module docstring)."""
     swap: dict[Expr, Expr] = {}
-    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    calls = _costly_calls(factors, symbols)
     for name, expr in variant.inlined:
         output = symbols.outputs[name]
         if not expr.is_Atom:
@@ -145,7 +153,7 @@ def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
     if not all(i.type.dims is None for i in spec.tensor_inputs):
         return []
     inlined = [e for _, e in derived.full.inlined]
-    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    calls = _costly_calls(factors, derived.symbols)
     calls = {c for c in calls if any(e.has(c) and e != c for e in inlined)}
     # Forward computes the call once, as the hidden output, before the outputs that use it.
     calls = {c for c in calls if not any(e.has(c) for _, e in derived.full.lets)}

@@ -19,6 +19,12 @@ def as_tensor(value):
     return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=DTYPE)
 
 
+def fit_to(value, shape):
+    """`value` broadcast to `shape`, then summed back to it: how an op fits a gradient to its input."""
+    value = as_tensor(value)
+    return value.expand(torch.broadcast_shapes(value.shape, shape)).sum_to_size(shape)
+
+
 def as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
@@ -73,7 +79,7 @@ def expected_gradients(op, args, reference, grads_out):
     for k, override in op.overrides.items():
         if args[k] is not None:
             # By position: a spec name may be `grad_<output>` itself.
-            expected[k] = override(*(named.get(name) for name in op.scope), *grads_out).expand_as(args[k])
+            expected[k] = fit_to(override(*(named.get(name) for name in op.scope), *grads_out), args[k].shape)
     return expected
 
 
