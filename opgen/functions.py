@@ -19,6 +19,13 @@ Note [kink conventions]
   it was chosen.
 - `sign floor ceil round heaviside` and comparisons: zero gradient everywhere.
 - `heaviside(x)` is 1 for x >= 0 and 0 below; `round` rounds half to even.
+
+Note [real kinks]
+~~~~~~~~~~~~~~~~~
+`where`, `max`, `min` and `clamp` say they are real. SymPy differentiates `abs(u)` of a
+`u` it cannot prove real through the real and imaginary parts, as `re(u) re(u)' / abs(u)`,
+which the rewrites turn into `sign(u) / u * u`: NaN at `u = 0`, where `torch.abs` gives 0
+(`abs(max(x, y))` at `x = y = 0`). For a real `u` it is `sign(u) u'`, PyTorch's.
 """
 
 from __future__ import annotations
@@ -132,6 +139,7 @@ class where(Function):  # noqa: N801
     """`where(cond, a, b)`; the condition is a SymPy boolean and gets no gradient."""
 
     nargs = 3
+    is_real = True  # every value of the formula language is (Note [real kinks])
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         cond, a, b = self.args
@@ -161,6 +169,7 @@ class _Extremum(Function):
     """
 
     nargs = 3  # a, b, and a flag: 1 when both hold tensors
+    is_real = True
 
     _wins = staticmethod(sympy.StrictGreaterThan)
 
@@ -183,6 +192,7 @@ class minimum(_Extremum):  # noqa: N801
 
 class clamp(Function):  # noqa: N801
     nargs = 3
+    is_real = True
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         x, lo, hi = self.args
