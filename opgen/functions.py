@@ -172,6 +172,13 @@ class _Extremum(Function):
     is_real = True
 
     _wins = staticmethod(sympy.StrictGreaterThan)
+    _number = staticmethod(sympy.Max)
+
+    @classmethod
+    def eval(cls, a: Expr, b: Expr, both: Expr) -> Expr | None:
+        if a.is_number and b.is_number:  # a substitution left plain numbers: compute it
+            return cls._number(a, b)  # type: ignore[no-any-return]
+        return None
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         a, b, both = self.args
@@ -184,15 +191,23 @@ class _Extremum(Function):
 
 class maximum(_Extremum):  # noqa: N801
     _wins = staticmethod(sympy.StrictGreaterThan)
+    _number = staticmethod(sympy.Max)
 
 
 class minimum(_Extremum):  # noqa: N801
     _wins = staticmethod(sympy.StrictLessThan)
+    _number = staticmethod(sympy.Min)
 
 
 class clamp(Function):  # noqa: N801
     nargs = 3
     is_real = True
+
+    @classmethod
+    def eval(cls, x: Expr, lo: Expr, hi: Expr) -> Expr | None:
+        if x.is_number and lo.is_number and hi.is_number:  # (`l - l` of a let l folds to 0)
+            return sympy.Min(sympy.Max(x, lo), hi)  # torch.clamp's value, `hi` when lo > hi
+        return None
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         x, lo, hi = self.args
