@@ -19,7 +19,7 @@ from sympy import Expr, S
 
 from opgen import limits, tensor
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.formula import NUM, Scope, Value, read_formula
+from opgen.formula import NUM, Scope, Value, holds_tensors, read_formula
 from opgen.guard import guard_branches, settle_indicators
 from opgen.kinds import with_definitions
 from opgen.model import Spec
@@ -115,7 +115,8 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
     for dim in dimension_names(spec):
         names.setdefault(dim, Value(tensor.dim_size(dim), NUM))
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
-    return Scope(names, frozenset(symbols.tensor_inputs), hint)
+    tensors = frozenset(names[n].expr for n in holds_tensors(spec))  # Note [tensor-valued lets]
+    return Scope(names, tensors, hint)  # type: ignore[arg-type]
 
 
 def dimension_names(spec: Spec) -> list[str]:
@@ -134,7 +135,8 @@ def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
     if len(symbols.grads) == 1:
         names["grad"] = Value(next(iter(symbols.grads.values())), NUM)
     known = ", ".join(sorted(n for n in names if n.startswith("grad")))
-    return Scope(names, frozenset(symbols.tensor_inputs), f"; incoming gradients here are: {known}", _unavailable(spec))
+    tensors = scope.tensors | frozenset(symbols.grads.values())
+    return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec))
 
 
 def _unavailable(spec: Spec) -> tuple[tuple[str, str], ...]:
@@ -169,6 +171,7 @@ def _read_definitions(
 
     Read once in spec order without shapes to find the order the formulas depend on each
     other, then again in that order with `shapes`, which gains the shape of each formula read.
+
     """
     scope = forward_scope(spec, symbols)
     if shapes is not None:

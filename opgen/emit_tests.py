@@ -20,7 +20,7 @@ from opgen import quote
 from opgen.derive import dimension_names
 from opgen.emit import public_names, size_sources
 from opgen.extremes import applies, extreme_rows, places
-from opgen.formula import parse_ast
+from opgen.formula import holds_tensors, parse_ast
 from opgen.model import Formula, Scalar, Spec
 from opgen.names import Namer
 from opgen.native import NATIVE_OPS
@@ -135,7 +135,9 @@ def _reference(
     lines = []
     gone = set(absent)
     for name, formula in _dependency_order(formulas):
-        text = reference_expr(formula, names, t, torch, math, gone, _size_texts(spec, names))
+        text = reference_expr(
+            formula, names, t, torch, math, gone, _size_texts(spec, names), tensors=holds_tensors(spec)
+        )
         if text is None:
             gone.add(name)
             continue
@@ -310,7 +312,8 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
         if len(grads_in) == 1:
             scope["grad"] = next(iter(grads_in.values()))
-        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names))
+        tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
+        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
         params = ", ".join([*names.values(), *grads_in.values()])
         overrides.append({"input": override.input, "params": params, "expr": text})
     tensor_inputs = [i.name for i in spec.tensor_inputs]

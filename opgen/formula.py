@@ -19,7 +19,7 @@ from sympy import Expr, S
 from opgen import functions as fn
 from opgen import limits, tensor
 from opgen.errors import Loc, SpecError
-from opgen.model import Formula
+from opgen.model import Formula, Spec
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
 NUM, BOOL = "number", "condition"
@@ -36,7 +36,7 @@ class Scope:
     """What each name of a formula means: a SymPy symbol and whether it is a condition."""
 
     names: dict[str, Value]
-    tensors: frozenset[sympy.Symbol]  # symbols of Tensor inputs (max/min tie rule)
+    tensors: frozenset[sympy.Symbol]  # symbols that hold tensors (max/min tie rule)
     extra_hint: str = ""  # appended to the message for an unknown `grad...` name
     unavailable: tuple[tuple[str, str], ...] = ()  # names that cannot be used here, and why
     # The static shape of each tensor symbol (`opgen.tensor`); None: shapes are not checked
@@ -273,7 +273,7 @@ class _Reader:
             self._arity(node, name, 2)
             a, b = self.number(node.args[0]), self.number(node.args[1])
             self.shape(node, a + b)
-            both = int(bool(a.free_symbols & self.scope.tensors) and bool(b.free_symbols & self.scope.tensors))
+            both = int(all(self._holds_tensor(arg) for arg in node.args))
             cls = fn.maximum if name == "max" else fn.minimum
             if a.is_number and b.is_number:
                 return Value(sympy.Max(a, b) if name == "max" else sympy.Min(a, b), NUM)
@@ -281,6 +281,11 @@ class _Reader:
         arity, build = FUNCTIONS[name]
         self._arity(node, name, arity)
         return self.checked(node, Value(build(*(self.number(a) for a in node.args)), NUM))
+
+    def _holds_tensor(self, node: ast.expr) -> bool:
+        """The formula text names a tensor (Note [tensor-valued lets])."""
+        names = (n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in self.scope.names)
+        return any(self.scope.names[n].expr in self.scope.tensors for n in names)
 
     def read_reduction(self, node: ast.Call, name: str) -> Value:
         """`sum(x, dim=-1, keepdim=true)`; dim is required, keepdim defaults to false."""
@@ -416,3 +421,30 @@ def read_formula(formula: Formula, scope: Scope, want: str = NUM) -> sympy.Basic
     if want == NUM:
         return reader.number(node)
     return reader.read(node).expr
+
+
+def holds_tensors(spec: Spec) -> frozenset[str]:
+    """The names that hold tensors: the Tensor inputs, and the lets and outputs whose formula names one.
+
+    Note [tensor-valued lets]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    Whether an argument of `max`/`min` holds a tensor decides its tie rule (Note [kink
+    conventions] in opgen.functions), and a let or output is a tensor when its formula
+    names one, as it is in plain torch: `max(a, b)` of lets `a = min(x, y)`, `b = min(x, z)`
+    splits the gradient at a tie as `torch.maximum` does, exactly as the same formula
+    written inline. Counting only the inputs made it a max against a number, with the
+    tie given to neither side: `do/dx` 0 where `x` is the smallest, instead of 1. The
+    test is on the formula text, not on what SymPy makes of it: `0 * x` is a tensor of
+    zeros, as in torch, though SymPy reads it as the number 0.
+    """
+    tensors = {i.name for i in spec.tensor_inputs}
+    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
+    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} for name, f in formulas}
+    grown = True
+    while grown:  # to a fixed point: a let may use one defined after it
+        grown = False
+        for name, used in uses.items():
+            if name not in tensors and used & tensors:
+                tensors.add(name)
+                grown = True
+    return frozenset(tensors)

@@ -20,6 +20,13 @@ Note [kink conventions]
   it was chosen.
 - `sign floor ceil round heaviside` and comparisons: zero gradient everywhere.
 - `heaviside(x)` is 1 for x >= 0 and 0 below; `round` rounds half to even.
+
+Note [real kinks]
+~~~~~~~~~~~~~~~~~
+`where`, `max`, `min` and `clamp` say they are real. SymPy differentiates `abs(u)` of a
+`u` it cannot prove real through the real and imaginary parts, as `re(u) re(u)' / abs(u)`,
+which the rewrites turn into `sign(u) / u * u`: NaN at `u = 0`, where `torch.abs` gives 0
+(`abs(max(x, y))` at `x = y = 0`). For a real `u` it is `sign(u) u'`, PyTorch's.
 """
 
 from __future__ import annotations
@@ -140,6 +147,7 @@ class where(Function):  # noqa: N801
     """`where(cond, a, b)`; the condition is a SymPy boolean and gets no gradient."""
 
     nargs = 3
+    is_real = True  # every value of the formula language is (Note [real kinks])
 
     def _eval_is_extended_real(self) -> bool | None:
         return _real(self.args[1:])
@@ -172,17 +180,19 @@ class _Extremum(Function):
     """
 
     nargs = 3  # a, b, and a flag: 1 when both hold tensors
-
-    @classmethod
-    def eval(cls, a: Expr, b: Expr, both: Expr) -> Expr | None:
-        if a.is_number and b.is_number:  # a constant (`max(-2, -3)`): SymPy's own, which has a value
-            return sympy.Max(a, b) if cls._wins is sympy.StrictGreaterThan else sympy.Min(a, b)  # type: ignore[no-any-return]
-        return None
+    is_real = True
 
     def _eval_is_extended_real(self) -> bool | None:
         return _real(self.args[:2])
 
     _wins = staticmethod(sympy.StrictGreaterThan)
+    _number = staticmethod(sympy.Max)
+
+    @classmethod
+    def eval(cls, a: Expr, b: Expr, both: Expr) -> Expr | None:
+        if a.is_number and b.is_number:  # a substitution left plain numbers: compute it
+            return cls._number(a, b)  # type: ignore[no-any-return]
+        return None
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         a, b, both = self.args
@@ -195,19 +205,22 @@ class _Extremum(Function):
 
 class maximum(_Extremum):  # noqa: N801
     _wins = staticmethod(sympy.StrictGreaterThan)
+    _number = staticmethod(sympy.Max)
 
 
 class minimum(_Extremum):  # noqa: N801
     _wins = staticmethod(sympy.StrictLessThan)
+    _number = staticmethod(sympy.Min)
 
 
 class clamp(Function):  # noqa: N801
     nargs = 3
+    is_real = True
 
     @classmethod
     def eval(cls, x: Expr, lo: Expr, hi: Expr) -> Expr | None:
-        if x.is_number and lo.is_number and hi.is_number:  # a constant (`clamp(2, 0, 1)`), as torch.clamp
-            return sympy.Min(sympy.Max(x, lo), hi)  # type: ignore[no-any-return]
+        if x.is_number and lo.is_number and hi.is_number:  # a constant (`clamp(2, 0, 1)`, `l - l` of a let)
+            return sympy.Min(sympy.Max(x, lo), hi)  # type: ignore[no-any-return]  # torch.clamp's: `hi` when lo > hi
         return None
 
     def _eval_is_extended_real(self) -> bool | None:

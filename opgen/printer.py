@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 from sympy import Expr, S
 from sympy.printing.codeprinter import CodePrinter
-from sympy.printing.precedence import precedence
+from sympy.printing.precedence import PRECEDENCE, precedence
 
 from opgen import functions as fn
 from opgen.kinds import is_tensor_valued
@@ -71,6 +71,9 @@ _UNARY: dict[type, tuple[str, str | None]] = {
     fn.ceil: ("ceil", "ceil"),
     fn.round: ("round", None),
 }
+
+
+PREC_NEG = PRECEDENCE["Mul"] + 1  # an operand of unary minus: a power or an atom
 
 
 class PrintError(Exception):
@@ -292,13 +295,20 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         return self._call(f"{self.torch}.where", cond, a, b)
 
     def _print_maximum(self, expr: fn.maximum) -> str:
-        return self._extremum(expr, "maximum", "clamp_min", ">")
+        return self._extremum(expr, "maximum", ">")
 
     def _print_minimum(self, expr: fn.minimum) -> str:
-        return self._extremum(expr, "minimum", "clamp_max", "<")
+        return self._extremum(expr, "minimum", "<")
 
-    def _extremum(self, expr: sympy.Function, both: str, one: str, op: str) -> str:
-        a, b, _ = expr.args
+    def _extremum(self, expr: sympy.Function, both: str, op: str) -> str:
+        """Note [printed ties]: backward's own autograd (double backward) keeps the tie rule.
+
+        Against a number the tie goes to the number (Note [kink conventions]): `F.threshold`
+        (`relu` for 0), whose gradient is relu's, not `clamp_min`'s, which passes it; `min`
+        negates it, exactly. A number that SymPy folded from a tensor (`0 * x`, flag 1)
+        keeps `torch.maximum`'s split.
+        """
+        a, b, flag = expr.args
         ta, tb = self.is_tensor(a), self.is_tensor(b)
         if ta and tb:
             return self._call(f"{self.torch}.{both}", a, b)
@@ -306,9 +316,16 @@ class TorchPrinter(TensorPrinting, CodePrinter):
             pa, pb = self._print(a), self._print(b)
             return f"({pa} if {pa} {op} {pb} else {pb})"
         tensor, bound = (a, b) if ta else (b, a)
+        if flag == 1:
+            value = self._print(tensor)
+            return f"{self.torch}.{both}({value}, {value}.new_tensor({self._print(bound)}))"
         if bound == 0 and both == "maximum":
             return self._call(f"{self.torch}.relu", tensor)
-        return self._call(f"{self.torch}.{one}", tensor, bound)
+        threshold = f"{self.functional}.threshold"
+        if both == "maximum":
+            return self._call(threshold, tensor, bound, bound)
+        value, number = self.parenthesize(tensor, PREC_NEG), self.parenthesize(bound, PREC_NEG)
+        return f"(-{threshold}(-{value}, -{number}, -{number}))"
 
     def _print_Max(self, expr: sympy.Max) -> str:
         return self._print_number(expr)

@@ -57,8 +57,11 @@ TORCH_FUNCTIONS = {
 
 
 class _Translate(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str], wrap: str, torch: str, math: str, sizes: dict[str, str]) -> None:
+    def __init__(
+        self, names: dict[str, str], wrap: str, torch: str, math: str, sizes: dict[str, str], tensors: frozenset[str]
+    ) -> None:
         self.names = names
+        self.tensors = tensors
         self.sizes = sizes
         self.wrap = wrap
         self.torch = torch
@@ -91,10 +94,20 @@ class _Translate(ast.NodeTransformer):
             return ast.Constant(False)
         raise ValueError(f"unknown name {node.id}")  # the formula parser already rejected these
 
+    def _holds_tensor(self, node: ast.expr) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in self.tensors for n in ast.walk(node))
+
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         assert isinstance(node.func, ast.Name)
         name = node.func.id
-        args = [self._tensor(self.visit(a)) for a in node.args]
+        holds = [self._holds_tensor(a) for a in node.args]
+        visited = [self.visit(a) for a in node.args]
+        args = [self._tensor(a) for a in visited]
+        if name == "where" and args[0] is not visited[0]:
+            # A condition of plain numbers (`0 > 1`): a bool tensor, not a float one.
+            args[0] = ast.Call(self._attr("torch.as_tensor"), [visited[0]], [])
+        if name in ("max", "min") and sum(holds) == 1:
+            return self._against_number(name, *((args[0], args[1]) if holds[0] else (args[1], args[0])))
         if name == "heaviside":
             # torch.heaviside has no derivative at all; this step has the zero one PyTorch's other steps have.
             at_least_zero = ast.Compare(args[0], [ast.GtE()], [ast.Constant(0.0)])
@@ -106,6 +119,21 @@ class _Translate(ast.NodeTransformer):
             )
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
         return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)
+
+    def _against_number(self, name: str, value: ast.expr, bound: ast.expr) -> ast.expr:
+        """`max`/`min` of a tensor and a number: the tie goes to the number (Note [kink conventions]).
+
+        `F.threshold(v, c, c)` is `v` where `v > c`, else `c`, with relu's gradient (relu is
+        `threshold(v, 0, 0)`); `min(v, c)` is `-threshold(-v, -c, -c)`, exact in floating point.
+        """
+        if isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name) and bound.func.id == self.wrap:
+            bound = bound.args[0]  # a plain number needs no tensor
+        number: ast.expr = ast.Call(ast.Name("float", ast.Load()), [bound], [])
+        threshold = self._attr("torch.nn.functional.threshold")
+        if name == "max":
+            return ast.Call(threshold, [value, number, number], [])
+        negated = ast.UnaryOp(ast.USub(), number)
+        return ast.UnaryOp(ast.USub(), ast.Call(threshold, [ast.UnaryOp(ast.USub(), value), negated, negated], []))
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.expr:  # noqa: N802
         # `.T` of the formula language swaps the last two dimensions, batched or not: torch's `.mT`.
@@ -156,10 +184,14 @@ def reference_expr(
     math: str,
     absent: set[str] | None = None,
     sizes: dict[str, str] | None = None,
+    *,
+    tensors: frozenset[str],
 ) -> str | None:
     """Plain torch source for a formula; None when every term uses an absent name.
 
-    `sizes` gives, for each named dimension, source text for its size (`q.shape[-1]`).
+    `sizes` gives, for each named dimension, source text for its size (`q.shape[-1]`);
+    `tensors` the names that hold tensors (`opgen.formula.holds_tensors`), which decide the tie rule of
+    `max` and `min`.
     """
     tree = parse_ast(formula)
     if absent:
@@ -167,6 +199,6 @@ def reference_expr(
         if dropped is None:
             return None
         tree = dropped
-    translator = _Translate(names, wrap, torch, math, sizes or {})
+    translator = _Translate(names, wrap, torch, math, sizes or {}, tensors)
     translated = translator._tensor(translator.visit(tree))
     return ast.unparse(ast.fix_missing_locations(translated))

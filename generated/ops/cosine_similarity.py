@@ -11,8 +11,8 @@ class CosineSimilarityFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x1, x2, eps):
-        norm1 = torch.clamp_min(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps)
-        norm2 = torch.clamp_min(torch.sqrt((x2**2).sum(-1, keepdim=True)), eps)
+        norm1 = torch.nn.functional.threshold(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps, eps)
+        norm2 = torch.nn.functional.threshold(torch.sqrt((x2**2).sum(-1, keepdim=True)), eps, eps)
         y = (x1*x2/(norm1*norm2)).sum(-1)
         return y
 
@@ -30,10 +30,10 @@ class CosineSimilarityFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_y.unsqueeze(-1)
             tmp1 = torch.sqrt((x1**2).sum(-1, keepdim=True))
-            tmp2 = torch.clamp_min(tmp1, eps)
+            tmp2 = torch.nn.functional.threshold(tmp1, eps, eps)
             tmp3 = 1/tmp2
             tmp4 = torch.sqrt((x2**2).sum(-1, keepdim=True))
-            tmp5 = torch.clamp_min(tmp4, eps)
+            tmp5 = torch.nn.functional.threshold(tmp4, eps, eps)
             tmp6 = 1/tmp5
             tmp7 = tmp0*x1*x2
         if ctx.needs_input_grad[0]:
