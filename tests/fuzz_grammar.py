@@ -329,6 +329,12 @@ class Builder:
 
     def _extremum(self, depth: int, target: Shape, exact: bool) -> Node:
         a, b = self._sides(depth, target, exact)
+        if self.chance(0.25):  # ties that hold on whole regions: max(min(s, a), min(s, b)), max(a, a)
+            shared = self.leaf(target, False) if self.chance(0.5) else self.expr(depth, target, False)
+            if self.chance(0.3):
+                return call(self.pick(["max", "min"]), a, a)
+            inner = self.pick(["max", "min"])
+            return call(self.pick(["max", "min"]), call(inner, shared, a), call(inner, b, shared))
         if self.chance(0.15):  # against an infinite bound
             if self.chance(0.5):
                 return call("max", a, make("neg", (const("inf"),)))

@@ -136,19 +136,12 @@ TOKENS = (
 )
 
 
-def _let_chain(count: int) -> str:
-    lines = ["let:", "  l0: x * 1.5"]
-    lines += [f"  l{i}: max(l{i - 1}, x) * sin(l{i - 1}) + l{i - 1} ** 2" for i in range(1, count)]
-    return "\n".join(lines) + f"\noutputs:\n  y0: l{count - 1}\n"
-
-
 INSERTS = (
     "- [" * 1000 + "]" * 1000,
     "deep: " + "{a: " * 1000 + "1" + "}" * 1000,
     "a: &a [*a]",
     'x1: &x1 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
     + "\n".join(f"x{i}: &x{i} [" + ",".join([f"*x{i - 1}"] * 9) + "]" for i in range(2, 9)),
-    _let_chain(14),
     "inputs:\n"
     + "\n".join(f"  t{i}: Tensor" for i in range(60))
     + "\noutputs:\n  y: "
@@ -162,6 +155,48 @@ INSERTS = (
 )
 
 
+# Formulas that are legal but pathological, put in place of a formula of the spec (`{x}`: its first input).
+FORMULAS = (
+    "{x} ** {x} ** {x}",
+    "{x} * 9 ** 9 ** 9",
+    "{x} ** 10 ** 10",
+    "{x} * 10 ** 400",
+    "(" * 1000 + "{x}" + ")" * 1000,
+    "-" * 3000 + "{x}",
+    " + ".join(["sin({x} * " + str(i) + ")" for i in range(400)]),
+    "exp(" * 80 + "{x}" + ")" * 80,
+    "{x} * " + "9" * 5000,
+    "{x} * 1e999",
+    "max(" * 60 + "{x}" + ", {x})" * 60,
+    "where({x} > 0, " * 60 + "{x}" + ", 1)" * 60,
+    "sum({x}, dim=" + "9" * 30 + ")",
+)
+
+
+def _pathological(text: str, where: int, what: int) -> str:
+    """A formula of `text` (under let/outputs/gradients) replaced by one of FORMULAS, or the spec by a let chain."""
+    first = re.search(r"^inputs:\s*\n\s+(\w+):", text, re.M)
+    x = first.group(1) if first else "x"
+    if what % 5 == 0:  # a chain of lets, each using the one before twice
+        count = 8 + what % 12
+        lets = [f"  l0: {x} * 1.5"] + [
+            f"  l{i}: max(l{i - 1}, {x}) * sin(l{i - 1}) + l{i - 1} ** 2" for i in range(1, count)
+        ]
+        return f"name: chain\ninputs:\n  {x}: Tensor\nlet:\n" + "\n".join(lets) + f"\noutputs:\n  y: l{count - 1}\n"
+    lines, section, spots = text.split("\n"), "", []
+    for i, line in enumerate(lines):
+        if re.match(r"^\w", line):
+            section = line.split(":")[0]
+        elif section in ("let", "outputs", "gradients") and re.match(r"^\s+\w+: [^{\[]", line):
+            spots.append(i)
+    if not spots:
+        return text
+    i = spots[where % len(spots)]
+    key = lines[i].split(":")[0]
+    lines[i] = f"{key}: " + FORMULAS[what % len(FORMULAS)].replace("{x}", x)
+    return "\n".join(lines)
+
+
 def _token_spans(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d*)?(?:e-?\d+)?|\S", text)]
 
@@ -171,6 +206,7 @@ def mutation(draw: Any) -> tuple[str, int, int]:
     kind = draw(
         st.sampled_from(
             ["delete", "duplicate", "swap", "indent", "dedent", "tab", "token", "token", "token", "insert", "crlf"]
+            + ["formula", "formula"]
         )
     )
     return kind, draw(st.integers(0, 10_000)), draw(st.integers(0, 10_000))
@@ -197,6 +233,8 @@ def mutate(text: str, kind: str, where: int, what: int) -> str:
         return text[:start] + TOKENS[what % len(TOKENS)] + text[end:]
     elif kind == "insert":
         lines.insert(i, INSERTS[what % len(INSERTS)])
+    elif kind == "formula":
+        return _pathological(text, where, what)
     elif kind == "crlf":
         return text.replace("\n", "\r\n") if what % 2 else "\ufeff" + text
     return "\n".join(lines)

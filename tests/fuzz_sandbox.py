@@ -32,6 +32,7 @@ SECONDS = float(os.environ.get("OPGEN_FUZZ_SECONDS", "20"))  # longest acceptabl
 USER_FILE = "NOTES_FROM_THE_USER.txt"
 LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): \S")
 SUMMARY = re.compile(r"^opgen: (\d+ problems?; nothing was written|error: .+)$")
+USAGE = re.compile(r"^(usage: opgen |opgen \w+: error: )")  # argparse's own report of a bad argument
 
 
 @dataclass
@@ -220,8 +221,10 @@ def _diff(before: dict[str, str], after: dict[str, str]) -> str:
 
 
 def _check_messages(err: str, specs: dict[str, bytes]) -> None:
+    usage = False
     for line in err.splitlines():
-        if SUMMARY.match(line):
+        usage = bool(USAGE.match(line)) or (usage and line.startswith(" "))
+        if SUMMARY.match(line) or usage:
             continue
         match = LOCATED.match(line)
         assert match, f"a message without FILE:LINE:COL: {line!r}\nall of stderr:\n{err}"
