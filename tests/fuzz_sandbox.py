@@ -28,7 +28,7 @@ from fuzz_worker import HEADER
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-SECONDS = float(os.environ.get("OPGEN_FUZZ_SECONDS", "20"))  # longest acceptable opgen run
+SECONDS = float(os.environ.get("OPGEN_FUZZ_SECONDS", "10"))  # longest acceptable opgen run
 USER_FILE = "NOTES_FROM_THE_USER.txt"
 LOCATED = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): \S")
 SUMMARY = re.compile(r"^opgen: (\d+ problems?; nothing was written|error: .+)$")

@@ -139,19 +139,19 @@ def _formula_case(lab: Sandbox, case: Case) -> None:
     _property(lab, "formula", text, body)
 
 
-@fuzz(ci_examples=18)
+@fuzz(ci_examples=40)
 @given(case=cases(dims=False))
 def test_random_elementwise_formulas_agree_with_autograd(lab: Sandbox, case: Case) -> None:
     _formula_case(lab, case)
 
 
-@fuzz(ci_examples=12)
+@fuzz(ci_examples=30)
 @given(case=cases(dims=True))
 def test_random_tensor_formulas_agree_with_autograd(lab: Sandbox, case: Case) -> None:
     _formula_case(lab, case)
 
 
-@fuzz(ci_examples=8)
+@fuzz(ci_examples=15)
 @given(case=cases(pool=tuple(n for n in NAMES if n not in ("N", "K", "M")), depth=1), doc=st.sampled_from(DOCS))
 def test_hostile_names_and_docs(lab: Sandbox, case: Case, doc: str) -> None:
     """Names that shadow builtins, torch or generated internals work or are refused; docs stay text."""
@@ -159,7 +159,7 @@ def test_hostile_names_and_docs(lab: Sandbox, case: Case, doc: str) -> None:
     _formula_case(lab, case)
 
 
-@fuzz(ci_examples=35)
+@fuzz(ci_examples=30)
 @given(mutated=mutated_specs())
 def test_mutated_specs_are_refused_with_a_location_or_work(lab: Sandbox, mutated: tuple[str, bytes]) -> None:
     name, data = mutated
@@ -178,7 +178,7 @@ def test_mutated_specs_are_refused_with_a_location_or_work(lab: Sandbox, mutated
 SIMPLE = "name: {name}\ninputs:\n  x: Tensor\n  a: float = 0.5\noutputs:\n  y: a * x * sigmoid(x)\n"
 
 
-@fuzz(ci_examples=8)
+@fuzz(ci_examples=10)
 @given(
     folder=st.sampled_from(PATHS),
     file=st.sampled_from(PATHS),
