@@ -224,6 +224,16 @@ def _convert(node: yaml.Node, file: str, scalars: _Scalars, source: str) -> Raw:
     raise SpecError(loc, "unsupported YAML node")  # pragma: no cover - composer yields only these
 
 
+def _reader_error(error: yaml.reader.ReaderError, text: str, file: str) -> SpecError:
+    """PyYAML's reader names a bad character by its position in the text: locate it by line and column."""
+    before = text[: error.position]
+    line, col = before.count("\n") + 1, error.position - (before.rfind("\n") + 1) + 1
+    char = error.character if isinstance(error.character, str) else chr(error.character)
+    return SpecError(
+        Loc(file, line, col), f"invalid YAML: the character U+{ord(char):04X} is not allowed in YAML text; remove it"
+    )
+
+
 def load_text(text: str, file: str) -> Raw:
     """Parse one YAML document into a located raw tree."""
     try:
@@ -232,8 +242,11 @@ def load_text(text: str, file: str) -> Raw:
         mark = error.problem_mark or error.context_mark
         problem = error.problem or error.context or "invalid YAML"
         raise SpecError(_loc(file, mark), f"invalid YAML: {problem}") from None
+    except yaml.reader.ReaderError as error:  # a character YAML does not allow: no mark, a position
+        raise _reader_error(error, text, file) from None
     except yaml.YAMLError as error:
-        raise SpecError(Loc(file, 1, 1), f"invalid YAML: {error}") from None
+        message = " ".join(str(error).split())
+        raise SpecError(Loc(file, 1, 1), f"invalid YAML: {message}") from None
     if node is None:
         raise SpecError(Loc(file, 1, 1), "the spec is empty; expected a mapping with name, inputs and outputs")
     return _convert(node, file, _Scalars(), text)

@@ -23,6 +23,7 @@ import torch
 from conftest import ROOT, SPECS, import_package
 
 from opgen import limits
+from opgen.errors import SpecError
 from opgen.pipeline import build
 from opgen.render import Renderer
 
@@ -354,3 +355,11 @@ def test_every_spec_is_far_inside_every_limit():
         for _, expr in derived.full.inlined:
             size, depth = limits.tree_size_and_depth(expr)
             assert size * 10 <= limits.INLINED_NODES.value and depth * 10 <= limits.INLINED_DEPTH.value, path
+
+
+def test_a_character_yaml_forbids_is_located_on_one_line():
+    from opgen.load import load_text
+
+    with pytest.raises(SpecError) as raised:
+        load_text("name: a\ndoc: b\x00c\n", "f.yaml")
+    assert str(raised.value) == "f.yaml:2:7: invalid YAML: the character U+0000 is not allowed in YAML text; remove it"
