@@ -11,6 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 GENERATED = ROOT / "generated"
 
+SWISH = """\
+name: swish
+inputs:
+  x: Tensor
+  beta: float = 1.0
+outputs:
+  y: x / (1 + exp(-beta * x))
+"""  # the smallest spec, as the format page writes it
+
 
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):

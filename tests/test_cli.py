@@ -7,16 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GENERATED, ROOT, import_package
-
-SWISH = """\
-name: swish
-inputs:
-  x: Tensor
-  beta: float = 1.0
-outputs:
-  y: x / (1 + exp(-beta * x))
-"""
+from conftest import GENERATED, ROOT, SWISH, import_package
 
 
 def write_spec(folder: Path, text: str = SWISH, name: str = "swish.yaml") -> Path:

@@ -18,19 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, import_package
+from conftest import ROOT, SWISH, import_package
 from package_trees import NotAvailable, fast_folder, leftovers, mount, mtimes, read_only, tree, with_user_files
 
 from opgen import swap, write
 
-SWISH = """\
-name: swish
-inputs:
-  x: Tensor
-  beta: float = 1.0
-outputs:
-  y: x / (1 + exp(-beta * x))
-"""
 OTHER = SWISH.replace("swish", "swish_two").replace("1.0", "3.0")
 
 
