@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fuzz_ast import UNARY
 from spec_ops import build_ops
 
 F = torch.nn.functional
@@ -523,37 +524,9 @@ def test_overrides_fit_their_input(ops_of):
 
 # -- every function of the formula language, of a float input ----------------------------------------
 
+# The fuzz tests' table of plain torch functions (independent of opgen), and heaviside.
 FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "exp": torch.exp,
-    "log": torch.log,
-    "log1p": torch.log1p,
-    "expm1": torch.expm1,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "tan": torch.tan,
-    "asin": torch.asin,
-    "acos": torch.acos,
-    "atan": torch.atan,
-    "sinh": torch.sinh,
-    "cosh": torch.cosh,
-    "tanh": torch.tanh,
-    "asinh": torch.asinh,
-    "acosh": torch.acosh,
-    "atanh": torch.atanh,
-    "sigmoid": torch.sigmoid,
-    "softplus": F.softplus,
-    "erf": torch.erf,
-    "erfc": torch.erfc,
-    "erfinv": torch.erfinv,
-    "lgamma": torch.lgamma,
-    "digamma": torch.digamma,
-    "abs": torch.abs,
-    "sign": torch.sign,
-    "floor": torch.floor,
-    "ceil": torch.ceil,
-    "round": torch.round,
+    **UNARY,
     "heaviside": lambda u: (u >= 0).to(DTYPE),
 }
 # Points inside each function's domain, including where a naive formula overflows.
