@@ -11,10 +11,12 @@ chosen by the emitter so that no spec name can shadow them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sympy
 from sympy import Expr, S
+from sympy.core.mul import _keep_coeff
 from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
@@ -75,6 +77,27 @@ _UNARY: dict[type, tuple[str, str | None]] = {
 
 PREC_NEG = PRECEDENCE["Mul"] + 1  # an operand of unary minus: a power or an atom
 
+# Note [spacing]
+# ~~~~~~~~~~~~~~
+# Generated code is what `ruff format` (Black's style) would write, so the printer spaces
+# binary operators (`a * b`, `a / b`) and leaves `**` unspaced only between simple operands
+# (names, attribute chains, number literals, each with an optional unary minus): `x**2`,
+# `math.pi**2`, but `(a + b) ** 2` and `f(x) ** 2`. A negated power is parenthesized,
+# `-(x**2)`, as ruff writes it. The test `test_generated_code_is_ruff_formatted` checks all.
+_SIMPLE_OPERAND = re.compile(r"-?(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|\d+(?:\.\d*)?(?:e[-+]?\d+)?)")
+
+
+def power(base: str, exponent: str) -> str:
+    """`base**exponent`, spaced as ruff formats it (Note [spacing])."""
+    simple = _SIMPLE_OPERAND.fullmatch(base) and _SIMPLE_OPERAND.fullmatch(exponent)
+    return f"{base}**{exponent}" if simple else f"{base} ** {exponent}"
+
+
+def _decimal(value: sympy.Rational) -> str | None:
+    """A fraction as a float literal when that is the same number or short, else None (`p / q`)."""
+    text = repr(float(value))
+    return text if sympy.Rational(text) == value or len(text) <= 12 else None
+
 
 class PrintError(Exception):
     """An expression the printer has no rule for."""
@@ -130,9 +153,8 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         return str(int(expr))
 
     def _print_Rational(self, expr: sympy.Rational) -> str:
-        value = float(expr)
-        text = repr(value)
-        return text if sympy.Rational(text) == expr or len(text) <= 12 else f"{expr.p}/{expr.q}"
+        decimal = _decimal(expr)
+        return decimal if decimal is not None else f"{expr.p} / {expr.q}"
 
     def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
@@ -181,6 +203,7 @@ class TorchPrinter(TensorPrinting, CodePrinter):
     # -- arithmetic ------------------------------------------------------------------------
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
+        """Note [spacing]: `a * b / c`, spaced as `ruff format` writes Python (Black's rules)."""
         numeric = [a for a in expr.args if a.is_number]
         if numeric and len(numeric) < len(expr.args):
             coeff = sympy.Mul(*numeric)
@@ -189,13 +212,63 @@ class TorchPrinter(TensorPrinting, CodePrinter):
             coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
             body = self.parenthesize(rest, precedence(expr), strict=True)
             if coeff == 1:
-                return sign + body
+                return self._negate(rest) if sign else body
             if isinstance(coeff, sympy.Rational) and coeff.p == 1:
-                return f"{sign}{body}/{coeff.q}"
+                return f"{sign}{body} / {coeff.q}"
             if isinstance(coeff, sympy.Rational) and len(self._print(coeff)) > 12:
-                return f"{sign}{coeff.p}*{body}/{coeff.q}"
-            return f"{sign}{self._print(coeff) if coeff.is_Rational else self._print_number(coeff)}*{body}"
-        return str(super()._print_Mul(expr))
+                return f"{sign}{coeff.p} * {body} / {coeff.q}"
+            text = self._print(coeff) if coeff.is_Rational else self.parenthesize(coeff, precedence(expr))
+            return f"{sign}{text} * {body}"
+        return self._product(expr)
+
+    def _negate(self, expr: sympy.Basic) -> str:
+        """`-expr`; a power in parentheses, `-(x**2)`, as ruff writes it (Note [spacing])."""
+        text = self.parenthesize(expr, PREC_NEG)
+        return f"-({text})" if self._prints_as_power(expr) else f"-{text}"
+
+    def _prints_as_power(self, expr: sympy.Basic) -> bool:
+        """Whether `expr` prints as `a**b` (not `sqrt`, `exp`, `math.pow` or a quotient)."""
+        if not expr.is_Pow:
+            return False
+        base, exp = expr.args
+        special = exp in (S.Half, -S.Half, S.NegativeOne) or base == S.Exp1
+        return not special and (exp.is_Integer or self.is_tensor(expr))
+
+    def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
+        """`a - b - (c + d)`: SymPy's `StrPrinter._print_Add`, with `_negate`'s leading minus."""
+        prec = precedence(expr)
+        text = ""
+        for term in self._as_ordered_terms(expr, order=order):
+            negative = term.could_extract_minus_sign()
+            magnitude = -term if negative else term
+            if not text:
+                text = self.parenthesize(term, prec, strict=True)
+            else:
+                text += f" {'-' if negative else '+'} {self.parenthesize(magnitude, prec, strict=not negative)}"
+        return text
+
+    def _product(self, expr: sympy.Mul) -> str:
+        """`a * b / (c * d)`: SymPy's `CodePrinter._print_Mul`, spaced."""
+        prec = precedence(expr)
+        c, e = expr.as_coeff_Mul()
+        sign = ""
+        if c < 0:
+            expr, sign = _keep_coeff(-c, e), "-"
+        numerator, denominator = [], []
+        for item in expr.as_ordered_factors():
+            if item.is_Pow and item.exp.is_Rational and item.exp.is_negative:
+                denominator.append(sympy.Pow(item.base, -item.exp, evaluate=item.exp == -1))
+            else:
+                numerator.append(item)
+        numerator = numerator or [S.One]
+        if len(numerator) == 1 and sign:
+            top = self._negate(numerator[0])
+        else:
+            top = sign + " * ".join(self.parenthesize(a, prec) for a in numerator)
+        if not denominator:
+            return top
+        bottom = [self.parenthesize(b, prec) for b in denominator]
+        return f"{top} / {bottom[0]}" if len(bottom) == 1 else f"{top} / ({' * '.join(bottom)})"
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
         base, exp = expr.args
@@ -210,9 +283,13 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         if not self.is_tensor(expr) and not exp.is_Integer:
             # Python's `**` of a negative number and a fraction is complex; math.pow raises instead.
             return f"{self.math}.pow({self._print(base)}, {self._print(exp)})"
-        if isinstance(exp, sympy.Rational) and not exp.is_Integer:
-            return f"{self.parenthesize(base, precedence(expr))}**{self._print(exp)}"
-        return str(super()._print_Pow(expr, rational=rational))
+        prec = precedence(expr)
+        if exp == -1:
+            return f"1 / {self.parenthesize(base, prec)}"
+        # A fraction as exponent is a quotient: `x**(1 / 3)`, never `x**1/3`.
+        literal = exp.is_Integer or exp.is_Float or (exp.is_Rational and _decimal(exp) is not None)
+        exponent = self._print(exp) if literal else f"({self._print(exp)})"
+        return power(self.parenthesize(base, prec), exponent)
 
     # -- functions ---------------------------------------------------------------------------
 
@@ -324,8 +401,8 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         threshold = f"{self.functional}.threshold"
         if both == "maximum":
             return self._call(threshold, tensor, bound, bound)
-        value, number = self.parenthesize(tensor, PREC_NEG), self.parenthesize(bound, PREC_NEG)
-        return f"(-{threshold}(-{value}, -{number}, -{number}))"
+        value, number = self._negate(tensor), self._negate(bound)
+        return f"(-{threshold}({value}, {number}, {number}))"
 
     def _print_Max(self, expr: sympy.Max) -> str:
         return self._print_number(expr)

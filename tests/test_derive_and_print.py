@@ -129,5 +129,5 @@ def test_printer_is_strict():
 def test_printer_uses_math_for_plain_numbers():
     x, c = sympy.symbols("x c", real=True)
     printer = TorchPrinter({x: "x", c: "c"}, frozenset({x}), torch="torch_", math="math_")
-    assert printer.doprint_expr(sympy.exp(c) * x) == "x*math_.exp(c)"
-    assert printer.doprint_expr(sympy.exp(c * x)) == "torch_.exp(c*x)"
+    assert printer.doprint_expr(sympy.exp(c) * x) == "x * math_.exp(c)"
+    assert printer.doprint_expr(sympy.exp(c * x)) == "torch_.exp(c * x)"

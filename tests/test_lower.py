@@ -148,9 +148,9 @@ def test_gradient_in_terms_of_the_output_saves_the_output(tmp_path):
 
 def test_optimize_lower_false_keeps_plain_torch(tmp_path):
     source = generate_op(tmp_path, SILU + "optimize:\n  lower: false\n")
-    assert "functional.silu" not in source and "aten" not in source and "x*torch.sigmoid(x)" in source
+    assert "functional.silu" not in source and "aten" not in source and "x * torch.sigmoid(x)" in source
     source = generate_op(tmp_path, SIGMOID + "optimize:\n  lower: false\n")
-    assert "aten" not in source and "grad_y*y*(1 - y)" in source
+    assert "aten" not in source and "grad_y * y * (1 - y)" in source
 
 
 def test_forward_may_work_in_place_backward_never(tmp_path):

@@ -12,9 +12,9 @@ class AffineFunction(torch.autograd.Function):
     @staticmethod
     def forward(x, weight, bias):
         if bias is None:
-            y = weight*x
+            y = weight * x
         else:
-            y = bias + weight*x
+            y = bias + weight * x
         return y
 
     @staticmethod
@@ -28,10 +28,10 @@ class AffineFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*weight
+            grad_x = grad_y * weight
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_y*x
+            grad_weight = grad_y * x
             grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_y

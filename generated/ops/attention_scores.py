@@ -14,7 +14,7 @@ class AttentionScoresFunction(torch.autograd.Function):
     @staticmethod
     def forward(q, k):
         D = q.shape[-1]
-        scores = (q @ k.mT)/math.sqrt(D)
+        scores = (q @ k.mT) / math.sqrt(D)
         weights = torch.softmax(scores, -1)
         return weights
 
@@ -30,7 +30,7 @@ class AttentionScoresFunction(torch.autograd.Function):
         q, k, weights = ctx.saved_tensors
         grad_q = grad_k = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.ops.aten._softmax_backward_data(grad_weights, weights, -1, weights.dtype)/math.sqrt(ctx.D)
+            tmp0 = torch.ops.aten._softmax_backward_data(grad_weights, weights, -1, weights.dtype) / math.sqrt(ctx.D)
         if ctx.needs_input_grad[0]:
             grad_q = tmp0 @ k
             grad_q = grad_q.sum_to_size(q.shape)

@@ -11,7 +11,7 @@ class BceWithLogitsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(logits, target):
-        loss = torch.nn.functional.softplus(logits) - logits*target
+        loss = torch.nn.functional.softplus(logits) - logits * target
         return loss
 
     @staticmethod
@@ -24,10 +24,10 @@ class BceWithLogitsFunction(torch.autograd.Function):
         logits, target = ctx.saved_tensors
         grad_logits = grad_target = None
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*(torch.sigmoid(logits) - target)
+            grad_logits = grad_loss * (torch.sigmoid(logits) - target)
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = -grad_loss*logits
+            grad_target = -(grad_loss * logits)
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target
 

@@ -12,9 +12,9 @@ class BilinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(x1, x2, weight, bias):
         if bias is None:
-            y = (x2*(x1 @ weight)).sum(-1).T
+            y = (x2 * (x1 @ weight)).sum(-1).T
         else:
-            y = (x2*(x1 @ weight)).sum(-1).T + bias
+            y = (x2 * (x1 @ weight)).sum(-1).T + bias
         return y
 
     @staticmethod
@@ -29,11 +29,11 @@ class BilinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             tmp0 = grad_y.T.unsqueeze(-1)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
-            tmp1 = tmp0*x2
+            tmp1 = tmp0 * x2
         if ctx.needs_input_grad[0]:
             grad_x1 = (tmp1 @ weight.mT).sum(0)
         if ctx.needs_input_grad[1]:
-            grad_x2 = (tmp0*(x1 @ weight)).sum(0)
+            grad_x2 = (tmp0 * (x1 @ weight)).sum(0)
         if ctx.needs_input_grad[2]:
             grad_weight = x1.T @ tmp1
         if ctx.needs_input_grad[3]:

@@ -13,7 +13,7 @@ class CosineSimilarityFunction(torch.autograd.Function):
     def forward(x1, x2, eps):
         norm1 = torch.nn.functional.threshold(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps, eps)
         norm2 = torch.nn.functional.threshold(torch.sqrt((x2**2).sum(-1, keepdim=True)), eps, eps)
-        y = (x1*x2/(norm1*norm2)).sum(-1)
+        y = (x1 * x2 / (norm1 * norm2)).sum(-1)
         return y
 
     @staticmethod
@@ -31,16 +31,16 @@ class CosineSimilarityFunction(torch.autograd.Function):
             tmp0 = grad_y.unsqueeze(-1)
             tmp1 = torch.sqrt((x1**2).sum(-1, keepdim=True))
             tmp2 = torch.nn.functional.threshold(tmp1, eps, eps)
-            tmp3 = 1/tmp2
+            tmp3 = 1 / tmp2
             tmp4 = torch.sqrt((x2**2).sum(-1, keepdim=True))
             tmp5 = torch.nn.functional.threshold(tmp4, eps, eps)
-            tmp6 = 1/tmp5
-            tmp7 = tmp0*x1*x2
+            tmp6 = 1 / tmp5
+            tmp7 = tmp0 * x1 * x2
         if ctx.needs_input_grad[0]:
-            grad_x1 = tmp0*tmp3*tmp6*x2 - 2*x1*(tmp6*tmp7*torch.where(tmp1 > eps, 1/tmp1/2, 0)/tmp2**2).sum(-1, keepdim=True)
+            grad_x1 = tmp0 * tmp3 * tmp6 * x2 - 2 * x1 * (tmp6 * tmp7 * torch.where(tmp1 > eps, 1 / tmp1 / 2, 0) / tmp2**2).sum(-1, keepdim=True)
             grad_x1 = grad_x1.sum_to_size(x1.shape)
         if ctx.needs_input_grad[1]:
-            grad_x2 = tmp0*tmp3*tmp6*x1 - 2*x2*(tmp3*tmp7*torch.where(tmp4 > eps, 1/tmp4/2, 0)/tmp5**2).sum(-1, keepdim=True)
+            grad_x2 = tmp0 * tmp3 * tmp6 * x1 - 2 * x2 * (tmp3 * tmp7 * torch.where(tmp4 > eps, 1 / tmp4 / 2, 0) / tmp5**2).sum(-1, keepdim=True)
             grad_x2 = grad_x2.sum_to_size(x2.shape)
         return grad_x1, grad_x2, None
 

@@ -12,10 +12,10 @@ class FocalLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(logits, target, alpha, gamma):
         p = torch.sigmoid(logits)
-        ce = torch.nn.functional.softplus(logits) - logits*target
-        p_t = p*target + (1 - p)*(1 - target)
-        alpha_t = alpha*target + (1 - alpha)*(1 - target)
-        loss = alpha_t*ce*(1 - p_t)**gamma
+        ce = torch.nn.functional.softplus(logits) - logits * target
+        p_t = p * target + (1 - p) * (1 - target)
+        alpha_t = alpha * target + (1 - alpha) * (1 - target)
+        loss = alpha_t * ce * (1 - p_t) ** (gamma)
         return loss
 
     @staticmethod
@@ -33,18 +33,18 @@ class FocalLossFunction(torch.autograd.Function):
         grad_logits = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = 1 - target
-            tmp1 = alpha*target + tmp0*(1 - alpha)
+            tmp1 = alpha * target + tmp0 * (1 - alpha)
             tmp2 = torch.sigmoid(logits)
             tmp3 = 1 - tmp2
-            tmp4 = 1 - target*tmp2 - tmp0*tmp3
-            tmp5 = tmp4**gamma
-            tmp6 = torch.nn.functional.softplus(logits) - logits*target
-            tmp7 = gamma*tmp4**(gamma - 1)*tmp6
+            tmp4 = 1 - target * tmp2 - tmp0 * tmp3
+            tmp5 = tmp4 ** (gamma)
+            tmp6 = torch.nn.functional.softplus(logits) - logits * target
+            tmp7 = gamma * tmp4 ** (gamma - 1) * tmp6
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss*tmp1*(tmp2*tmp3*tmp7*(1 - 2*target) + tmp5*(tmp2 - target))
+            grad_logits = grad_loss * tmp1 * (tmp2 * tmp3 * tmp7 * (1 - 2 * target) + tmp5 * (tmp2 - target))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss*(tmp1*tmp7*(1 - 2*tmp2) - logits*tmp1*tmp5 + tmp5*tmp6*(2*alpha - 1))
+            grad_target = grad_loss * (tmp1 * tmp7 * (1 - 2 * tmp2) - logits * tmp1 * tmp5 + tmp5 * tmp6 * (2 * alpha - 1))
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
 

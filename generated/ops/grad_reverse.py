@@ -22,7 +22,7 @@ class GradReverseFunction(torch.autograd.Function):
         alpha = ctx.alpha
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = -alpha*grad_y
+            grad_x = -(alpha * grad_y)
         return grad_x, None
 
 

@@ -29,10 +29,10 @@ class HuberFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
         if ctx.needs_input_grad[0]:
-            grad_input = grad_loss*tmp0
+            grad_input = grad_loss * tmp0
             grad_input = grad_input.sum_to_size(input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = -grad_loss*tmp0
+            grad_target = -(grad_loss * tmp0)
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
 

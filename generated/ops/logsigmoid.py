@@ -23,7 +23,7 @@ class LogsigmoidFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: no in-place operations
-                grad_x = grad_y*torch.sigmoid(-x)
+                grad_x = grad_y * torch.sigmoid(-x)
             else:  # in place on its own temporaries (Note [forward in place])
                 grad_x = torch.neg(x).sigmoid_().mul_(grad_y)
         return grad_x

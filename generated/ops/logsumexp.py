@@ -25,7 +25,7 @@ class LogsumexpFunction(torch.autograd.Function):
         x, y = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.exp(x - y.unsqueeze(-1))*grad_y.unsqueeze(-1)
+            grad_x = torch.exp(x - y.unsqueeze(-1)) * grad_y.unsqueeze(-1)
         return grad_x
 
 

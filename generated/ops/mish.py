@@ -23,7 +23,7 @@ class MishFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: no in-place operations
-                grad_x = grad_y*(x*(1 - torch.tanh(torch.nn.functional.softplus(x))**2)*torch.sigmoid(x) + torch.tanh(torch.nn.functional.softplus(x)))
+                grad_x = grad_y * (x * (1 - torch.tanh(torch.nn.functional.softplus(x)) ** 2) * torch.sigmoid(x) + torch.tanh(torch.nn.functional.softplus(x)))
             else:  # in place on its own temporaries (Note [forward in place])
                 grad_x_s = torch.sigmoid(x)
                 grad_x_q = 1 - grad_x_s

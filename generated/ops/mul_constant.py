@@ -9,7 +9,7 @@ class MulConstantFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(tensor, constant):
-        out = constant*tensor
+        out = constant * tensor
         return out
 
     @staticmethod
@@ -22,7 +22,7 @@ class MulConstantFunction(torch.autograd.Function):
         constant = ctx.constant
         grad_tensor = None
         if ctx.needs_input_grad[0]:
-            grad_tensor = constant*grad_out
+            grad_tensor = constant * grad_out
         return grad_tensor, None
 
 

@@ -9,10 +9,10 @@ class QuantizeSteFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, scale):
-        level = torch.clamp(torch.round(x/scale), -8, 7)
-        y = level*scale
+        level = torch.clamp(torch.round(x / scale), -8, 7)
+        y = level * scale
         code = level
-        inside = ((x >= -8*scale) & (x <= 7*scale)).to(x.dtype)
+        inside = ((x >= -8 * scale) & (x <= 7 * scale)).to(x.dtype)
         return y, code, inside
 
     @staticmethod
@@ -26,7 +26,7 @@ class QuantizeSteFunction(torch.autograd.Function):
         (inside,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*inside
+            grad_x = grad_y * inside
         return grad_x, None
 
 

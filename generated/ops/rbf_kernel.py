@@ -11,8 +11,8 @@ class RbfKernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, y, gamma):
-        squared_distance = (x**2).sum(-1, keepdim=True) - 2*x @ y.mT + (y**2).sum(-1, keepdim=True).mT
-        k = torch.exp(-gamma*squared_distance)
+        squared_distance = (x**2).sum(-1, keepdim=True) - 2 * x @ y.mT + (y**2).sum(-1, keepdim=True).mT
+        k = torch.exp(-(gamma * squared_distance))
         return k
 
     @staticmethod
@@ -28,12 +28,12 @@ class RbfKernelFunction(torch.autograd.Function):
         gamma = ctx.gamma
         grad_x = grad_y = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = gamma*grad_k*k
+            tmp0 = gamma * grad_k * k
         if ctx.needs_input_grad[0]:
-            grad_x = 2*tmp0 @ y - 2*x*tmp0.sum(-1, keepdim=True)
+            grad_x = 2 * tmp0 @ y - 2 * x * tmp0.sum(-1, keepdim=True)
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = 2*tmp0.mT @ x - 2*y*tmp0.sum(-2, keepdim=True).mT
+            grad_y = 2 * tmp0.mT @ x - 2 * y * tmp0.sum(-2, keepdim=True).mT
             grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
 

@@ -11,7 +11,7 @@ class ScaledWeightFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weights):
-        y = weights*x
+        y = weights * x
         return y
 
     @staticmethod
@@ -24,10 +24,10 @@ class ScaledWeightFunction(torch.autograd.Function):
         x, weights = ctx.saved_tensors
         grad_x = grad_weights = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*weights
+            grad_x = grad_y * weights
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_weights = grad_y*x
+            grad_weights = grad_y * x
             grad_weights = grad_weights.sum_to_size(weights.shape)
         return grad_x, grad_weights
 

@@ -11,7 +11,7 @@ class SeluFunction(torch.autograd.Function):
     def forward(x):
         alpha = 1.6732632423543772
         scale = 1.0507009873554805
-        y = scale*torch.nn.functional.elu(x, alpha)
+        y = scale * torch.nn.functional.elu(x, alpha)
         return y
 
     @staticmethod
@@ -24,7 +24,7 @@ class SeluFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.elu_backward(1.0507009873554805*grad_y, 1.6732632423543772, 1, 1, False, x)
+            grad_x = torch.ops.aten.elu_backward(1.0507009873554805 * grad_y, 1.6732632423543772, 1, 1, False, x)
         return grad_x
 
 

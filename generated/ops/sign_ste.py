@@ -22,7 +22,7 @@ class SignSteFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y*(torch.abs(x) <= 1).to(x.dtype)
+            grad_x = grad_y * (torch.abs(x) <= 1).to(x.dtype)
         return grad_x
 
 

@@ -23,7 +23,7 @@ class SiluFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
-                grad_x = grad_y*(x*(1 - torch.sigmoid(x))*torch.sigmoid(x) + torch.sigmoid(x))
+                grad_x = grad_y * (x * (1 - torch.sigmoid(x)) * torch.sigmoid(x) + torch.sigmoid(x))
             else:
                 grad_x = torch.ops.aten.silu_backward(grad_y, x)
         return grad_x

@@ -9,7 +9,7 @@ class SoftsignFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x/(torch.abs(x) + 1)
+        y = x / (torch.abs(x) + 1)
         return y
 
     @staticmethod
@@ -22,7 +22,7 @@ class SoftsignFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y/(torch.abs(x) + 1)**2
+            grad_x = grad_y / (torch.abs(x) + 1) ** 2
         return grad_x
 
 

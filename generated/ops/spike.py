@@ -26,7 +26,7 @@ class SpikeFunction(torch.autograd.Function):
         slope = ctx.slope
         grad_v = None
         if ctx.needs_input_grad[0]:
-            grad_v = grad_s/(slope*torch.abs(threshold - v) + 1)**2
+            grad_v = grad_s / (slope * torch.abs(threshold - v) + 1) ** 2
         return grad_v, None, None
 
 

@@ -9,7 +9,7 @@ class SwishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        y = x*torch.sigmoid(beta*x)
+        y = x * torch.sigmoid(beta * x)
         return y
 
     @staticmethod
@@ -24,9 +24,9 @@ class SwishFunction(torch.autograd.Function):
         beta = ctx.beta
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = beta*x
+            tmp0 = beta * x
             tmp1 = torch.sigmoid(tmp0)
-            grad_x = grad_y*tmp1*(tmp0*(1 - tmp1) + 1)
+            grad_x = grad_y * tmp1 * (tmp0 * (1 - tmp1) + 1)
         return grad_x, None
 
 

@@ -26,9 +26,9 @@ class TanhshrinkFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             tmp0 = saved_tanh**2
             if grad_y is not None:
-                grad_x = grad_y*tmp0
+                grad_x = grad_y * tmp0
             if grad_saved_tanh is not None:
-                grad_x = grad_saved_tanh*(1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh*(1 - tmp0)
+                grad_x = grad_saved_tanh * (1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh * (1 - tmp0)
         return grad_x
 
 
