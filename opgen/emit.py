@@ -9,13 +9,14 @@ the `nn.Module`. Statement bodies are built here as lines, every expression prin
 from __future__ import annotations
 
 import copy
+import textwrap
 from dataclasses import dataclass
 
 import sympy
 
 from opgen import quote
 from opgen.derive import Derived, Variant, dimension_names
-from opgen.display import display
+from opgen.display import display_lines
 from opgen.emit_kernels import backward_lines, forward_printer
 from opgen.emit_module import default_text, module_context
 from opgen.fuse import fusable, fuse
@@ -25,9 +26,11 @@ from opgen.names import Namer, ctx_namer
 from opgen.plan import BackwardPlan, GradPlan, Plan, Temp
 from opgen.printer import TorchPrinter
 from opgen.render import Renderer
+from opgen.statements import assign
 from opgen.tensor import ShapeError, dim_size, is_dim_size, shape_of
 
 Lines = list[str]
+DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
 
 
 @dataclass
@@ -189,15 +192,16 @@ def _branches(bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], 
 def _forward_variant(derived: Derived, variant: Variant, printer: TorchPrinter) -> Lines:
     symbols = derived.symbols
     lines = []
+    indent = 4 * (2 + (len(derived.variants) > 1))
     for name, expr in variant.lets:
-        lines.append(f"{name} = {printer.doprint_expr(expr)}")
+        lines += assign(name, expr, printer, indent)
     for name, expr in variant.outputs:
         if expr in symbols.tensors and expr in symbols.inputs.values():
             # An input returned as it is: a view, so autograd records this Function for it.
             source = printer.doprint_expr(expr)
             lines.append(f"{name} = {source}.view_as({source})")
         else:
-            lines.append(f"{name} = {printer.doprint_expr(expr)}")
+            lines += assign(name, expr, printer, indent)
     return lines
 
 
@@ -323,10 +327,11 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
         expr = grad.contributions[0].factor
         text = printer.doprint_expr(expr)
         if not printer.is_tensor(expr) and grad.overridden and grad.expand:
-            text = f"{first_grad}.new_tensor({text})"  # the override's value at every element of the input
+            lines.append(f"{var} = {first_grad}.new_tensor({text})")  # the override's value at every element
         elif not printer.is_tensor(expr):
-            text = f"{names.torch}.full_like({first_grad}, {text})"
-        lines.append(f"{var} = {text}")
+            lines.append(f"{var} = {names.torch}.full_like({first_grad}, {text})")
+        else:
+            lines += assign(var, expr, printer, _indent_of(plan, 3))
     elif plan.gate_none:
         return _gated_sum(plan, grad, names, printer, shape)
     elif grad.separate:
@@ -335,9 +340,9 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     else:
         total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
         if plan.derived.spec.optimize.lower:
-            lines += backward_lines(var, total, printer, names.torch)
+            lines += backward_lines(var, total, printer, _indent_of(plan, 3))
         else:
-            lines.append(f"{var} = {printer.doprint_expr(total)}")
+            lines += assign(var, total, printer, _indent_of(plan, 3))
     if grad.expand and grad.reduce:
         lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")
     elif grad.expand:
@@ -370,8 +375,13 @@ def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter
     return lines
 
 
-def _temp_lines(temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
-    return [f"{names.temps[t.symbol]} = {printer.doprint_expr(t.expr)}" for t in temps]
+def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
+    return [line for t in temps for line in assign(names.temps[t.symbol], t.expr, printer, _indent_of(plan, 3))]
+
+
+def _indent_of(plan: Plan, level: int) -> int:
+    """The indentation of a statement `level` deep in a method, one more inside variant branches."""
+    return 4 * (level + (len(plan.derived.variants) > 1))
 
 
 def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
@@ -385,9 +395,9 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
                 continue
             placed.add(k)
             lines.append(f"if {_needs(names, plan, group.users)}:")
-            lines += _indent(_temp_lines(group.temps, names, printer))
+            lines += _indent(_temp_lines(plan, group.temps, names, printer))
         own = [t for g in bp.groups if g.users == (grad.input,) for t in g.temps]
-        body = _temp_lines(tuple(own), names, printer) + _grad_lines(plan, grad, names, printer)
+        body = _temp_lines(plan, tuple(own), names, printer) + _grad_lines(plan, grad, names, printer)
         lines.append(f"if {_needs(names, plan, (grad.input,))}:")
         lines += _indent(body)
     return lines
@@ -458,7 +468,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     lines = ["Forward:"]
     full = derived.full
     for name, expr in [*full.lets, *full.outputs]:
-        lines.append(f"    {name} = {display(expr, table)}")
+        lines += display_lines(f"    {name}", expr, table, DOC_WIDTH)
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
     lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
@@ -473,7 +483,8 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
         if gradient.fit is not None:
             total = total.xreplace(lets)
         mark = "  (override)" if gradient.overridden else ""
-        lines.append(f"    grad_{gradient.input} = {display(total, table)}{mark}")
+        lines += display_lines(f"    grad_{gradient.input}", total, table, DOC_WIDTH - len(mark))
+        lines[-1] += mark
     return lines
 
 
@@ -505,7 +516,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     setup = setup_body(plan, names, varies)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
-    doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
+    doc_lines = (_wrapped(spec.doc.strip()) + [""] if spec.doc.strip() else []) + formulas
     module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
     code = forward + backward + [h for f in helpers for h in f] + params
     if module is not None:
@@ -540,6 +551,15 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
     )
     return text
+
+
+def _wrapped(doc: str) -> list[str]:
+    """The spec's `doc`, each line too long for the docstring wrapped (the first follows the opening quotes)."""
+    lines: list[str] = []
+    for line in doc.split("\n"):
+        width = DOC_WIDTH - (3 if not lines else 0) - line.count('"') - line.count("\\")
+        lines += textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return lines
 
 
 def _visible(spec: Spec) -> str:

@@ -152,10 +152,15 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
 
 
 def _repr_fstring(parts: list[tuple[str, str]]) -> str:
-    """`f"a={self.a}, b={self.b}"`: each (text, expression) pair as text then the expression's value."""
+    """`f"a={self.a}, b={self.b}"`: each (text, expression) pair as text then the expression's value.
+
+    Too long for one line of `extra_repr` (Note [short lines] in opgen.statements): one f-string
+    per pair, in parentheses, as ruff formats it.
+    """
     if not parts:
         return '""'
-    body = ", ".join(
-        quote.string(text)[1:-1].replace("{", "{{").replace("}", "}}") + "{" + expr + "}" for text, expr in parts
-    )
-    return 'f"' + body + '"'
+    pieces = [quote.string(text)[1:-1].replace("{", "{{").replace("}", "}}") + "{" + expr + "}" for text, expr in parts]
+    pieces = [p + ", " for p in pieces[:-1]] + pieces[-1:]
+    if len('        return f""') + sum(len(p) for p in pieces) <= 120:
+        return 'f"' + "".join(pieces) + '"'
+    return "(\n" + "".join(f'            f"{p}"\n' for p in pieces) + "        )"

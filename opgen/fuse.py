@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.lower import _Prime, _Primitive
+from opgen.kernels import _Prime, _Primitive
 from opgen.plan import Plan
 from opgen.printer import TorchPrinter
 

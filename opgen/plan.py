@@ -33,6 +33,7 @@ import sympy
 from sympy import Expr
 
 from opgen.derive import Contribution, Derived, Gradient, Variant
+from opgen.kernels import kernel_factors
 from opgen.tensor import has_tensor_ops, is_dim_size
 
 
@@ -106,10 +107,11 @@ def _inline_conditions(
 def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) -> BackwardPlan:
     factors: list[Expr] = []
     owners: list[str] = []
-    for gradient in variant.gradients:
-        for contribution in gradient.contributions:
-            factors.append(contribution.factor)
-            owners.append(gradient.input)
+    # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
+    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients])
+    for gradient, ready in zip(variant.gradients, kernel_ready, strict=True):
+        factors += ready
+        owners += [gradient.input] * len(ready)
     replacements, reduced = sympy.cse(factors, symbols=_temp_symbols(), order="canonical")
     temps, reduced = _inline_conditions(replacements, reduced)
     # Which gradients use each temporary, directly or through a later temporary.

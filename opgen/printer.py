@@ -21,6 +21,7 @@ from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
 from opgen import functions as fn
+from opgen.kernel_print import KernelPrinting
 from opgen.kinds import is_tensor_valued
 from opgen.tensor_print import TensorPrinting
 
@@ -103,10 +104,17 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(TensorPrinting, CodePrinter):
-    printmethod = "_opgen_torch"
+class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
+    """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
+
+    Settings (`_default_settings`): `no_grad` prints code autograd never records, where
+    primitives may work in place (Note [forward in place] in opgen.emit_kernels).
+    """
+
     language = "Python"
-    _default_settings = dict(CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False)
+    _default_settings = dict(
+        CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False, no_grad=False
+    )
 
     def __init__(
         self,
@@ -115,13 +123,30 @@ class TorchPrinter(TensorPrinting, CodePrinter):
         torch: str = "torch",
         math: str = "math",
         functional: str = "torch.nn.functional",
+        settings: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(settings)
         self.names = names
         self.tensors = tensors
         self.torch = torch
         self.math = math
         self.functional = functional
+        self.tensor_shapes = dict(self.tensor_shapes)
+
+    def with_symbols(
+        self, names: dict[sympy.Symbol, str], tensors: frozenset[sympy.Symbol], **settings: Any
+    ) -> TorchPrinter:
+        """This printer knowing more symbols (`tensors` of them hold tensors), with `settings` changed."""
+        printer = TorchPrinter(
+            self.names | names,
+            self.tensors | tensors,
+            torch=self.torch,
+            math=self.math,
+            functional=self.functional,
+            settings={key: self._settings[key] for key in ("no_grad",)} | settings,
+        )
+        printer.tensor_shapes = dict(self.tensor_shapes)
+        return printer
 
     # -- helpers ---------------------------------------------------------------------
 

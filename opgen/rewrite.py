@@ -57,9 +57,6 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
     def _as_elementary(self) -> Expr:
         return -sympy.log(1 + sympy.exp(-self.args[0]))
 
-    def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
-        return str(printer._call(f"{printer.functional}.logsigmoid", self.args[0]))  # type: ignore[attr-defined]
-
 
 class sinc(fn._Elementwise):  # noqa: N801
     """The normalised sinc, sin(pi u) / (pi u), with sinc(0) = 1 (as torch.sinc)."""
@@ -76,9 +73,6 @@ class sinc(fn._Elementwise):  # noqa: N801
         u = self.args[0]
         return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
 
-    def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
-        return str(printer._call(f"{printer.torch}.sinc", self.args[0]))  # type: ignore[attr-defined]
-
 
 # sinc is finite everywhere, but its derivative divides by its argument: inside a `where`
 # branch not taken near 0 it needs the same guard as `1/u` (Note [double where]).
@@ -86,9 +80,10 @@ DOMAINS[sinc] = ((0,), S.One)
 
 
 class _Binary(sympy.Function):
+    """A function of two arguments; the torch printer prints it as `torch.<name>` (opgen.kernel_print)."""
+
     nargs = 2
     is_real = True
-    torch_name = ""
 
     def _eval_evalf(self, prec: int) -> Expr | None:
         if all(a.is_number for a in self.args):
@@ -98,19 +93,9 @@ class _Binary(sympy.Function):
     def _as_elementary(self) -> Expr:
         raise NotImplementedError
 
-    def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
-        a, b = self.args
-        if not printer.is_tensor(a):  # type: ignore[attr-defined]
-            return f"{printer.torch}.{self.torch_name}({printer._as_tensor(a, b)}, {printer._print(b)})"  # type: ignore[attr-defined]
-        if not printer.is_tensor(b):  # type: ignore[attr-defined]
-            return f"{printer.torch}.{self.torch_name}({printer._print(a)}, {printer._as_tensor(b, a)})"  # type: ignore[attr-defined]
-        return str(printer._call(f"{printer.torch}.{self.torch_name}", a, b))  # type: ignore[attr-defined]
-
 
 class logaddexp(_Binary):  # noqa: N801
     """log(exp(a) + exp(b))."""
-
-    torch_name = "logaddexp"
 
     def fdiff(self, argindex: int = 1) -> Expr:
         a, b = self.args
@@ -123,8 +108,6 @@ class logaddexp(_Binary):  # noqa: N801
 
 class hypot(_Binary):  # noqa: N801
     """sqrt(a**2 + b**2)."""
-
-    torch_name = "hypot"
 
     def fdiff(self, argindex: int = 1) -> Expr:
         return self.args[argindex - 1] / self

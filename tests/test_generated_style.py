@@ -54,7 +54,9 @@ def test_powers_print_with_pythons_precedence(tmp_path, formula, reference):
     (package / "ops").mkdir(parents=True)
     (package / "__init__.py").write_text("from . import ops\n")
     (package / "ops" / "__init__.py").write_text("from . import op\n")
-    (package / "ops" / "op.py").write_text(generate_op(tmp_path, f"name: op\ninputs:\n  x: Tensor\noutputs:\n  y: {formula}\n"))
+    (package / "ops" / "op.py").write_text(
+        generate_op(tmp_path, f"name: op\ninputs:\n  x: Tensor\noutputs:\n  y: {formula}\n")
+    )
     op = import_package(tmp_path, "power_ops").ops.op.op
     x = torch.linspace(0.1, 3, 17, dtype=torch.float64, requires_grad=True)
     expected = reference(x)

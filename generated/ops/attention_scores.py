@@ -41,7 +41,8 @@ class AttentionScoresFunction(torch.autograd.Function):
 
 
 def attention_scores(q, k):
-    """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside F.scaled_dot_product_attention.
+    """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside
+    F.scaled_dot_product_attention.
 
     Forward:
         scores = (q @ k.T)/sqrt(D)

@@ -87,4 +87,9 @@ class Bilinear(torch.nn.Module):
         return bilinear(x1, x2, self.weight, self.bias)
 
     def extra_repr(self):
-        return f"in1_features={self.in1_features}, in2_features={self.in2_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in1_features={self.in1_features}, "
+            f"in2_features={self.in2_features}, "
+            f"out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )

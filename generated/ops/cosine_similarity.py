@@ -37,16 +37,21 @@ class CosineSimilarityFunction(torch.autograd.Function):
             tmp6 = 1 / tmp5
             tmp7 = tmp0 * x1 * x2
         if ctx.needs_input_grad[0]:
-            grad_x1 = tmp0 * tmp3 * tmp6 * x2 - 2 * x1 * (tmp6 * tmp7 * torch.where(tmp1 > eps, 1 / tmp1 / 2, 0) / tmp2**2).sum(-1, keepdim=True)
+            grad_x1_t1 = (tmp6 * tmp7 * torch.where(tmp1 > eps, 1 / tmp1 / 2, 0) / tmp2**2).sum(-1, keepdim=True)
+            grad_x1_t0 = -2 * grad_x1_t1 * x1
+            grad_x1 = grad_x1_t0 + tmp0 * tmp3 * tmp6 * x2
             grad_x1 = grad_x1.sum_to_size(x1.shape)
         if ctx.needs_input_grad[1]:
-            grad_x2 = tmp0 * tmp3 * tmp6 * x1 - 2 * x2 * (tmp3 * tmp7 * torch.where(tmp4 > eps, 1 / tmp4 / 2, 0) / tmp5**2).sum(-1, keepdim=True)
+            grad_x2_t1 = (tmp3 * tmp7 * torch.where(tmp4 > eps, 1 / tmp4 / 2, 0) / tmp5**2).sum(-1, keepdim=True)
+            grad_x2_t0 = -2 * grad_x2_t1 * x2
+            grad_x2 = grad_x2_t0 + tmp0 * tmp3 * tmp6 * x1
             grad_x2 = grad_x2.sum_to_size(x2.shape)
         return grad_x1, grad_x2, None
 
 
 def cosine_similarity(x1, x2, eps=1e-08):
-    """Cosine similarity along the last dimension, each side divided by its norm (at least eps); F.cosine_similarity(x1, x2, dim=-1).
+    """Cosine similarity along the last dimension, each side divided by its norm (at least eps); F.cosine_similarity(x1,
+    x2, dim=-1).
 
     Forward:
         norm1 = max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)
@@ -54,8 +59,12 @@ def cosine_similarity(x1, x2, eps=1e-08):
         y = sum(x1*x2/(norm1*norm2), dim=-1)
 
     Gradients:
-        grad_x1 = x2*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x1*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))), 0)/(norm1**2*norm2), dim=-1, keepdim=true)
-        grad_x2 = x1*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x2*sum(x1*x2*unsqueeze(grad, dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))), 0)/(norm1*norm2**2), dim=-1, keepdim=true)
+        grad_x1 = x2*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x1*sum(x1*x2*unsqueeze(grad,
+            dim=-1)*where(sqrt(sum(x1**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x1**2, dim=-1, keepdim=true))),
+            0)/(norm1**2*norm2), dim=-1, keepdim=true)
+        grad_x2 = x1*unsqueeze(grad, dim=-1)/(norm1*norm2) - 2*x2*sum(x1*x2*unsqueeze(grad,
+            dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))),
+            0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
     check_shapes(
         "cosine_similarity",

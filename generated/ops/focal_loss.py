@@ -44,7 +44,8 @@ class FocalLossFunction(torch.autograd.Function):
             grad_logits = grad_loss * tmp1 * (tmp2 * tmp3 * tmp7 * (1 - 2 * target) + tmp5 * (tmp2 - target))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_loss * (tmp1 * tmp7 * (1 - 2 * tmp2) - logits * tmp1 * tmp5 + tmp5 * tmp6 * (2 * alpha - 1))
+            grad_target_t0 = tmp1 * tmp7 * (1 - 2 * tmp2) - logits * tmp1 * tmp5 + tmp5 * tmp6 * (2 * alpha - 1)
+            grad_target = grad_loss * grad_target_t0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
 
@@ -62,8 +63,15 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         loss = alpha_t*ce*(1 - p_t)**gamma
 
     Gradients:
-        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 - sigmoid(logits))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
-        grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1) - logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**gamma)
+        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 -
+            sigmoid(logits))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 -
+            sigmoid(logits)))**(gamma - 1)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1
+            - target)*(1 - sigmoid(logits)))**gamma)
+        grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) -
+            logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1) -
+            logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 -
+            sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1
+            - target)*(1 - sigmoid(logits)))**gamma)
     """
     check_shapes(
         "focal_loss",

@@ -30,7 +30,7 @@ def gelu(x):
     """GELU with the exact Gaussian CDF, x * Phi(x); torch.nn.functional.gelu.
 
     Forward:
-        y = (x*(erf(sqrt(2)*x/2) + 1)/2)
+        y = x*(erf(sqrt(2)*x/2) + 1)/2
 
     Gradients:
         grad_x = grad*(sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*x/2)/2 + 1/2)

@@ -22,7 +22,7 @@ class GeluTanhFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate='tanh')
+            grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate="tanh")
         return grad_x
 
 
@@ -30,9 +30,10 @@ def gelu_tanh(x):
     """GELU, tanh approximation; torch.nn.functional.gelu(x, approximate=\"tanh\").
 
     Forward:
-        y = (x*(tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi)) + 1)/2)
+        y = x*(tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi)) + 1)/2
 
     Gradients:
-        grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))**2)*(26829*x**2/200000 + 1)/(2*sqrt(pi)) + tanh(sqrt(2)*(8943*x**3/200000 + x)/sqrt(pi))/2 + 1/2)
+        grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))**2)*(0.134145*x**2 + 1)/(2*sqrt(pi)) +
+            tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))/2 + 1/2)
     """
     return GeluTanhFunction.apply(x)

@@ -12,7 +12,7 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def forward(input, target, delta):
         diff = input - target
-        loss = torch.nn.functional.huber_loss(diff, diff.new_zeros(()).expand_as(diff), reduction='none', delta=delta)
+        loss = torch.nn.functional.huber_loss(diff, diff.new_zeros(()).expand_as(diff), reduction="none", delta=delta)
         return loss
 
     @staticmethod

@@ -23,7 +23,8 @@ class MishFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: no in-place operations
-                grad_x = grad_y * (x * (1 - torch.tanh(torch.nn.functional.softplus(x)) ** 2) * torch.sigmoid(x) + torch.tanh(torch.nn.functional.softplus(x)))
+                grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
+                grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
             else:  # in place on its own temporaries (Note [forward in place])
                 grad_x_s = torch.sigmoid(x)
                 grad_x_q = 1 - grad_x_s
@@ -38,7 +39,7 @@ def mish(x):
     """Mish, x * tanh(softplus(x)) (Misra, 2019); torch.nn.functional.mish.
 
     Forward:
-        y = (x*tanh(softplus(x)))
+        y = x*tanh(softplus(x))
 
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))

@@ -23,7 +23,8 @@ class SiluFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
-                grad_x = grad_y * (x * (1 - torch.sigmoid(x)) * torch.sigmoid(x) + torch.sigmoid(x))
+                grad_x_t0 = torch.sigmoid(x)
+                grad_x = grad_y * (grad_x_t0 * x * (1 - grad_x_t0) + grad_x_t0)
             else:
                 grad_x = torch.ops.aten.silu_backward(grad_y, x)
         return grad_x
@@ -33,7 +34,7 @@ def silu(x):
     """SiLU (sigmoid-weighted linear unit), x * sigmoid(x); torch.nn.functional.silu.
 
     Forward:
-        y = (x*sigmoid(x))
+        y = x*sigmoid(x)
 
     Gradients:
         grad_x = grad*(x*(1 - sigmoid(x))*sigmoid(x) + sigmoid(x))

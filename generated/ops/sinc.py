@@ -26,7 +26,10 @@ class SincFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             tmp0 = torch.abs(x)
             tmp1 = torch.where(tmp0 >= 0.0001, x, 1)
-            grad_x = grad_y * torch.where(tmp0 < 0.0001, -3.289868133696453 * x, torch.where(tmp1 == 0, 0, (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / torch.where(tmp1 == 0, 1, tmp1)))
+            grad_x_t2 = (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / torch.where(tmp1 == 0, 1, tmp1)
+            grad_x_t1 = torch.where(tmp1 == 0, 0, grad_x_t2)
+            grad_x_t0 = torch.where(tmp0 < 0.0001, -3.289868133696453 * x, grad_x_t1)
+            grad_x = grad_y * grad_x_t0
         return grad_x
 
 
@@ -35,9 +38,11 @@ def sinc(x):
     near 0 keeps values and derivatives of every order accurate and finite there.
 
     Forward:
-        y = where(abs(x) < 1/10000, 1 - pi**2*x**2/6, sinc(x))
+        y = where(abs(x) < 0.0001, 1 - pi**2*x**2/6, sinc(x))
 
     Gradients:
-        grad_x = grad*where(abs(x) < 1/10000, -pi**2*x/3, where(where(abs(x) >= 1/10000, x, 1) == 0, 0, (cos(pi*where(abs(x) >= 1/10000, x, 1)) - sinc(where(abs(x) >= 1/10000, x, 1)))/where(where(abs(x) >= 1/10000, x, 1) == 0, 1, where(abs(x) >= 1/10000, x, 1))))
+        grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, where(where(abs(x) >= 0.0001, x, 1) == 0, 0,
+            (cos(pi*where(abs(x) >= 0.0001, x, 1)) - sinc(where(abs(x) >= 0.0001, x, 1)))/where(where(abs(x) >= 0.0001,
+            x, 1) == 0, 1, where(abs(x) >= 0.0001, x, 1))))
     """
     return SincFunction.apply(x)

@@ -32,7 +32,7 @@ def softplus(x, beta=1.0):
     """Softplus with a sharpness beta, log(1 + exp(beta * x)) / beta; torch.nn.functional.softplus.
 
     Forward:
-        y = (softplus(beta*x)/beta)
+        y = softplus(beta*x)/beta
 
     Gradients:
         grad_x = grad*sigmoid(beta*x)
