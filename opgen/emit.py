@@ -9,7 +9,6 @@ the `nn.Module`. Statement bodies are built here as lines, every expression prin
 from __future__ import annotations
 
 import copy
-import textwrap
 from dataclasses import dataclass
 
 import sympy
@@ -516,7 +515,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     setup = setup_body(plan, names, varies)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
-    doc_lines = (_wrapped(spec.doc.strip()) + [""] if spec.doc.strip() else []) + formulas
+    doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
     module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
     code = forward + backward + [h for f in helpers for h in f] + params
     if module is not None:
@@ -551,15 +550,6 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
     )
     return text
-
-
-def _wrapped(doc: str) -> list[str]:
-    """The spec's `doc`, each line too long for the docstring wrapped (the first follows the opening quotes)."""
-    lines: list[str] = []
-    for line in doc.split("\n"):
-        width = DOC_WIDTH - (3 if not lines else 0) - line.count('"') - line.count("\\")
-        lines += textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""]
-    return lines
 
 
 def _visible(spec: Spec) -> str:

@@ -239,10 +239,11 @@ class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
             if coeff == 1:
                 return self._negate(rest) if sign else body
             if isinstance(coeff, sympy.Rational) and coeff.p == 1:
-                return f"{sign}{body} / {coeff.q}"
+                return f"{self._negate(rest) if sign else body} / {coeff.q}"
             if isinstance(coeff, sympy.Rational) and len(self._print(coeff)) > 12:
                 return f"{sign}{coeff.p} * {body} / {coeff.q}"
-            text = self._print(coeff) if coeff.is_Rational else self.parenthesize(coeff, precedence(expr))
+            # `math.pi` as it is, any other constant as its value
+            text = self._print(coeff) if coeff.is_Rational or coeff.is_NumberSymbol else self._print_number(coeff)
             return f"{sign}{text} * {body}"
         return self._product(expr)
 

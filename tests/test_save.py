@@ -29,12 +29,12 @@ def test_every_policy_saves_tanh_as_a_hidden_output(tmp_path):
 def test_balanced_and_speed_read_the_output_instead_of_recomputing_tanh(tmp_path):
     for text in (TANHSHRINK_LET, TANHSHRINK_LET + _policy("speed")):
         source = generate_op(tmp_path, text)
-        assert "ctx.save_for_backward(x, y)" in source and "grad_y*(x - y)**2" in source
+        assert "ctx.save_for_backward(x, y)" in source and "grad_y * (x - y) ** 2" in source
 
 
 def test_memory_policy_saves_only_the_input(tmp_path):
     source = generate_op(tmp_path, TANHSHRINK_LET + _policy("memory"))
-    assert "ctx.save_for_backward(x)" in source and "torch.tanh(x)**2" in source
+    assert "ctx.save_for_backward(x)" in source and "torch.tanh(x) ** 2" in source
 
 
 def test_output_instead_of_input_when_it_costs_no_memory(tmp_path):

@@ -33,8 +33,8 @@ class BceWithLogitsFunction(torch.autograd.Function):
 
 
 def bce_with_logits(logits, target):
-    """Binary cross-entropy on logits per element; torch.nn.functional.binary_cross_entropy_with_logits(...,
-    reduction=\"none\").
+    """Binary cross-entropy on logits per element;
+    torch.nn.functional.binary_cross_entropy_with_logits(..., reduction=\"none\").
 
     Forward:
         loss = softplus(logits) - logits*target

@@ -50,8 +50,8 @@ class CosineSimilarityFunction(torch.autograd.Function):
 
 
 def cosine_similarity(x1, x2, eps=1e-08):
-    """Cosine similarity along the last dimension, each side divided by its norm (at least eps); F.cosine_similarity(x1,
-    x2, dim=-1).
+    """Cosine similarity along the last dimension, each side divided by its norm (at least eps);
+    F.cosine_similarity(x1, x2, dim=-1).
 
     Forward:
         norm1 = max(sqrt(sum(x1**2, dim=-1, keepdim=true)), eps)

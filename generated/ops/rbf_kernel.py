@@ -39,8 +39,8 @@ class RbfKernelFunction(torch.autograd.Function):
 
 
 def rbf_kernel(x, y, gamma=0.5):
-    """Gaussian (RBF) kernel matrix exp(-gamma * |x_i - y_j|^2) between the rows of x and of y; torch.exp(-gamma *
-    torch.cdist(x, y) ** 2).
+    """Gaussian (RBF) kernel matrix exp(-gamma * |x_i - y_j|^2) between the rows of x and of y;
+    torch.exp(-gamma * torch.cdist(x, y) ** 2).
 
     Forward:
         squared_distance = sum(x**2, dim=-1, keepdim=true) - 2*x @ y.T + sum(y**2, dim=-1, keepdim=true).T

@@ -11,7 +11,7 @@ class SincFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.where(torch.abs(x) < 0.0001, 1 - (1.6449340668482264) * x**2, torch.sinc(x))
+        y = torch.where(torch.abs(x) < 0.0001, 1 - 1.6449340668482264 * x**2, torch.sinc(x))
         return y
 
     @staticmethod
