@@ -186,18 +186,16 @@ def _branches(bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], 
 # -- forward ---------------------------------------------------------------------------------
 
 
-def _forward_variant(derived: Derived, variant: Variant, printer: TorchPrinter) -> Lines:
-    symbols = derived.symbols
+def _forward_variant(derived: Derived, variant: Variant, printer: TorchPrinter, aliases: frozenset[str]) -> Lines:
+    differentiable = {o.name for o in derived.spec.outputs if o.differentiable}
     lines = []
     for name, expr in variant.lets:
         lines.append(f"{name} = {printer.doprint_expr(expr)}")
     for name, expr in variant.outputs:
-        if expr in symbols.tensors and expr in symbols.inputs.values():
-            # An input returned as it is: a view, so autograd records this Function for it.
-            source = printer.doprint_expr(expr)
-            lines.append(f"{name} = {source}.view_as({source})")
-        else:
-            lines.append(f"{name} = {printer.doprint_expr(expr)}")
+        text = printer.doprint_expr(expr)
+        if name in aliases:  # Note [outputs that alias]
+            text = f"{text}.view_as({text})" if name in differentiable else f"{text}.detach()"
+        lines.append(f"{name} = {text}")
     return lines
 
 
@@ -209,7 +207,10 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(derived, names, {dim_size(d): local for d, local in names.size_locals.items()})
     printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
-    bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
+    bodies = [
+        (v.absent, _forward_variant(derived, v, printer, aliases))
+        for v, aliases in zip(derived.variants, plan.aliases, strict=True)
+    ]
     lines += _branches(bodies, optional, is_none)
     outputs = [o.name for o in derived.spec.outputs]
     lines.append(f"return {', '.join(outputs)}")

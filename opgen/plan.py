@@ -23,6 +23,15 @@ A gradient returned from backward has exactly its input's shape, whatever the fo
   (`expand` and `reduce`); the generated tests fit the override's value the same way;
 - a zero gradient: zeros of the input's shape, which may be larger than the output's
   (`y: x + 0 * z`), or None where backward may return None (Note [what backward may use]).
+
+Note [outputs that alias]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Each output of the Function is its own tensor, as each output of plain autograd of the
+formula has its own `requires_grad` and gradient path. An output whose value is an input,
+or the tensor an earlier output already returns (`b: a`, `o: l1` with `l1: l0`, `l0: x`),
+is returned as a new view of it: `src.view_as(src)` when differentiable (autograd then
+records this Function for it, and saving the input stays legal), `src.detach()` when not
+(`mark_non_differentiable` of a view of an input would leave it requiring grad).
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ class Plan:
     gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
     temps: frozenset[sympy.Symbol]  # every temporary symbol
     dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
+    aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
 
 
 def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
@@ -188,6 +198,27 @@ def _covers(derived: Derived, variant: Variant, name: str, contributions: tuple[
     )
 
 
+def aliasing_outputs(derived: Derived, variant: Variant) -> frozenset[str]:
+    """The outputs whose value is a tensor forward already has (Note [outputs that alias])."""
+    symbols = derived.symbols
+    bare = {symbols.lets[n]: e for n, e in variant.lets if isinstance(e, sympy.Symbol)}
+    bare |= {symbols.outputs[n]: e for n, e in variant.outputs if isinstance(e, sympy.Symbol)}
+
+    def root(symbol: sympy.Symbol) -> sympy.Symbol:
+        while symbol in bare:
+            symbol = bare[symbol]
+        return symbol
+
+    taken = set(symbols.tensor_inputs)
+    aliases = set()
+    for name, expr in variant.outputs:
+        source = root(expr) if isinstance(expr, sympy.Symbol) else symbols.outputs[name]
+        if source in taken:
+            aliases.add(name)
+        taken.add(source)
+    return frozenset(aliases)
+
+
 def plan(derived: Derived) -> Plan:
     spec = derived.spec
     index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
@@ -215,4 +246,5 @@ def plan(derived: Derived) -> Plan:
     gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
-    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes)
+    aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
+    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases)

@@ -58,6 +58,9 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
         return -sympy.log(1 + sympy.exp(-self.args[0]))
 
     def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
+        if not printer.is_tensor(self):  # type: ignore[attr-defined]
+            # Note [numbers and tensors]; parenthesized, since a call prints as an atom in its parent.
+            return f"({printer._print(-fn.softplus(-self.args[0]))})"
         return str(printer._call(f"{printer.functional}.logsigmoid", self.args[0]))  # type: ignore[attr-defined]
 
 
@@ -77,7 +80,11 @@ class sinc(fn._Elementwise):  # noqa: N801
         return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
 
     def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
-        return str(printer._call(f"{printer.torch}.sinc", self.args[0]))  # type: ignore[attr-defined]
+        u = self.args[0]
+        if not printer.is_tensor(self):  # type: ignore[attr-defined]
+            pi_u = sympy.pi * u
+            return str(printer._print(fn.where(sympy.Eq(u, 0), S.One, sympy.sin(pi_u) / pi_u)))
+        return str(printer._call(f"{printer.torch}.sinc", u))  # type: ignore[attr-defined]
 
 
 # sinc is finite everywhere, but its derivative divides by its argument: inside a `where`
@@ -98,8 +105,13 @@ class _Binary(sympy.Function):
     def _as_elementary(self) -> Expr:
         raise NotImplementedError
 
+    def _number_text(self, printer: sympy.printing.printer.Printer) -> str:
+        raise NotImplementedError
+
     def _opgen_torch(self, printer: sympy.printing.printer.Printer) -> str:
         a, b = self.args
+        if not printer.is_tensor(self):  # type: ignore[attr-defined]
+            return self._number_text(printer)  # Note [numbers and tensors]
         if not printer.is_tensor(a):  # type: ignore[attr-defined]
             return f"{printer.torch}.{self.torch_name}({printer._as_tensor(a, b)}, {printer._print(b)})"  # type: ignore[attr-defined]
         if not printer.is_tensor(b):  # type: ignore[attr-defined]
@@ -120,6 +132,11 @@ class logaddexp(_Binary):  # noqa: N801
         a, b = self.args
         return sympy.log(sympy.exp(a) + sympy.exp(b))
 
+    def _number_text(self, printer: sympy.printing.printer.Printer) -> str:
+        a, b = self.args
+        larger = fn.where(sympy.GreaterThan(a, b), a, b)
+        return f"({printer._print(larger + fn.log1p(sympy.exp(-sympy.Abs(a - b))))})"  # an atom in its parent
+
 
 class hypot(_Binary):  # noqa: N801
     """sqrt(a**2 + b**2)."""
@@ -132,6 +149,9 @@ class hypot(_Binary):  # noqa: N801
     def _as_elementary(self) -> Expr:
         a, b = self.args
         return sympy.sqrt(a**2 + b**2)
+
+    def _number_text(self, printer: sympy.printing.printer.Printer) -> str:
+        return str(printer._call(f"{printer.math}.hypot", *self.args))  # type: ignore[attr-defined]
 
 
 def _is_exp(expr: sympy.Basic) -> bool:

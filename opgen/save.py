@@ -95,10 +95,12 @@ def _costly_calls(factors: list[Expr], symbols: Symbols) -> set[Expr]:
 
 
 def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> dict[Expr, Expr]:
-    """What in `factors` each output can stand in for (module docstring)."""
+    """What in `factors` each differentiable output can stand in for (module docstring)."""
     swap: dict[Expr, Expr] = {}
     calls = _costly_calls(factors, symbols)
     for name, expr in variant.inlined:
+        if name not in symbols.grads:
+            continue  # a non-differentiable output is a constant to double backward: never a stand-in
         output = symbols.outputs[name]
         if not expr.is_Atom:
             swap[expr] = output
