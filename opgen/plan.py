@@ -1,9 +1,11 @@
 """Plan stage: `Derived` -> what backward computes, in which order, from what it saved.
 
-Receives `Derived`; returns a `Plan`: common subexpressions of the gradient factors
-(`sympy.cse(order='canonical')`, so output does not depend on the machine), which temporaries
-each input's gradient needs (so work is gated on `needs_input_grad`), which inputs and
-outputs `setup_context` must save, and which non-tensor values and shapes it keeps on `ctx`.
+Receives `Derived` and the residuals `opgen.save` chose; returns a `Plan`: common
+subexpressions of the gradient factors (`sympy.cse(order='canonical')`, so output does not
+depend on the machine), which temporaries each input's gradient needs (so work is gated on
+`needs_input_grad`), which inputs, outputs and residuals `setup_context` must save, which
+non-tensor values and shapes it keeps on `ctx`, and how forward returns each output. Every
+decision is made here, before anything prints; the emitters only print the plan.
 
 Note [what backward may use]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -42,6 +44,7 @@ import sympy
 from sympy import Expr
 
 from opgen.derive import Contribution, Derived, Gradient, Variant
+from opgen.save import Residual
 from opgen.tensor import has_tensor_ops, is_dim_size
 
 
@@ -88,6 +91,18 @@ class Plan:
     temps: frozenset[sympy.Symbol]  # every temporary symbol
     dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
     aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
+    residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
+    varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
+
+    @property
+    def returned(self) -> tuple[str, ...]:
+        """What the Function returns: the spec's outputs, then the residuals."""
+        return (*(o.name for o in self.derived.spec.outputs), *(r.name for r in self.residuals))
+
+    @property
+    def incoming(self) -> dict[str, sympy.Symbol]:
+        """The incoming gradient of each differentiable output and of each residual."""
+        return self.derived.symbols.grads | {r.name: r.grad for r in self.residuals}
 
 
 def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
@@ -113,7 +128,9 @@ def _inline_conditions(
     return temps, [e.xreplace(inline) for e in exprs]
 
 
-def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) -> BackwardPlan:
+def _plan_variant(
+    derived: Derived, variant: Variant, index_of: dict[str, int], residuals: tuple[Residual, ...]
+) -> BackwardPlan:
     factors: list[Expr] = []
     owners: list[str] = []
     for gradient in variant.gradients:
@@ -147,7 +164,8 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
         for contribution in gradient.contributions:
             contributions.append(Contribution(contribution.output, reduced[position]))
             position += 1
-        grads.append(_grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast))
+        grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
+        grads.append(grad)
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
 
 
@@ -158,6 +176,7 @@ def _grad_plan(
     contributions: tuple[Contribution, ...],
     index_of: dict[str, int],
     may_broadcast: bool,
+    residuals: tuple[Residual, ...],
 ) -> GradPlan:
     """How one input's gradient is fitted to the input's shape (Note [gradient shapes])."""
     index = index_of[gradient.input]
@@ -165,7 +184,7 @@ def _grad_plan(
         fit = gradient.fit
         return GradPlan(gradient.input, index, contributions, False, fit.sum_to_size, fit.expand)
     widen = gradient.overridden and not _covers(derived, variant, gradient.input, gradient.contributions)
-    separate = may_broadcast and len(_input_sets(derived, variant, contributions)) > 1
+    separate = may_broadcast and len(_input_sets(derived, variant, contributions, residuals)) > 1
     return GradPlan(
         input=gradient.input,
         index=index,
@@ -177,9 +196,11 @@ def _grad_plan(
     )
 
 
-def _input_sets(derived: Derived, variant: Variant, contributions: tuple[Contribution, ...]) -> set[frozenset]:
-    """The distinct sets of Tensor inputs of the outputs the contributions come through."""
-    inlined = dict(variant.inlined)
+def _input_sets(
+    derived: Derived, variant: Variant, contributions: tuple[Contribution, ...], residuals: tuple[Residual, ...]
+) -> set[frozenset]:
+    """The distinct sets of Tensor inputs of the outputs and residuals the contributions come through."""
+    inlined = dict(variant.inlined) | {r.name: r.expr for r in residuals}
     tensors = frozenset(derived.symbols.tensor_inputs)
     return {frozenset(inlined[c.output].free_symbols & tensors) for c in contributions if c.output is not None}
 
@@ -219,10 +240,27 @@ def aliasing_outputs(derived: Derived, variant: Variant) -> frozenset[str]:
     return frozenset(aliases)
 
 
-def plan(derived: Derived) -> Plan:
+def same_gradients_in_every_variant(derived: Derived) -> bool:
+    """Whether each variant's gradients are the all-present ones minus those of its None inputs."""
+    full = derived.full.gradients
+    return all(
+        variant.gradients == tuple(g for g in full if g.input not in variant.absent) for variant in derived.variants
+    )
+
+
+def _varies(derived: Derived, backward: tuple[BackwardPlan, ...]) -> bool:
+    """Whether backward needs a branch per variant (else the all-present body serves every one:
+    a None input needs no gradient, `needs_input_grad` is False for it)."""
+    if same_gradients_in_every_variant(derived):
+        return False
+    last = backward[-1]
+    return any((bp.groups, bp.grads) != (last.groups, last.grads) for bp in backward)
+
+
+def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
     spec = derived.spec
     index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
-    backward = tuple(_plan_variant(derived, v, index_of) for v in derived.variants)
+    backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
     used: set[sympy.Symbol] = set()
     for bp in backward:
         for group in bp.groups:
@@ -232,8 +270,11 @@ def plan(derived: Derived) -> Plan:
             for contribution in grad.contributions:
                 used |= contribution.factor.free_symbols
     symbols = derived.symbols
-    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used]
+    varies = _varies(derived, backward)
+    # A backward that branches on which `Tensor?` inputs were None saves them (None costs nothing).
+    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
     saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
+    saved += [r.name for r in residuals if r.symbol in used]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     shapes = tuple(
         sorted(
@@ -241,10 +282,12 @@ def plan(derived: Derived) -> Plan:
             key=index_of.__getitem__,
         )
     )
-    differentiable = [o for o in spec.outputs if o.differentiable]
+    differentiable = [o for o in spec.outputs if o.differentiable] + list(residuals)
     # Gradients through tensor operations take every incoming gradient materialized.
     gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
-    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases)
+    return Plan(
+        derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases, residuals, varies
+    )
