@@ -116,40 +116,48 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
         output = symbols.outputs[name]
         if not expr.is_Atom:
             swap[expr] = output
-        for call in sorted(calls & expr.atoms(sympy.Function), key=sympy.default_sort_key):
-            hole = sympy.Dummy("hole", real=True)
-            linear = expr.xreplace({call: hole})
-            coeff = _coefficient(linear, hole)
-            if coeff is not None and coeff != 0 and not linear.has(call):
-                swap.setdefault(call, (output - linear.subs(hole, 0)) / coeff)
+        # Only calls on the output's spine of sums and products can be held linearly: one walk
+        # finds them, so a deep chain of calls costs no rebuilding of the formula per call.
+        for call in sorted(calls & _spine(expr), key=sympy.default_sort_key):
+            parts = _linear(expr, call)
+            if parts is not None and parts[0] != 0:
+                coeff, rest = parts
+                swap.setdefault(call, (output - rest) / coeff)
     return swap
 
 
-def _coefficient(expr: Expr, hole: sympy.Symbol) -> Expr | None:
-    """The number `c` when `expr` is `c * hole + rest` and `rest` does not use `hole`; else None.
+def _spine(expr: Expr) -> set[Expr]:
+    """The nodes reached from `expr` through sums and products only."""
+    found = {expr}
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        for arg in expr.args:
+            found |= _spine(arg)
+    return found
 
-    Read off the sums and products that lead to `hole`, not by differentiating: `hole` inside
-    any other node (`floor(hole)`, whose derivative is 0 almost everywhere) is not linear.
+
+def _linear(expr: Expr, call: Expr) -> tuple[Expr, Expr] | None:
+    """`(c, rest)` when `expr` is `c * call + rest`, `c` a number and `rest` free of `call`; else None.
+
+    Read off the sums and products that lead to `call`, not by differentiating: `call` inside
+    any other node (`floor(call)`, whose derivative is 0 almost everywhere) is not linear.
     """
-    if expr == hole:
-        return sympy.S.One
-    if hole not in expr.free_symbols:
-        return sympy.S.Zero
+    if expr == call:
+        return sympy.S.One, sympy.S.Zero
+    if not expr.has(call):
+        return sympy.S.Zero, expr
     if isinstance(expr, sympy.Add):
-        total: Expr = sympy.S.Zero
-        for term in expr.args:
-            part = _coefficient(term, hole)
-            if part is None:
-                return None
-            total += part
-        return total
-    if isinstance(expr, sympy.Mul):
-        inner = [f for f in expr.args if hole in f.free_symbols]
-        rest = [f for f in expr.args if hole not in f.free_symbols]
-        if len(inner) != 1 or not all(f.is_number for f in rest):
+        parts = [_linear(term, call) for term in expr.args]
+        if any(p is None for p in parts):
             return None
-        part = _coefficient(inner[0], hole)
-        return None if part is None else sympy.Mul(*rest) * part
+        return sympy.Add(*(p[0] for p in parts if p)), sympy.Add(*(p[1] for p in parts if p))
+    if isinstance(expr, sympy.Mul):
+        inner = [f for f in expr.args if f.has(call)]
+        numbers = [f for f in expr.args if not f.has(call)]
+        if len(inner) != 1 or not all(f.is_number for f in numbers):
+            return None
+        part = _linear(inner[0], call)
+        scale = sympy.Mul(*numbers)
+        return None if part is None else (scale * part[0], scale * part[1])
     return None
 
 
@@ -166,11 +174,14 @@ def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
         return []  # fused backward takes saved inputs and outputs, not a second incoming gradient
     if not all(i.type.dims is None for i in spec.tensor_inputs):
         return []
-    inlined = [e for _, e in derived.full.inlined]
     calls = _costly_calls(factors, derived.symbols)
-    calls = {c for c in calls if any(e.has(c) and e != c for e in inlined)}
-    # Forward computes the call once, as the hidden output, before the outputs that use it.
-    calls = {c for c in calls if not any(e.has(c) for _, e in derived.full.lets)}
+    # Forward computes the call once, as the residual, where an output's own formula has it
+    # (the residual takes its place there), and never inside a `let`, which computes it already.
+    calls = {c for c in calls if any(e.has(c) and e != c for _, e in derived.full.outputs)}
+    lets: dict[sympy.Symbol, Expr] = {}
+    for name, expr in derived.full.lets:
+        lets[derived.symbols.lets[name]] = expr.xreplace(lets)
+    calls = {c for c in calls if not any(e.has(c) for e in lets.values())}
     return sorted(calls, key=sympy.default_sort_key)
 
 
