@@ -80,7 +80,7 @@ def make_names(plan: Plan) -> OpNames:
     )
     functional_ref = spec.name if spec.name not in user else namer.fresh("_" + spec.name)
     ctx, inputs, output, self_ = (namer.fresh(n) for n in ("ctx", "inputs", "output", "self"))
-    grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs}
+    grads_in = {name: namer.fresh(f"grad_{name}") for name in plan.returned}
     grads_out = {i.name: namer.fresh(f"grad_{i.name}") for i in spec.tensor_inputs}
     temps = {t: namer.fresh(f"tmp{t.name.split(':')[1]}") for t in sorted(plan.temps, key=sympy.default_sort_key)}
     attrs = ctx_namer()
@@ -116,21 +116,24 @@ def forward_dims(derived: Derived) -> list[str]:
 
 
 def make_printer(
-    derived: Derived, names: OpNames, extra: dict[sympy.Symbol, str] | None = None, temps: tuple[Temp, ...] = ()
+    plan: Plan, names: OpNames, extra: dict[sympy.Symbol, str] | None = None, temps: tuple[Temp, ...] = ()
 ) -> TorchPrinter:
     """A printer for the op's formulas; `temps` are the temporaries of one backward variant, in order."""
+    derived = plan.derived
     symbols = derived.symbols
     table: dict[sympy.Symbol, str] = {}
     for group in (symbols.inputs, symbols.lets, symbols.outputs):
         table |= {s: n for n, s in group.items()}
-    table |= {symbols.grads[o]: names.grads_in[o] for o in symbols.grads}
+    table |= {r.symbol: r.name for r in plan.residuals}
+    table |= {grad: names.grads_in[name] for name, grad in plan.incoming.items()}
     table |= names.temps
     table |= {dim_size(n): f"{names.ctx}.{attr}" for n, attr in names.size_attrs.items()}
     table |= extra or {}
     # A `let` or temporary holds a tensor when its formula uses one (in any variant), else a
     # plain number (Note [numbers and tensors]); conditions are never kept in them (plan).
     lets = [(symbols.lets[name], expr) for variant in derived.variants for name, expr in variant.lets]
-    tensors = with_definitions(symbols.tensors, [*lets, *((t.symbol, t.expr) for t in temps)])
+    residuals = frozenset(s for r in plan.residuals for s in (r.symbol, r.grad))
+    tensors = with_definitions(symbols.tensors | residuals, [*lets, *((t.symbol, t.expr) for t in temps)])
     printer = TorchPrinter(
         table, tensors, torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional"
     )
@@ -188,17 +191,18 @@ def _branches(bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], 
 # -- forward ---------------------------------------------------------------------------------
 
 
-def _forward_variant(derived: Derived, variant: Variant, printer: TorchPrinter) -> Lines:
-    symbols = derived.symbols
+def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliases: frozenset[str]) -> Lines:
+    differentiable = {o.name for o in plan.derived.spec.outputs if o.differentiable}
     lines = []
-    indent = 4 * (2 + (len(derived.variants) > 1))
+    indent = 4 * (2 + (len(plan.derived.variants) > 1))
     for name, expr in variant.lets:
         lines += assign(name, expr, printer, indent)
+    for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.save)
+        lines += assign(residual.name, residual.expr, printer, indent)
     for name, expr in variant.outputs:
-        if expr in symbols.tensors and expr in symbols.inputs.values():
-            # An input returned as it is: a view, so autograd records this Function for it.
-            source = printer.doprint_expr(expr)
-            lines.append(f"{name} = {source}.view_as({source})")
+        if name in aliases:  # Note [outputs that alias]
+            text = printer.doprint_expr(expr)
+            lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
             lines += assign(name, expr, printer, indent)
     return lines
@@ -210,12 +214,14 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     is_none = {n: f"{n} is None" for n in optional}
     sizes = size_sources(derived.spec, tuple(names.size_locals))
     lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
-    printer = make_printer(derived, names, {dim_size(d): local for d, local in names.size_locals.items()})
+    printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
     printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
-    bodies = [(v.absent, _forward_variant(derived, v, printer)) for v in derived.variants]
+    bodies = [
+        (v.absent, _forward_variant(plan, v, printer, aliases))
+        for v, aliases in zip(derived.variants, plan.aliases, strict=True)
+    ]
     lines += _branches(bodies, optional, is_none)
-    outputs = [o.name for o in derived.spec.outputs]
-    lines.append(f"return {', '.join(outputs)}")
+    lines.append(f"return {', '.join(plan.returned)}")
     return lines
 
 
@@ -226,18 +232,18 @@ def _unpack(targets: list[str]) -> str:
 # -- setup_context -----------------------------------------------------------------------------
 
 
-def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
+def setup_body(plan: Plan, names: OpNames) -> Lines:
     spec = plan.derived.spec
     ctx = names.ctx
     lines = []
     sizes = size_sources(spec, plan.dim_sizes)
     needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
-    if backward_varies:
+    if plan.varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
     if needed_inputs & {i.name for i in spec.inputs}:
         targets = [i.name if i.name in needed_inputs else "_" for i in spec.inputs]
         lines.append(f"{_unpack(targets)} = {names.inputs}")
-    outputs = [o.name for o in spec.outputs]
+    outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
     if needed_outputs & set(outputs):
         if len(outputs) == 1:
@@ -254,7 +260,7 @@ def setup_body(plan: Plan, names: OpNames, backward_varies: bool) -> Lines:
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     for dim, where in sizes.items():
         lines.append(f"{ctx}.{names.size_attrs[dim]} = {_size_text(spec, *where)}")
-    if backward_varies:
+    if plan.varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
                 raise AssertionError("optional inputs are saved when backward depends on them")
@@ -311,9 +317,8 @@ def _needs(names: OpNames, plan: Plan, inputs: tuple[str, ...]) -> str:
 
 def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter) -> Lines:
     """`grad_<input> = ...`, fitted to the input's shape (Note [gradient shapes])."""
-    symbols = plan.derived.symbols
     var = names.grads_out[grad.input]
-    first_grad = names.grads_in[next(iter(symbols.grads))]
+    first_grad = names.grads_in[next(iter(plan.incoming))]
     lines: Lines = []
     shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
     if not grad.contributions:
@@ -334,10 +339,10 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     elif plan.gate_none:
         return _gated_sum(plan, grad, names, printer, shape)
     elif grad.separate:
-        terms = [symbols.grads[c.output] * c.factor for c in grad.contributions if c.output]
+        terms = [plan.incoming[c.output] * c.factor for c in grad.contributions if c.output]
         return [f"{var} = " + " + ".join(f"{printer._postfix(t)}.sum_to_size({shape})" for t in terms)]
     else:
-        total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
+        total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
         if plan.derived.spec.optimize.lower:
             lines += backward_lines(var, total, printer, _indent_of(plan, 3))
         else:
@@ -353,13 +358,12 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
 
 def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter, shape: str) -> Lines:
     """The sum of the contributions whose incoming gradient is not None (`set_materialize_grads(False)`)."""
-    symbols = plan.derived.symbols
     var = names.grads_out[grad.input]
     lines: Lines = []
     for k, contribution in enumerate(grad.contributions):
         assert contribution.output is not None
         incoming = names.grads_in[contribution.output]
-        product = symbols.grads[contribution.output] * contribution.factor
+        product = plan.incoming[contribution.output] * contribution.factor
         term = printer.doprint_expr(product)
         if grad.separate:
             term = f"{printer._postfix(product)}.sum_to_size({shape})"
@@ -402,15 +406,7 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
     return lines
 
 
-def _same_gradients_in_every_variant(derived: Derived) -> bool:
-    """Whether each variant's gradients are the all-present ones minus those of its None inputs."""
-    full = derived.full.gradients
-    return all(
-        variant.gradients == tuple(g for g in full if g.input not in variant.absent) for variant in derived.variants
-    )
-
-
-def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Lines, bool]:
+def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     spec = plan.derived.spec
     lines: Lines = []
     if plan.saved:
@@ -421,18 +417,12 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> tuple[Li
     lines.append(" = ".join([*grad_vars, "None"]))
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
-    bodies: list[tuple[tuple[str, ...], Lines]]
-    if _same_gradients_in_every_variant(plan.derived):
-        # A None input needs no gradient (`needs_input_grad` is False for it), so the
-        # all-present body serves every variant.
-        bodies = [((), _backward_variant(plan, plan.backward[-1], names, printer))]
-    else:
-        bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in plan.backward]
-    varies = not all(body == bodies[-1][1] for _, body in bodies)
+    variants = plan.backward if plan.varies else plan.backward[-1:]  # Plan.varies
+    bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in variants]
     lines += _branches(bodies, optional, is_none)
     returned = [names.grads_out[i.name] if i.is_tensor else "None" for i in spec.inputs]
     lines.append(f"return {', '.join(returned)}")
-    return lines, varies
+    return lines
 
 
 # -- the whole module -------------------------------------------------------------------------------
@@ -461,12 +451,14 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     spec = derived.spec
     symbols = derived.symbols
     table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
-    single = len(symbols.grads) == 1
-    table |= {s: ("grad" if single else f"grad_{o}") for o, s in symbols.grads.items()}
+    table |= {r.symbol: r.name for r in plan.residuals}
+    single = len(plan.incoming) == 1
+    table |= {s: ("grad" if single else f"grad_{o}") for o, s in plan.incoming.items()}
     table |= {dim_size(d): d for d in dimension_names(spec)}
     lines = ["Forward:"]
     full = derived.full
-    for name, expr in [*full.lets, *full.outputs]:
+    residuals = [(r.name, r.expr) for r in plan.residuals]
+    for name, expr in [*full.lets, *residuals, *full.outputs]:
         lines += display_lines(f"    {name}", expr, table, DOC_WIDTH)
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
@@ -476,7 +468,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
             lines.append(f"    grad_{gradient.input} = 0")
             continue
         total = sum(
-            ((symbols.grads[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
+            ((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
             sympy.S.Zero,
         )
         if gradient.fit is not None:
@@ -499,11 +491,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     spec = derived.spec
     names = make_names(plan)
-    printer = _with_temp_shapes(make_printer(derived, names, temps=_temps(plan.backward[-1])), plan)
-    backward, varies = backward_body(plan, names, printer)
-    if varies:
-        plan = _save_optionals(plan)
-        backward, varies = backward_body(plan, names, printer)
+    printer = _with_temp_shapes(make_printer(plan, names, temps=_temps(plan.backward[-1])), plan)
+    backward = backward_body(plan, names, printer)
     forward = forward_body(plan, names, printer)
     helpers: list[list[str]] = []
     if spec.optimize.fuse and fusable(plan):
@@ -512,7 +501,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
-    setup = setup_body(plan, names, varies)
+    setup = setup_body(plan, names)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
     doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
@@ -529,11 +518,11 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         forward_params=", ".join(i.name for i in spec.inputs),
         forward=forward,
         setup=setup,
-        backward_params=", ".join([names.ctx, *(names.grads_in[o.name] for o in spec.outputs)]),
+        backward_params=", ".join([names.ctx, *(names.grads_in[name] for name in plan.returned)]),
         backward=backward,
         signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
-        visible=_visible(spec),
+        visible=_visible(plan),
         docstring=quote.docstring(doc_lines, indent=4),
         class_doc=quote.docstring(
             [f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4
@@ -552,23 +541,9 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     return text
 
 
-def _visible(spec: Spec) -> str:
-    """What the functional keeps of the Function's outputs: all but the hidden ones (opgen.save)."""
-    shown = sum(1 for o in spec.outputs if not o.hidden)
-    if shown == len(spec.outputs):
+def _visible(plan: Plan) -> str:
+    """What the functional keeps of the Function's outputs: all but the residuals (opgen.save)."""
+    shown = len(plan.derived.spec.outputs)
+    if not plan.residuals:
         return ""
     return "[0]" if shown == 1 else f"[:{shown}]"
-
-
-def _save_optionals(plan: Plan) -> Plan:
-    """Backward branches on which `Tensor?` inputs were None: save them (None costs nothing)."""
-    from dataclasses import replace
-
-    spec = plan.derived.spec
-    saved = list(plan.saved)
-    inputs = [i.name for i in spec.tensor_inputs]
-    for inp in spec.tensor_inputs:
-        if inp.type.optional and inp.name not in saved:
-            saved.append(inp.name)
-    ordered = [n for n in inputs if n in saved] + [n for n in saved if n not in inputs]
-    return replace(plan, saved=tuple(ordered), shapes=tuple(s for s in plan.shapes if s not in ordered))

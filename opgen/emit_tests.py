@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import math as math_module
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opgen import quote
 from opgen.derive import dimension_names
@@ -293,9 +293,8 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
 
 def emit_tests(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
-    # Hidden outputs (opgen.save) are the Function's business: tests see the spec's own.
-    spec = replace(derived.spec, outputs=tuple(o for o in derived.spec.outputs if not o.hidden))
-    hidden = {o.name for o in derived.spec.outputs if o.hidden}
+    spec = derived.spec
+    hidden = {r.name for r in plan.residuals}  # the Function's business (opgen.save): tests see the spec's outputs
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     reserved = _test_module_globals(spec, optional)

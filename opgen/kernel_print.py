@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import sympy
 
+from opgen import functions as fn
 from opgen import kernels as k
 from opgen.names import Namer
 
@@ -56,7 +57,10 @@ class KernelPrinting:
     def _print_log_sigmoid(self, expr: k.log_sigmoid) -> str:
         return self._functional("logsigmoid", *expr.args)
 
-    _print_logsigmoid = _print_log_sigmoid
+    def _print_logsigmoid(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):  # Note [numbers and tensors]; an atom in its parent
+            return f"({self._print(-fn.softplus(-expr.args[0]))})"
+        return self._functional("logsigmoid", *expr.args)
 
     def _print_mish(self, expr: k.mish) -> str:
         if not self._settings["no_grad"]:
@@ -142,13 +146,24 @@ class KernelPrinting:
 
     # -- the stable functions of opgen.rewrite -------------------------------------------------------
 
+    # Of plain numbers (Note [numbers and tensors]) each prints in a stable `math` form.
+
     def _print_sinc(self, expr: sympy.Function) -> str:
-        return self._call(f"{self.torch}.sinc", expr.args[0])
+        u = expr.args[0]
+        if not self.is_tensor(expr):
+            return self._print(fn.where(sympy.Eq(u, 0), sympy.S.One, sympy.sin(sympy.pi * u) / (sympy.pi * u)))
+        return self._call(f"{self.torch}.sinc", u)
 
     def _print_logaddexp(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):
+            a, b = expr.args
+            larger = fn.where(sympy.GreaterThan(a, b), a, b)
+            return f"({self._print(larger + fn.log1p(sympy.exp(-sympy.Abs(a - b))))})"
         return self._binary("logaddexp", expr)
 
     def _print_hypot(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):
+            return self._call(f"{self.math}.hypot", *expr.args)
         return self._binary("hypot", expr)
 
     def _binary(self, name: str, expr: sympy.Function) -> str:

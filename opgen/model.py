@@ -86,7 +86,6 @@ class Output:
     formula: Formula
     differentiable: bool
     loc: Loc
-    hidden: bool = False  # an intermediate the Function returns for backward only (opgen.save)
 
 
 @dataclass(frozen=True)

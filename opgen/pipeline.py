@@ -80,10 +80,10 @@ def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
         return
     if spec.optimize.rewrite:
         derived = rewrite_gradients(derived)
-    derived = choose_saved(derived, spec.optimize.policy)
+    derived, residuals = choose_saved(derived, spec.optimize.policy)
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
-            op_plan = plan(derived)
+            op_plan = plan(derived, residuals)
             result.files[f"ops/{spec.name}.py"] = emit_op(op_plan, renderer)
             result.files[f"tests/test_{spec.name}.py"] = emit_tests(op_plan, renderer)
         except PrintError as error:

@@ -1,9 +1,11 @@
 """Plan stage: `Derived` -> what backward computes, in which order, from what it saved.
 
-Receives `Derived`; returns a `Plan`: common subexpressions of the gradient factors
-(`sympy.cse(order='canonical')`, so output does not depend on the machine), which temporaries
-each input's gradient needs (so work is gated on `needs_input_grad`), which inputs and
-outputs `setup_context` must save, and which non-tensor values and shapes it keeps on `ctx`.
+Receives `Derived` and the residuals `opgen.save` chose; returns a `Plan`: common
+subexpressions of the gradient factors (`sympy.cse(order='canonical')`, so output does not
+depend on the machine), which temporaries each input's gradient needs (so work is gated on
+`needs_input_grad`), which inputs, outputs and residuals `setup_context` must save, which
+non-tensor values and shapes it keeps on `ctx`, and how forward returns each output. Every
+decision is made here, before anything prints; the emitters only print the plan.
 
 Note [what backward may use]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -23,6 +25,15 @@ A gradient returned from backward has exactly its input's shape, whatever the fo
   (`expand` and `reduce`); the generated tests fit the override's value the same way;
 - a zero gradient: zeros of the input's shape, which may be larger than the output's
   (`y: x + 0 * z`), or None where backward may return None (Note [what backward may use]).
+
+Note [outputs that alias]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Each output of the Function is its own tensor, as each output of plain autograd of the
+formula has its own `requires_grad` and gradient path. An output whose value is an input,
+or the tensor an earlier output already returns (`b: a`, `o: l1` with `l1: l0`, `l0: x`),
+is returned as a new view of it: `src.view_as(src)` when differentiable (autograd then
+records this Function for it, and saving the input stays legal), `src.detach()` when not
+(`mark_non_differentiable` of a view of an input would leave it requiring grad).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from sympy import Expr
 
 from opgen.derive import Contribution, Derived, Gradient, Variant
 from opgen.kernels import kernel_factors
+from opgen.save import Residual
 from opgen.tensor import has_tensor_ops, is_dim_size
 
 
@@ -79,6 +91,19 @@ class Plan:
     gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
     temps: frozenset[sympy.Symbol]  # every temporary symbol
     dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
+    aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
+    residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
+    varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
+
+    @property
+    def returned(self) -> tuple[str, ...]:
+        """What the Function returns: the spec's outputs, then the residuals."""
+        return (*(o.name for o in self.derived.spec.outputs), *(r.name for r in self.residuals))
+
+    @property
+    def incoming(self) -> dict[str, sympy.Symbol]:
+        """The incoming gradient of each differentiable output and of each residual."""
+        return self.derived.symbols.grads | {r.name: r.grad for r in self.residuals}
 
 
 def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
@@ -104,7 +129,9 @@ def _inline_conditions(
     return temps, [e.xreplace(inline) for e in exprs]
 
 
-def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) -> BackwardPlan:
+def _plan_variant(
+    derived: Derived, variant: Variant, index_of: dict[str, int], residuals: tuple[Residual, ...]
+) -> BackwardPlan:
     factors: list[Expr] = []
     owners: list[str] = []
     # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
@@ -139,7 +166,8 @@ def _plan_variant(derived: Derived, variant: Variant, index_of: dict[str, int]) 
         for contribution in gradient.contributions:
             contributions.append(Contribution(contribution.output, reduced[position]))
             position += 1
-        grads.append(_grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast))
+        grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
+        grads.append(grad)
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
 
 
@@ -150,6 +178,7 @@ def _grad_plan(
     contributions: tuple[Contribution, ...],
     index_of: dict[str, int],
     may_broadcast: bool,
+    residuals: tuple[Residual, ...],
 ) -> GradPlan:
     """How one input's gradient is fitted to the input's shape (Note [gradient shapes])."""
     index = index_of[gradient.input]
@@ -157,7 +186,7 @@ def _grad_plan(
         fit = gradient.fit
         return GradPlan(gradient.input, index, contributions, False, fit.sum_to_size, fit.expand)
     widen = gradient.overridden and not _covers(derived, variant, gradient.input, gradient.contributions)
-    separate = may_broadcast and len(_input_sets(derived, variant, contributions)) > 1
+    separate = may_broadcast and len(_input_sets(derived, variant, contributions, residuals)) > 1
     return GradPlan(
         input=gradient.input,
         index=index,
@@ -169,9 +198,11 @@ def _grad_plan(
     )
 
 
-def _input_sets(derived: Derived, variant: Variant, contributions: tuple[Contribution, ...]) -> set[frozenset]:
-    """The distinct sets of Tensor inputs of the outputs the contributions come through."""
-    inlined = dict(variant.inlined)
+def _input_sets(
+    derived: Derived, variant: Variant, contributions: tuple[Contribution, ...], residuals: tuple[Residual, ...]
+) -> set[frozenset]:
+    """The distinct sets of Tensor inputs of the outputs and residuals the contributions come through."""
+    inlined = dict(variant.inlined) | {r.name: r.expr for r in residuals}
     tensors = frozenset(derived.symbols.tensor_inputs)
     return {frozenset(inlined[c.output].free_symbols & tensors) for c in contributions if c.output is not None}
 
@@ -190,10 +221,48 @@ def _covers(derived: Derived, variant: Variant, name: str, contributions: tuple[
     )
 
 
-def plan(derived: Derived) -> Plan:
+def aliasing_outputs(derived: Derived, variant: Variant) -> frozenset[str]:
+    """The outputs whose value is a tensor forward already has (Note [outputs that alias])."""
+    symbols = derived.symbols
+    bare = {symbols.lets[n]: e for n, e in variant.lets if isinstance(e, sympy.Symbol)}
+    bare |= {symbols.outputs[n]: e for n, e in variant.outputs if isinstance(e, sympy.Symbol)}
+
+    def root(symbol: sympy.Symbol) -> sympy.Symbol:
+        while symbol in bare:
+            symbol = bare[symbol]
+        return symbol
+
+    taken = set(symbols.tensor_inputs)
+    aliases = set()
+    for name, expr in variant.outputs:
+        source = root(expr) if isinstance(expr, sympy.Symbol) else symbols.outputs[name]
+        if source in taken:
+            aliases.add(name)
+        taken.add(source)
+    return frozenset(aliases)
+
+
+def same_gradients_in_every_variant(derived: Derived) -> bool:
+    """Whether each variant's gradients are the all-present ones minus those of its None inputs."""
+    full = derived.full.gradients
+    return all(
+        variant.gradients == tuple(g for g in full if g.input not in variant.absent) for variant in derived.variants
+    )
+
+
+def _varies(derived: Derived, backward: tuple[BackwardPlan, ...]) -> bool:
+    """Whether backward needs a branch per variant (else the all-present body serves every one:
+    a None input needs no gradient, `needs_input_grad` is False for it)."""
+    if same_gradients_in_every_variant(derived):
+        return False
+    last = backward[-1]
+    return any((bp.groups, bp.grads) != (last.groups, last.grads) for bp in backward)
+
+
+def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
     spec = derived.spec
     index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
-    backward = tuple(_plan_variant(derived, v, index_of) for v in derived.variants)
+    backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
     used: set[sympy.Symbol] = set()
     for bp in backward:
         for group in bp.groups:
@@ -203,8 +272,11 @@ def plan(derived: Derived) -> Plan:
             for contribution in grad.contributions:
                 used |= contribution.factor.free_symbols
     symbols = derived.symbols
-    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used]
+    varies = _varies(derived, backward)
+    # A backward that branches on which `Tensor?` inputs were None saves them (None costs nothing).
+    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
     saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
+    saved += [r.name for r in residuals if r.symbol in used]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     shapes = tuple(
         sorted(
@@ -212,9 +284,12 @@ def plan(derived: Derived) -> Plan:
             key=index_of.__getitem__,
         )
     )
-    differentiable = [o for o in spec.outputs if o.differentiable]
+    differentiable = [o for o in spec.outputs if o.differentiable] + list(residuals)
     # Gradients through tensor operations take every incoming gradient materialized.
     gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
-    return Plan(derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes)
+    aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
+    return Plan(
+        derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases, residuals, varies
+    )

@@ -22,25 +22,37 @@ weights from measurements of 1M-element float32 kernels on one CPU thread (`COST
 Note [hidden outputs]
 ~~~~~~~~~~~~~~~~~~~~~
 A third way saves an intermediate that forward computes anyway (`tanh(x)` in `x - tanh(x)`)
-by returning it from the Function as an extra output that the functional drops: backward
-reads it from `ctx.saved_tensors` like any output, and since it is an output of the
-Function, autograd differentiates through it for double backward (its own gradient term
-`grad_saved * d tanh(x)/dx` is part of backward). It is never stashed on `ctx`. It is
-offered when it frees backward from every input, for elementwise ops with one variant.
+as a residual (JAX `custom_vjp`'s `(out, residuals)`): the Function returns it after the
+spec's outputs and the functional drops it; backward reads it from `ctx.saved_tensors` like
+any output, and since it is an output of the Function, autograd differentiates through it
+for double backward (its own gradient term `grad_saved * d tanh(x)/dx` is part of backward).
+It is never stashed on `ctx`, and never added to the `Spec`: `choose_saved` returns the
+residuals beside `Derived`, and `plan` carries them to the emitters. It is offered when it
+frees backward from every input, for elementwise ops with one variant.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import sympy
 from sympy import Expr
 
 from opgen import functions as fn
 from opgen.derive import Contribution, Derived, Symbols, Variant
-from opgen.display import display
 from opgen.kinds import is_tensor_valued
-from opgen.model import POLICIES, Formula, Output
+from opgen.model import POLICIES
+
+
+@dataclass(frozen=True)
+class Residual:
+    """An intermediate forward returns for backward only (Note [hidden outputs])."""
+
+    name: str  # the Function's extra output; no spec name takes it
+    expr: Expr  # what forward computes, in terms of the inputs
+    symbol: sympy.Symbol  # how the gradients read it
+    grad: sympy.Symbol  # its incoming gradient in backward
+
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
 
@@ -82,8 +94,8 @@ def cost(exprs: list[Expr]) -> float:
     return total
 
 
-def _saved(exprs: list[Expr], symbols: Symbols) -> int:
-    tensors = set(symbols.tensor_inputs) | set(symbols.outputs.values())
+def _saved(exprs: list[Expr], symbols: Symbols, residuals: tuple[Residual, ...] = ()) -> int:
+    tensors = set(symbols.tensor_inputs) | set(symbols.outputs.values()) | {r.symbol for r in residuals}
     return len(set().union(*(e.free_symbols for e in exprs)) & tensors) if exprs else 0
 
 
@@ -95,47 +107,57 @@ def _costly_calls(factors: list[Expr], symbols: Symbols) -> set[Expr]:
 
 
 def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> dict[Expr, Expr]:
-    """What in `factors` each output can stand in for (module docstring)."""
+    """What in `factors` each differentiable output can stand in for (module docstring)."""
     swap: dict[Expr, Expr] = {}
     calls = _costly_calls(factors, symbols)
     for name, expr in variant.inlined:
+        if name not in symbols.grads:
+            continue  # a non-differentiable output is a constant to double backward: never a stand-in
         output = symbols.outputs[name]
         if not expr.is_Atom:
             swap[expr] = output
-        for call in sorted(calls & expr.atoms(sympy.Function), key=sympy.default_sort_key):
-            hole = sympy.Dummy("hole", real=True)
-            linear = expr.xreplace({call: hole})
-            coeff = _coefficient(linear, hole)
-            if coeff is not None and coeff != 0 and not linear.has(call):
-                swap.setdefault(call, (output - linear.subs(hole, 0)) / coeff)
+        # Only calls on the output's spine of sums and products can be held linearly: one walk
+        # finds them, so a deep chain of calls costs no rebuilding of the formula per call.
+        for call in sorted(calls & _spine(expr), key=sympy.default_sort_key):
+            parts = _linear(expr, call)
+            if parts is not None and parts[0] != 0:
+                coeff, rest = parts
+                swap.setdefault(call, (output - rest) / coeff)
     return swap
 
 
-def _coefficient(expr: Expr, hole: sympy.Symbol) -> Expr | None:
-    """The number `c` when `expr` is `c * hole + rest` and `rest` does not use `hole`; else None.
+def _spine(expr: Expr) -> set[Expr]:
+    """The nodes reached from `expr` through sums and products only."""
+    found = {expr}
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        for arg in expr.args:
+            found |= _spine(arg)
+    return found
 
-    Read off the sums and products that lead to `hole`, not by differentiating: `hole` inside
-    any other node (`floor(hole)`, whose derivative is 0 almost everywhere) is not linear.
+
+def _linear(expr: Expr, call: Expr) -> tuple[Expr, Expr] | None:
+    """`(c, rest)` when `expr` is `c * call + rest`, `c` a number and `rest` free of `call`; else None.
+
+    Read off the sums and products that lead to `call`, not by differentiating: `call` inside
+    any other node (`floor(call)`, whose derivative is 0 almost everywhere) is not linear.
     """
-    if expr == hole:
-        return sympy.S.One
-    if hole not in expr.free_symbols:
-        return sympy.S.Zero
+    if expr == call:
+        return sympy.S.One, sympy.S.Zero
+    if not expr.has(call):
+        return sympy.S.Zero, expr
     if isinstance(expr, sympy.Add):
-        total: Expr = sympy.S.Zero
-        for term in expr.args:
-            part = _coefficient(term, hole)
-            if part is None:
-                return None
-            total += part
-        return total
-    if isinstance(expr, sympy.Mul):
-        inner = [f for f in expr.args if hole in f.free_symbols]
-        rest = [f for f in expr.args if hole not in f.free_symbols]
-        if len(inner) != 1 or not all(f.is_number for f in rest):
+        parts = [_linear(term, call) for term in expr.args]
+        if any(p is None for p in parts):
             return None
-        part = _coefficient(inner[0], hole)
-        return None if part is None else sympy.Mul(*rest) * part
+        return sympy.Add(*(p[0] for p in parts if p)), sympy.Add(*(p[1] for p in parts if p))
+    if isinstance(expr, sympy.Mul):
+        inner = [f for f in expr.args if f.has(call)]
+        numbers = [f for f in expr.args if not f.has(call)]
+        if len(inner) != 1 or not all(f.is_number for f in numbers):
+            return None
+        part = _linear(inner[0], call)
+        scale = sympy.Mul(*numbers)
+        return None if part is None else (scale * part[0], scale * part[1])
     return None
 
 
@@ -152,50 +174,41 @@ def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
         return []  # fused backward takes saved inputs and outputs, not a second incoming gradient
     if not all(i.type.dims is None for i in spec.tensor_inputs):
         return []
-    inlined = [e for _, e in derived.full.inlined]
     calls = _costly_calls(factors, derived.symbols)
-    calls = {c for c in calls if any(e.has(c) and e != c for e in inlined)}
-    # Forward computes the call once, as the hidden output, before the outputs that use it.
-    calls = {c for c in calls if not any(e.has(c) for _, e in derived.full.lets)}
+    # Forward computes the call once, as the residual, where an output's own formula has it
+    # (the residual takes its place there), and never inside a `let`, which computes it already.
+    calls = {c for c in calls if any(e.has(c) and e != c for _, e in derived.full.outputs)}
+    lets: dict[sympy.Symbol, Expr] = {}
+    for name, expr in derived.full.lets:
+        lets[derived.symbols.lets[name]] = expr.xreplace(lets)
+    calls = {c for c in calls if not any(e.has(c) for e in lets.values())}
     return sorted(calls, key=sympy.default_sort_key)
 
 
-def _hide(derived: Derived, calls: list[Expr]) -> Derived:
-    """`derived` with each of `calls` an extra output that only backward reads."""
+def _hide(derived: Derived, calls: list[Expr]) -> tuple[Derived, tuple[Residual, ...]]:
+    """`derived` whose gradients read each of `calls` as a residual, and the residuals."""
     spec, symbols, variant = derived.spec, derived.symbols, derived.full
     taken = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
-    outputs, grads = dict(symbols.outputs), dict(symbols.grads)
-    swap: dict[Expr, Expr] = {}
-    extra = []
+    residuals = []
     for call in calls:
         name = f"saved_{type(call).__name__}"
         while name in taken:
             name += "_"
         taken.add(name)
-        outputs[name] = sympy.Symbol(name, real=True)
-        grads[name] = sympy.Symbol("grad:" + name, real=True)
-        swap[call] = outputs[name]
-        text = display(call, {s: n for n, s in symbols.inputs.items()})
-        extra.append((name, call, Output(name, Formula(text, spec.loc), True, spec.loc, hidden=True)))
+        residuals.append(Residual(name, call, sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True)))
+    swap: dict[Expr, Expr] = {r.expr: r.symbol for r in residuals}
     gradients = []
     for gradient in variant.gradients:
         x = symbols.inputs[gradient.input]
         contributions = [replace(c, factor=c.factor.xreplace(swap)) for c in gradient.contributions]
-        for name, call, _ in extra:
-            factor = sympy.diff(call, x).xreplace(swap)
+        for residual in residuals:
+            factor = sympy.diff(residual.expr, x).xreplace(swap)
             if factor != 0:
-                contributions.append(Contribution(name, factor))
+                contributions.append(Contribution(residual.name, factor))
         gradients.append(replace(gradient, contributions=tuple(contributions)))
-    hidden = tuple((name, call) for name, call, _ in extra)
-    variant = replace(
-        variant,
-        outputs=hidden + tuple((name, expr.xreplace(swap)) for name, expr in variant.outputs),
-        inlined=variant.inlined + hidden,
-        gradients=tuple(gradients),
-    )
-    spec = replace(spec, outputs=spec.outputs + tuple(o for _, _, o in extra))
-    symbols = replace(symbols, outputs=outputs, grads=grads)
-    return replace(derived, spec=spec, symbols=symbols, variants=(variant,))
+    outputs = tuple((name, expr.xreplace(swap)) for name, expr in variant.outputs)
+    variant = replace(variant, outputs=outputs, gradients=tuple(gradients))
+    return replace(derived, variants=(variant,)), tuple(residuals)
 
 
 def _best(ways: list[tuple[float, int, int]], policy: str) -> int:
@@ -208,7 +221,7 @@ def _best(ways: list[tuple[float, int, int]], policy: str) -> int:
     return min((w for w in ways if w[0] <= SLACK * fastest), key=lambda w: (w[1], w[0]))[2]
 
 
-def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | Derived:
+def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | tuple[Derived, tuple[Residual, ...]]:
     symbols = derived.symbols
     forward = cost([e for _, e in variant.inlined])
     factors = [c.factor for g in variant.gradients for c in g.contributions]
@@ -220,9 +233,9 @@ def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | Derive
     calls = _hidden_calls(derived, factors)
     hidden = _hide(derived, calls) if calls else None
     if hidden is not None:
-        hidden_factors = [c.factor for g in hidden.full.gradients for c in g.contributions]
+        hidden_factors = [c.factor for g in hidden[0].full.gradients for c in g.contributions]
         if not any(f.free_symbols & set(symbols.tensor_inputs) for f in hidden_factors):
-            ways.append((forward + cost(hidden_factors), _saved(hidden_factors, hidden.symbols), 2))
+            ways.append((forward + cost(hidden_factors), _saved(hidden_factors, symbols, hidden[1]), 2))
     best = _best(ways, policy)
     if best == 2:
         assert hidden is not None
@@ -236,13 +249,14 @@ def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | Derive
     return replace(variant, gradients=gradients)
 
 
-def choose_saved(derived: Derived, policy: str) -> Derived:
-    """`derived` with each variant's gradients written as `policy` prefers (Note [save policies])."""
+def choose_saved(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]]:
+    """`derived` with each variant's gradients written as `policy` prefers (Note [save policies]),
+    and the residuals those gradients read (Note [hidden outputs])."""
     assert policy in POLICIES, policy
     variants = []
     for variant in derived.variants:
         chosen = _choose(derived, variant, policy)
-        if isinstance(chosen, Derived):
-            return chosen  # hidden outputs: a one-variant op
+        if isinstance(chosen, tuple):
+            return chosen  # residuals: a one-variant op
         variants.append(chosen)
-    return replace(derived, variants=tuple(variants))
+    return replace(derived, variants=tuple(variants)), ()

@@ -144,7 +144,7 @@ def _formula_case(lab: Sandbox, case: Case) -> None:
     _property(lab, "formula", text, body)
 
 
-@known("an output equal to an input or another output is returned as that tensor (differentiable: false requires grad)")
+@known("the generated tests' extreme points evaluate acos outside its domain as complex (mpmath atan2 of an mpc)")
 @fuzz(ci_examples=40)
 @given(case=cases(dims=False))
 def test_random_elementwise_formulas_agree_with_autograd(lab: Sandbox, case: Case) -> None:
@@ -157,7 +157,6 @@ def test_random_tensor_formulas_agree_with_autograd(lab: Sandbox, case: Case) ->
     _formula_case(lab, case)
 
 
-@known("aliased outputs, as above; logsigmoid of an int constant is called on a Python number")
 @fuzz(ci_examples=15)
 @given(case=cases(pool=tuple(n for n in NAMES if n not in ("N", "K", "M")), depth=1), doc=st.sampled_from(DOCS))
 def test_hostile_names_and_docs(lab: Sandbox, case: Case, doc: str) -> None:
