@@ -402,6 +402,30 @@ MORE = {
         lambda x, a: x - math.tanh(a) + torch.tanh(x) * math.erf(a),
         lambda: [rand(3, 4), 0.5],
     ),
+    # A bool is a number (0 or 1) in formulas; torch refuses `tensor - True`.
+    "bool_subtracted": Case(
+        """
+        inputs:
+          x: Tensor
+          b: bool = true
+        outputs:
+          y: x * x - b
+          z: b - exp(x) * b + x / (1 + b)
+        """,
+        lambda x, b: (x * x - int(b), int(b) - torch.exp(x) * int(b) + x / (1 + int(b))),
+        lambda: [rand(3, 4), True],
+    ),
+    "bool_false_in_a_power": Case(
+        """
+        inputs:
+          x: Tensor
+          b: bool
+        outputs:
+          y: (x - b) ** (2 - b) + sin(b - x)
+        """,
+        lambda x, b: (x - int(b)) ** (2 - int(b)) + torch.sin(int(b) - x),
+        lambda: [rand(3, 4), False],
+    ),
 }
 CASES = {**ISSUE, **MORE}
 # Override formulas evaluated on their own, for the gradients they replace.
