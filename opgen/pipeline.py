@@ -1,9 +1,20 @@
 """The whole generation, spec paths -> the text of every file of the output package.
 
-Runs load -> parse -> derive -> save -> plan -> emit for each spec, collecting every problem
-of the run; `derive` applies the stable rewrites (`opgen.rewrite`) and the lowering to native
-kernels (`opgen.lower`) to each formula before differentiating, as the spec's `optimize:`
-allows. Pure: reads the spec files, writes nothing (`opgen.write` does that).
+The only place that sequences the stages. For each spec: load -> parse -> read its formulas
+-> optimize them (the stable rewrites and native kernels, as `optimize:` allows) -> derive
+-> optimize the gradients -> choose what to save -> plan -> emit, collecting every problem
+of the run. Where the generated tests need it, the formulas are also derived as written,
+without any optimization, and handed to the test emitter as the accuracy oracle (Note
+[derived twice]). No stage calls another. Pure: reads the spec files, writes nothing
+(`opgen.write` does that).
+
+Note [derived twice]
+~~~~~~~~~~~~~~~~~~~~
+The float32 accuracy tests (`opgen.extremes`) compare the op with the exact value of the
+formula *as written*, so that nothing opgen does to a formula can hide in the reference.
+The read formulas are therefore derived twice from one reading: once optimized (what the op
+computes) and once as written (the oracle). Only specs those tests apply to pay for the
+second derivation; for the others it would be unused.
 """
 
 from __future__ import annotations
@@ -11,22 +22,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import sympy
-from sympy import Expr
-
 from opgen import limits, quote
-from opgen.derive import Rewrite, derive
+from opgen.derive import Derived, derive
 from opgen.emit import emit_op, public_names, shape_checks
 from opgen.emit_tests import emit_tests
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.extremes import applies as needs_oracle
 from opgen.load import load_file
-from opgen.lower import lower
 from opgen.model import Spec
+from opgen.optimize import optimize_formulas, optimize_gradients
 from opgen.parse import parse_spec
 from opgen.plan import plan
 from opgen.printer import PrintError
+from opgen.read import read
 from opgen.render import Renderer
-from opgen.rewrite import rewrite, rewrite_gradients
 from opgen.save import choose_saved
 
 
@@ -60,32 +69,31 @@ def source_name(path: Path) -> str:
     return f"{resolved.parent.name}/{resolved.name}" if resolved.parent.name else resolved.name
 
 
-def _optimizer(spec: Spec) -> Rewrite:
-    """What `derive` does to each formula before differentiating it, as `optimize:` says."""
-
-    def optimize(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
-        if spec.optimize.rewrite:
-            expr = rewrite(expr)
-        if spec.optimize.lower:
-            expr = lower(expr, numbers)
-        return expr
-
-    return optimize
+def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Derived | None:
+    """`spec` read and derived, optimized as its `optimize:` allows (or as written); None on errors."""
+    formulas = read(spec, problems)
+    if formulas is None:
+        return None
+    derived = derive(optimize_formulas(formulas) if optimized else formulas, problems)
+    return optimize_gradients(derived) if optimized and derived is not None else derived
 
 
 def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
     before = len(result.problems.errors)
-    derived = derive(spec, result.problems, _optimizer(spec))
+    formulas = read(spec, result.problems)
+    if formulas is None:
+        return
+    derived = derive(optimize_formulas(formulas), result.problems)
     if derived is None or len(result.problems.errors) > before:
         return
-    if spec.optimize.rewrite:
-        derived = rewrite_gradients(derived)
-    derived = choose_saved(derived, spec.optimize.policy)
+    derived = choose_saved(optimize_gradients(derived), spec.optimize.policy)
+    # Note [derived twice]: the oracle of the accuracy tests; a spec it fails on gets none.
+    written = derive(formulas, Problems()) if needs_oracle(spec) else None
     with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived)
             result.files[f"ops/{spec.name}.py"] = emit_op(op_plan, renderer)
-            result.files[f"tests/test_{spec.name}.py"] = emit_tests(op_plan, renderer)
+            result.files[f"tests/test_{spec.name}.py"] = emit_tests(op_plan, renderer, written)
         except PrintError as error:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
 
