@@ -22,7 +22,7 @@ from opgen.pipeline import derive_spec
 # which imports only other helpers. A module may import its own stage and earlier ones.
 STAGES: dict[str, int | None] = {
     **dict.fromkeys(["errors", "limits", "quote", "names", "kinds", "native", "functions", "tensor"]),
-    **dict.fromkeys(["load", "model", "parse", "spec_yaml"], 1),  # the spec
+    **dict.fromkeys(["load", "model", "parse", "parse_common", "parse_module", "parse_tests", "spec_yaml"], 1),
     **dict.fromkeys(["formula", "reference", "tensor_print", "display", "printer"], 2),  # formulas and their printers
     "read": 3,
     **dict.fromkeys(["derive", "vjp", "guard"], 4),
