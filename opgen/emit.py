@@ -30,9 +30,9 @@ from opgen.tensor import ShapeError, dim_size, is_dim_size, shape_of
 Lines = list[str]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class OpNames:
-    """Internal names of one op module, none equal to a spec name."""
+    """Internal names of one op module, none equal to a spec name (built by keyword: 16 names)."""
 
     torch: str
     math: str
@@ -88,22 +88,22 @@ def make_names(plan: Plan) -> OpNames:
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("check_shapes")
     return OpNames(
-        torch,
-        math,
-        function_ref,
-        functional_ref,
-        ctx,
-        inputs,
-        output,
-        self_,
-        grads_in,
-        grads_out,
-        ctx_attrs,
-        shape_attrs,
-        temps,
-        size_attrs,
-        size_locals,
-        check_shapes,
+        torch=torch,
+        math=math,
+        function_ref=function_ref,
+        functional_ref=functional_ref,
+        ctx=ctx,
+        inputs=inputs,
+        output=output,
+        self=self_,
+        grads_in=grads_in,
+        grads_out=grads_out,
+        ctx_attrs=ctx_attrs,
+        shape_attrs=shape_attrs,
+        temps=temps,
+        size_attrs=size_attrs,
+        size_locals=size_locals,
+        check_shapes=check_shapes,
     )
 
 

@@ -4,13 +4,16 @@ handed on as data, and tables no module changes behind another's back."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 
+import pytest
 import sympy
 from conftest import ROOT
 
 from opgen import functions as fn
+from opgen.emit import OpNames
 from opgen.errors import Problems
 from opgen.extremes import extreme_rows
 from opgen.guard import guard_branches
@@ -99,3 +102,13 @@ def test_the_oracle_is_derived_as_written_and_the_op_optimized():
     assert written is not None and optimized is not None
     assert not written.full.outputs[0][1].has(fn.softplus)
     assert optimized.full.outputs[0][1] != written.full.outputs[0][1]
+
+
+def test_the_names_of_an_op_module_are_given_by_keyword():
+    """Sixteen names in a row are easy to give in the wrong order; `OpNames` takes keywords only."""
+    fields = [f.name for f in dataclasses.fields(OpNames)]
+    with pytest.raises(TypeError):
+        OpNames(*fields)  # type: ignore[misc]
+    names = OpNames(**{name: name for name in fields})  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        names.ctx = "other"  # type: ignore[misc]
