@@ -60,10 +60,7 @@ def spec_names(spec: Spec) -> set[str]:
 
 
 def public_names(spec: Spec) -> list[str]:
-    names = [spec.name, spec.function_class_name]
-    if spec.module:
-        names.append(spec.module.name)
-    return names
+    return list(spec.public_names)
 
 
 def make_names(plan: Plan) -> OpNames:
