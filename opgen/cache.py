@@ -67,10 +67,12 @@ def _version(distribution: str) -> str:
 
 
 def _digest_folder(digest: hashlib._Hash, folder: Path, pattern: str) -> None:
+    """Add the path (inside `folder`) and bytes of each file `pattern` matches to `digest`."""
     for path in sorted(folder.glob(pattern)):
         if path.is_file():
-            digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
-            digest.update(path.read_bytes())
+            data = path.read_bytes()
+            digest.update(f"{path.relative_to(folder).as_posix()}\0{len(data)}\0".encode("utf-8", "surrogateescape"))
+            digest.update(data)
 
 
 SOURCE = Path(__file__).resolve().parent  # opgen's own modules

@@ -198,3 +198,13 @@ def test_a_rerun_from_the_command_line_never_imports_sympy(specs, tmp_path):
     fresh = [*command, "--no-cache"]
     third = subprocess.run([sys.executable, "-c", script, *fresh], env=environment, capture_output=True, text=True)
     assert third.stdout.splitlines()[-1].startswith("0 ['mpmath"), third.stderr
+
+
+def test_a_template_in_a_subfolder_is_part_of_the_key(tmp_path):
+    templates = tmp_path / "templates"
+    (templates / "a").mkdir(parents=True)
+    (templates / "b").mkdir()
+    (templates / "a" / "part.j2").write_text("x", encoding="utf-8")
+    first = Cache(tmp_path / "cache", templates).templates
+    (templates / "a" / "part.j2").rename(templates / "b" / "part.j2")
+    assert Cache(tmp_path / "cache", templates).templates != first

@@ -237,6 +237,28 @@ def test_package_names_that_cannot_work_are_refused(run_cli, tmp_path, name, why
     assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"]
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pkg\n",
+        "import os, pkg.sub as s\n",
+        "import os as o,pkg\n",
+        "from pkg import a\n",
+        "from \\\n    pkg.sub import (\n    a,\n)\n",
+        "import os, \\\n  pkg\n",
+        "x = 1; import pkg\n",
+        "def f():\n    try:\n        pass\n    finally:\n        import pkg\n",
+        "# @generated pkg\n'''pkg'''\nfrom .pkg import x\nimport pkg_two, a.pkg\n",
+    ],
+)
+def test_the_package_name_check_reads_every_import_of_the_name(source):
+    """Only files that may import OUT's name are parsed; that must never miss an import."""
+    from opgen.package_name import imported_modules
+
+    files = {"a.py": "import torch\n", "b.py": source}
+    assert ("pkg" in imported_modules(files, "pkg")) == ("pkg" in imported_modules(files))
+
+
 @pytest.mark.parametrize("name", ["match", "len"])
 def test_soft_keywords_and_builtins_are_fine_package_names(run_cli, tmp_path, name):
     specs = tmp_path / "specs"
