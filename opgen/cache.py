@@ -113,7 +113,12 @@ def default_folder() -> Path | None:
     chosen = os.environ.get(CACHE_VARIABLE)
     if chosen is not None:
         return Path(chosen) if chosen else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:  # no home folder to be found: run without a cache
+            return None
     return Path(base) / "opgen"
 
 

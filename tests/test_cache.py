@@ -208,3 +208,17 @@ def test_a_template_in_a_subfolder_is_part_of_the_key(tmp_path):
     first = Cache(tmp_path / "cache", templates).templates
     (templates / "a" / "part.j2").rename(templates / "b" / "part.j2")
     assert Cache(tmp_path / "cache", templates).templates != first
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPGEN_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_module.default_folder() == tmp_path / "mine"
+    monkeypatch.setenv("OPGEN_CACHE_DIR", "")
+    assert cache_module.default_folder() is None
+    monkeypatch.delenv("OPGEN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_module.default_folder() == tmp_path / "xdg" / "opgen"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    assert cache_module.default_folder() is None
