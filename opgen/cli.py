@@ -14,6 +14,7 @@ from pathlib import Path
 
 from opgen import package_name as names
 from opgen import write
+from opgen.cache import CACHE_VARIABLE, Cache, default_folder
 from opgen.model import POLICIES
 from opgen.pipeline import build
 from opgen.render import Renderer
@@ -51,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
             "--fuse", action="store_true", help="compile every op's forward and backward math with torch.compile"
         )
         command.add_argument(
+            "--no-cache",
+            action="store_true",
+            help=f"generate every spec afresh, without reading or writing the cache (${CACHE_VARIABLE})",
+        )
+        command.add_argument(
             "--wait",
             type=float,
             default=write.swap.LOCK_WAIT,
@@ -76,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     templates = Path(args.templates) if args.templates else None
     if templates is not None and not templates.is_dir():
         return _error(f"--templates {args.templates}: no such folder")
-    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse)
+    folder = None if args.no_cache else default_folder()
+    cache = Cache(folder, templates) if folder is not None else None
+    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache)
     if result.problems:
         for line in result.problems.report():
             print(line, file=sys.stderr)

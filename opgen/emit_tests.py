@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from opgen import quote
-from opgen.derive import dimension_names
+from opgen.derive import Derived, dimension_names
 from opgen.emit import public_names, size_sources
 from opgen.extremes import applies, extreme_rows, places
 from opgen.formula import holds_tensors, parse_ast
@@ -255,7 +255,7 @@ def _import_names(public: list[str], namer: Namer, avoid: set[str]) -> dict[str,
     }
 
 
-def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
+def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, object], list[str]]:
     """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.quote`),
     and all their texts (to see whether the file needs `math`)."""
     samples = []
@@ -266,7 +266,7 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
         else:
             samples.append({"name": inp.name, "tensor": False, "value": quote.number(spec.test_value(inp), math)})
     extremes = []
-    for name, point, values, slope, at in extreme_rows(spec):
+    for name, point, values, slope, at in extreme_rows(spec, written):
         shown = " ".join(quote.number(v) + "," for v in values)
         row = [
             quote.string(name),
@@ -291,7 +291,9 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
     return context, texts + [str(sample.get("value", "")) for sample in samples]
 
 
-def emit_tests(plan: Plan, renderer: Renderer) -> str:
+def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
+    """The test file of `plan`'s op; `written` is the spec derived as written, the oracle of its
+    float32 accuracy tests (Note [derived twice] in opgen/pipeline.py)."""
     derived = plan.derived
     spec = derived.spec
     hidden = {r.name for r in plan.residuals}  # the Function's business (opgen.save): tests see the spec's outputs
@@ -319,7 +321,7 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
-    numbers, number_texts = _numbers(spec, math)
+    numbers, number_texts = _numbers(spec, math, written)
     texts = [line for ref in references for line in ref.lines] + [str(o["expr"]) for o in overrides]
     texts += number_texts
     return renderer.render(

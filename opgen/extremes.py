@@ -1,8 +1,9 @@
 """Exact values at extreme inputs, for the generated float32 accuracy tests.
 
-Receives a `Spec`; returns rows `(input, point, values, slope, place)`: the spec's formulas
-*as written* (derived again without the stable rewrites or the native lowering, so nothing
-opgen does to a formula can hide in the reference), evaluated with mpmath at 50
+Receives a `Spec` and its derivation as written; returns rows `(input, point, values, slope,
+place)`: the spec's formulas *as written* (derived by the pipeline without the stable
+rewrites or the native lowering, so nothing opgen does to a formula can hide in the
+reference; Note [derived twice] in opgen/pipeline.py), evaluated with mpmath at 50
 significant digits (SymPy's own adaptive `evalf` can chase a cancellation for ever), at
 the inputs where naive float formulas fail: ±1e4, ±100, ±30, ±1e-6, 0 and the edges of
 the input's test domain. One Tensor input moves at a time; the others sit in the middle
@@ -24,8 +25,7 @@ import mpmath
 import sympy
 from sympy.printing.pycode import MpmathPrinter
 
-from opgen.derive import Derived, derive
-from opgen.errors import Problems
+from opgen.derive import Derived
 from opgen.model import Spec
 
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
@@ -57,13 +57,11 @@ def places(spec: Spec) -> dict[str, dict[str, float]]:
     return found
 
 
-def extreme_rows(spec: Spec) -> list[Row]:
-    if not applies(spec):
+def extreme_rows(spec: Spec, written: Derived | None) -> list[Row]:
+    """The rows of `spec`, from `written`, its derivation as written (None: no rows)."""
+    if not applies(spec) or written is None:
         return []
-    derived = derive(spec, Problems())
-    if derived is None:
-        return []
-    compiled = _Compiled(derived)
+    compiled = _Compiled(written)
     arguments = {place: _arguments(spec, others) for place, others in places(spec).items()}
     rows: list[Row] = []
     for k, inp in enumerate(spec.inputs):

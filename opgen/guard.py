@@ -14,7 +14,7 @@ before differentiation, so every derived formula (and its derivative, when autog
 differentiates our backward) inherits the guard:
 
 - inside the branch taken when `c` holds, the argument `u` of each function that is
-  undefined or infinite somewhere (`DOMAINS` below) becomes `where(c, u, safe)`, with
+  undefined or infinite somewhere (`restricted_arguments` below) becomes `where(c, u, safe)`, with
   `safe` a point where the function and all its derivatives are finite; the other branch
   is guarded with `~c`. Nested branches combine their conditions with `&`.
 - the value is unchanged wherever the branch is taken, so forward needs no guard and
@@ -31,8 +31,12 @@ from sympy import Expr, S
 
 from opgen import functions as fn
 
-# Function -> (positions of its restricted arguments, a safe value for them).
-DOMAINS: dict[type, tuple[tuple[int, ...], Expr]] = {
+Domain = tuple[tuple[int, ...], Expr]  # positions of a function's restricted arguments, a safe value for them
+
+# SymPy's functions and the formula language's, by class. A function a later stage builds
+# (the stable rewrites' `sinc`) declares its own as a class attribute `guard_domain`: this table
+# is data that no other module changes (`restricted_arguments` reads both).
+DOMAINS: dict[type, Domain] = {
     sympy.log: ((0,), S.One),
     fn.log1p: ((0,), S.Zero),
     sympy.loggamma: ((0,), S.One),
@@ -46,6 +50,12 @@ DOMAINS: dict[type, tuple[tuple[int, ...], Expr]] = {
 # Functions finite with all their derivatives at every positive argument: an argument SymPy
 # proves positive (`log(1 + exp(x))`) needs no guard.
 POSITIVE_IS_SAFE = (sympy.log, fn.log1p, sympy.loggamma, sympy.polygamma)
+
+
+def restricted_arguments(function: type) -> Domain | None:
+    """Which arguments of `function` are restricted, and a safe value for them; None if none are."""
+    found: Domain | None = DOMAINS.get(function) or getattr(function, "guard_domain", None)
+    return found
 
 
 def guard_branches(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr:
@@ -75,7 +85,7 @@ def _restrict(expr: sympy.Basic, cond: sympy.Basic, tensors: frozenset[sympy.Sym
         if _restricted_power(base, exponent):
             return sympy.Pow(_wrap(base, cond, S.One, tensors), exponent)
         return sympy.Pow(base, exponent)
-    rule = DOMAINS.get(type(expr))
+    rule = restricted_arguments(type(expr))
     if rule is not None and not (isinstance(expr, POSITIVE_IS_SAFE) and expr.args[-1].is_positive):
         positions, safe = rule
         args = [_wrap(a, cond, safe, tensors) if k in positions else a for k, a in enumerate(args)]

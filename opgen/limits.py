@@ -18,10 +18,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-
-import sympy
+from typing import TYPE_CHECKING
 
 from opgen.errors import Interrupted, Loc, SpecError
+
+if TYPE_CHECKING:  # annotations only: the spec stage reads these limits without importing SymPy
+    import sympy
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ def check_inlined(expr: sympy.Basic, loc: Loc, name: str) -> None:
 # stage that was running. SymPy's caches may keep entries of the abandoned work; they are
 # pure memoization, so the next spec's output does not change. Neither mechanism can stop a
 # single long C call (a huge integer power), which is why the size limits above exist.
+# Reading and checking a spec, and generating it, each run under the budget; between them
+# (and outside any budget) the pipeline imports the stages that use SymPy, which is no
+# spec's cost, and the generation cache is consulted.
 
 
 class BudgetExceeded(Interrupted):
@@ -147,6 +152,8 @@ def budget_seconds() -> float:
 STAGES = {
     "load_file": "reading the YAML",
     "parse_spec": "checking the spec",
+    "read": "reading the formulas",
+    "optimize_formulas": "optimizing the formulas",
     "derive": "deriving the gradients",
     "rewrite_gradients": "rewriting the gradients",
     "choose_saved": "choosing what backward saves",

@@ -193,6 +193,11 @@ class Spec:
         return camel_case(self.name) + "Function"
 
     @property
+    def public_names(self) -> tuple[str, ...]:
+        """What the package exports for this op: its functional, its Function class and its Module class."""
+        return (self.name, self.function_class_name) + ((self.module.name,) if self.module else ())
+
+    @property
     def tensor_inputs(self) -> tuple[Input, ...]:
         return tuple(i for i in self.inputs if i.is_tensor)
 

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import keyword
 import os
+import re
 import sys
 import unicodedata
 from pathlib import Path
@@ -52,10 +53,16 @@ def before_build(name: str) -> str | None:
     return None
 
 
-def imported_modules(files: dict[str, str]) -> set[str]:
-    """The top-level modules the generated files import by absolute name."""
+def imported_modules(files: dict[str, str], name: str | None = None) -> set[str]:
+    """The top-level modules the generated files import by absolute name.
+
+    With `name`, only files whose text could import it are parsed (`_may_import`): the others
+    cannot add `name` to the answer, and parsing every file is most of a re-run's time.
+    """
     found: set[str] = set()
     for text in files.values():
+        if name is not None and not _may_import(text, name):
+            continue
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
@@ -66,6 +73,14 @@ def imported_modules(files: dict[str, str]) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
     return found
+
+
+def _may_import(text: str, name: str) -> bool:
+    """Whether `text` has `import` or `from` followed by `name` with only names, dots, commas,
+    `as` aliases, spaces and line continuations between: every statement that imports `name`
+    does (`import a as b, name`, `from \\<newline> name.x import y`); a match may be no import."""
+    pattern = r"\b(?:import|from)\b[\s\\,\w.]*?(?<![\w.])" + re.escape(name) + r"\b"
+    return re.search(pattern, text) is not None
 
 
 def _is_out(spec: importlib.machinery.ModuleSpec | None, out: Path) -> bool:
@@ -81,19 +96,21 @@ def _is_out(spec: importlib.machinery.ModuleSpec | None, out: Path) -> bool:
 def after_build(out: Path, files: dict[str, str]) -> str | None:
     """Why OUT's name cannot be a package name, given what the package imports and what is installed."""
     name = out.name
-    if name in imported_modules(files):
+    if name in imported_modules(files, name):
         return (
             f"the package name '{name}' is a module the generated code imports (`import {name}`); the package "
             "would import itself instead; choose another name"
         )
-    distributions = importlib.metadata.packages_distributions().get(name)
-    if not distributions:
-        return None
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         spec = None
-    if _is_out(spec, out):
+    if spec is None or _is_out(spec, out):
+        # No module of that name can be imported, or it is OUT (an editable install of the user's
+        # own package): nothing to hide. Checked before the costly look at every distribution.
+        return None
+    distributions = importlib.metadata.packages_distributions().get(name)
+    if not distributions:
         return None
     return (
         f"the package name '{name}' is the module of the installed distribution {distributions[0]}; one would "

@@ -1,33 +1,40 @@
 """The whole generation, spec paths -> the text of every file of the output package.
 
-Runs load -> parse -> derive -> save -> plan -> emit for each spec, collecting every problem
-of the run; `derive` applies the stable rewrites (`opgen.rewrite`) and the lowering to native
-kernels (`opgen.lower`) to each formula before differentiating, as the spec's `optimize:`
-allows. Pure: reads the spec files, writes nothing (`opgen.write` does that).
+The only place that sequences the stages. For each spec: load -> parse -> read its formulas
+-> optimize them (the stable rewrites and native kernels, as `optimize:` allows) -> derive
+-> optimize the gradients -> choose what to save -> plan -> emit, collecting every problem
+of the run. Where the generated tests need it, the formulas are also derived as written,
+without any optimization, and handed to the test emitter as the accuracy oracle (Note
+[derived twice]). No stage calls another. Pure: reads the spec files, writes nothing
+(`opgen.write` does that).
+
+Note [derived twice]
+~~~~~~~~~~~~~~~~~~~~
+The float32 accuracy tests (`opgen.extremes`) compare the op with the exact value of the
+formula *as written*, so that nothing opgen does to a formula can hide in the reference.
+The read formulas are therefore derived twice from one reading: once optimized (what the op
+computes) and once as written (the oracle). Only specs those tests apply to pay for the
+second derivation, and only when the optimizations changed a formula: otherwise the two
+derivations are the same one (before the gradients are rewritten).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import sympy
-from sympy import Expr
+from typing import TYPE_CHECKING
 
 from opgen import limits, quote
-from opgen.derive import Rewrite, derive
-from opgen.emit import emit_op, public_names, shape_checks
-from opgen.emit_tests import emit_tests
+from opgen.cache import Cache, Entry
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.load import load_file
-from opgen.lower import lower
 from opgen.model import Spec
 from opgen.parse import parse_spec
-from opgen.plan import plan
-from opgen.printer import PrintError
 from opgen.render import Renderer
-from opgen.rewrite import rewrite, rewrite_gradients
-from opgen.save import choose_saved
+
+if TYPE_CHECKING:
+    from opgen.derive import Derived
 
 
 @dataclass
@@ -60,63 +67,124 @@ def source_name(path: Path) -> str:
     return f"{resolved.parent.name}/{resolved.name}" if resolved.parent.name else resolved.name
 
 
-def _optimizer(spec: Spec) -> Rewrite:
-    """What `derive` does to each formula before differentiating it, as `optimize:` says."""
-
-    def optimize(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
-        if spec.optimize.rewrite:
-            expr = rewrite(expr)
-        if spec.optimize.lower:
-            expr = lower(expr, numbers)
-        return expr
-
-    return optimize
+# Note [stages imported on use]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The stages from `read` on import SymPy, which takes half a second. A run whose every spec
+# is served from the cache (Note [generation cache] in opgen/cache.py) never needs them, so
+# the functions below import them when they first run, not this module when it is imported.
 
 
-def _emit(spec: Spec, renderer: Renderer, result: Result) -> None:
-    before = len(result.problems.errors)
-    derived = derive(spec, result.problems, _optimizer(spec))
-    if derived is None or len(result.problems.errors) > before:
-        return
-    if spec.optimize.rewrite:
-        derived = rewrite_gradients(derived)
-    derived, residuals = choose_saved(derived, spec.optimize.policy)
-    with result.problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
+def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Derived | None:
+    """`spec` read and derived, optimized as its `optimize:` allows (or as written); None on errors."""
+    from opgen.derive import derive  # Note [stages imported on use]
+    from opgen.optimize import optimize_formulas, optimize_gradients
+    from opgen.read import read
+
+    formulas = read(spec, problems)
+    if formulas is None:
+        return None
+    derived = derive(optimize_formulas(formulas) if optimized else formulas, problems)
+    return optimize_gradients(derived) if optimized and derived is not None else derived
+
+
+def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
+    """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
+    from opgen.derive import derive  # Note [stages imported on use]
+    from opgen.emit import emit_op, shape_checks
+    from opgen.emit_tests import emit_tests
+    from opgen.extremes import applies as needs_oracle
+    from opgen.optimize import optimize_formulas, optimize_gradients
+    from opgen.plan import plan
+    from opgen.printer import PrintError
+    from opgen.read import read
+    from opgen.save import choose_saved
+
+    before = len(problems.errors)
+    formulas = read(spec, problems)
+    if formulas is None:
+        return None
+    optimized = optimize_formulas(formulas)
+    derived = derive(optimized, problems)
+    if derived is None or len(problems.errors) > before:
+        return None
+    # Note [derived twice]: the oracle of the accuracy tests; a spec it fails on gets none.
+    written = None
+    if needs_oracle(spec):
+        unchanged = optimized.definitions == formulas.definitions and optimized.overrides == formulas.overrides
+        written = derived if unchanged else derive(formulas, Problems())
+    derived, residuals = choose_saved(optimize_gradients(derived), spec.optimize.policy)
+    with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
             op_plan = plan(derived, residuals)
-            result.files[f"ops/{spec.name}.py"] = emit_op(op_plan, renderer)
-            result.files[f"tests/test_{spec.name}.py"] = emit_tests(op_plan, renderer)
+            files = {
+                f"ops/{spec.name}.py": emit_op(op_plan, renderer),
+                f"tests/test_{spec.name}.py": emit_tests(op_plan, renderer, written),
+            }
         except PrintError as error:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
+        return Entry(files, bool(shape_checks(spec)))
+    return None
 
 
-def build(args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False) -> Result:
+def import_stages() -> None:
+    """Import the stages `generate` runs (Note [stages imported on use]). Called outside any
+    spec's time budget: half a second of importing SymPy is no spec's cost, and an import
+    interrupted halfway would leave a module half made."""
+    for stage in ("read", "optimize", "derive", "save", "plan", "extremes", "emit", "emit_tests", "printer"):
+        importlib.import_module(f"opgen.{stage}")
+
+
+def _spec(path: Path, display: str, exported: dict[str, Loc], result: Result) -> Spec | None:
+    """The spec at `path`, recorded in `result`; its exported names must be new (`exported` gains them)."""
+    spec = parse_spec(load_file(path, display), source_name(path), result.problems)
+    if spec is None:
+        return None
+    for what, name in zip(("op name", "class name", "class name"), spec.public_names, strict=False):
+        if name in exported:
+            raise SpecError(spec.loc, f"{what} '{name}' is already used by {exported[name]}")
+    exported |= {name: spec.loc for name in spec.public_names}
+    result.specs.append(spec)
+    return spec
+
+
+def build(
+    args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False, cache: Cache | None = None
+) -> Result:
     """Generate every spec.
 
     `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
+    With a `cache`, a spec generated before with the same opgen is not generated again.
     """
     result = Result()
     exported: dict[str, Loc] = {}  # every name the package exports: functionals and classes
+    shape_checked = False  # some op uses the package's `_shape_checks.py`
     for path, display in find_spec_files(args, result.problems):
-        with result.problems.collect(), limits.budget(Loc(display, 1, 1)):
-            spec = parse_spec(load_file(path, display), source_name(path), result.problems)
-            if spec is None:
-                continue
-            for what, name in zip(("op name", "class name", "class name"), public_names(spec), strict=False):
-                if name in exported:
-                    raise SpecError(spec.loc, f"{what} '{name}' is already used by {exported[name]}")
-            exported |= {name: spec.loc for name in public_names(spec)}
-            result.specs.append(spec)
-            if policy is not None or fuse:
-                chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
-                spec = replace(spec, optimize=chosen)
-            _emit(spec, renderer, result)
+        spec, seconds = None, limits.budget_seconds()
+        with result.problems.collect(), limits.budget(Loc(display, 1, 1), seconds):
+            spec = _spec(path, display, exported, result)
+        if spec is None:
+            continue
+        if policy is not None or fuse:
+            chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
+            spec = replace(spec, optimize=chosen)
+        key = cache.key(spec) if cache is not None else ""
+        entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
+        if entry is None:
+            import_stages()
+            with result.problems.collect(), limits.budget(Loc(display, 1, 1), seconds):
+                entry = generate(spec, renderer, result.problems)
+            if entry is not None and cache is not None:
+                cache.put(key, entry)
+        if entry is not None:
+            result.files.update(entry.files)
+            shape_checked |= entry.shape_checks
     if not result.problems:
-        result.files.update(package_files(result.specs, renderer))
+        result.files.update(package_files(result.specs, renderer, shape_checked))
     return result
 
 
-def package_files(specs: list[Spec], renderer: Renderer) -> dict[str, str]:
+def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) -> dict[str, str]:
+    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`."""
     specs = sorted(specs, key=lambda s: s.name)
     imports = []
     exported: list[str] = []
@@ -134,7 +202,7 @@ def package_files(specs: list[Spec], renderer: Renderer) -> dict[str, str]:
         "tests/__init__.py": marker + '"""Generated tests: run `pytest` on this folder."""\n',
         "tests/harness.py": renderer.render("harness.py.j2"),
     }
-    if any(shape_checks(spec) for spec in specs):
+    if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.render("shape_checks.py.j2")
     return files

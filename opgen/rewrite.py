@@ -43,7 +43,6 @@ from sympy import Expr, S
 
 from opgen import functions as fn
 from opgen.derive import Derived
-from opgen.guard import DOMAINS
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
 
@@ -61,6 +60,10 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
 class sinc(fn._Elementwise):  # noqa: N801
     """The normalised sinc, sin(pi u) / (pi u), with sinc(0) = 1 (as torch.sinc)."""
 
+    # Finite everywhere, but its derivative divides by its argument: inside a `where` branch
+    # not taken near 0 it needs the same guard as `1/u` (Note [double where] in opgen/guard.py).
+    guard_domain = ((0,), S.One)
+
     def fdiff(self, argindex: int = 1) -> Expr:
         u = self.args[0]
         # torch.sinc's own gradient: 0 at u = 0, where the quotient below is 0/0; the
@@ -72,11 +75,6 @@ class sinc(fn._Elementwise):  # noqa: N801
     def _as_elementary(self) -> Expr:
         u = self.args[0]
         return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
-
-
-# sinc is finite everywhere, but its derivative divides by its argument: inside a `where`
-# branch not taken near 0 it needs the same guard as `1/u` (Note [double where]).
-DOMAINS[sinc] = ((0,), S.One)
 
 
 class _Binary(sympy.Function):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,25 @@ inputs:
 outputs:
   y: x / (1 + exp(-beta * x))
 """  # the smallest spec, as the format page writes it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """No test reads or writes the user's generation cache, in this process or a child: each
+    run generates afresh, so a test that changes opgen in memory sees its change. The cache's
+    own tests give it a folder of their own."""
+    os.environ["OPGEN_CACHE_DIR"] = ""
+
+
+@pytest.fixture(scope="session")
+def golden():
+    """`specs/` generated once per test run (the pipeline's `Result`): the golden comparison and
+    every test that needs the whole library's output share it."""
+    from opgen.pipeline import build
+    from opgen.render import Renderer
+
+    result = build([str(SPECS)], Renderer())
+    assert not result.problems, result.problems.report()
+    return result
 
 
 @pytest.fixture

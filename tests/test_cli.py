@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import GENERATED, ROOT, SWISH, import_package
 
+from opgen import write
+
 
 def write_spec(folder: Path, text: str = SWISH, name: str = "swish.yaml") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -26,25 +28,21 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def test_generated_matches_specs(run_cli, tmp_path):
-    """The golden record: `generated/` is exactly what `opgen generate specs` writes.
-
-    Refresh it with `opgen generate specs -o generated`.
-    """
-    out = tmp_path / "generated"
-    status, _, err = run_cli("generate", "specs", "-o", str(out), cwd=ROOT)
-    assert status == 0, err
-    produced = {k: v[0] for k, v in snapshot(out).items()}
-    committed = {k: v[0] for k, v in snapshot(GENERATED).items()}
-    assert produced.keys() == committed.keys()
-    stale = [name for name in produced if produced[name] != committed[name]]
-    assert not stale, f"generated/ is stale in {stale}; run `opgen generate specs -o generated`"
+def test_generated_matches_specs(golden):
+    """The golden record: `generated/` is exactly what `opgen generate specs` writes (the
+    comparison `opgen check` makes). Refresh it with `opgen generate specs -o generated`."""
+    change, diff = write.check(GENERATED, golden.files)
+    assert not change.conflicts
+    assert change.clean, f"generated/ is stale; run `opgen generate specs -o generated`\n{diff}"
 
 
-def test_check_is_clean_on_the_committed_package(run_cli):
-    status, out, _ = run_cli("check", "specs", "-o", "generated", cwd=ROOT)
+def test_check_is_clean_on_a_package_just_generated(run_cli, tmp_path):
+    specs = tmp_path / "specs"
+    write_spec(specs)
+    assert run_cli("generate", str(specs), "-o", str(tmp_path / "ops"))[0] == 0
+    status, out, _ = run_cli("check", str(specs), "-o", str(tmp_path / "ops"))
     assert status == 0
-    assert "up to date" in out
+    assert "up to date (1 ops)" in out
 
 
 def test_check_reports_a_stale_package_with_a_diff(run_cli, tmp_path):
@@ -237,6 +235,28 @@ def test_package_names_that_cannot_work_are_refused(run_cli, tmp_path, name, why
     status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / name))
     assert status == 2 and why in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pkg\n",
+        "import os, pkg.sub as s\n",
+        "import os as o,pkg\n",
+        "from pkg import a\n",
+        "from \\\n    pkg.sub import (\n    a,\n)\n",
+        "import os, \\\n  pkg\n",
+        "x = 1; import pkg\n",
+        "def f():\n    try:\n        pass\n    finally:\n        import pkg\n",
+        "# @generated pkg\n'''pkg'''\nfrom .pkg import x\nimport pkg_two, a.pkg\n",
+    ],
+)
+def test_the_package_name_check_reads_every_import_of_the_name(source):
+    """Only files that may import OUT's name are parsed; that must never miss an import."""
+    from opgen.package_name import imported_modules
+
+    files = {"a.py": "import torch\n", "b.py": source}
+    assert ("pkg" in imported_modules(files, "pkg")) == ("pkg" in imported_modules(files))
 
 
 @pytest.mark.parametrize("name", ["match", "len"])

@@ -10,10 +10,10 @@ import pytest
 import sympy
 import torch
 
-from opgen.derive import derive
 from opgen.errors import Problems
 from opgen.load import load_text
 from opgen.parse import parse_spec
+from opgen.pipeline import derive_spec
 from opgen.plan import plan
 from opgen.printer import PrintError, TorchPrinter
 
@@ -22,7 +22,7 @@ def derived_of(text: str):
     problems = Problems()
     spec = parse_spec(load_text(text, "t.yaml"), "specs/t.yaml", problems)
     assert spec is not None and not problems, problems.report()
-    derived = derive(spec, problems)
+    derived = derive_spec(spec, problems, optimized=False)
     assert derived is not None and not problems, problems.report()
     return derived
 

@@ -14,13 +14,11 @@ import torch
 from conftest import SPECS
 from spec_ops import build_ops
 
-from opgen.derive import derive
 from opgen.errors import Problems
 from opgen.load import load_file
 from opgen.parse import parse_spec
-from opgen.pipeline import _optimizer
+from opgen.pipeline import derive_spec
 from opgen.plan import plan
-from opgen.rewrite import rewrite_gradients
 from opgen.save import choose_saved
 
 
@@ -28,10 +26,8 @@ def _planned(path: Path):
     problems = Problems()
     spec = parse_spec(load_file(path, path.name), f"specs/{path.name}", problems)
     assert spec is not None, problems.report()
-    derived = derive(spec, problems, _optimizer(spec))
+    derived = derive_spec(spec, problems)
     assert derived is not None, problems.report()
-    if spec.optimize.rewrite:
-        derived = rewrite_gradients(derived)
     chosen, residuals = choose_saved(derived, spec.optimize.policy)
     return spec, chosen, residuals, plan(chosen, residuals)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from opgen.derive import derive
 from opgen.errors import Problems
 from opgen.load import load_file
 from opgen.parse import parse_spec
-from opgen.pipeline import _optimizer, build
+from opgen.pipeline import build, derive_spec
 from opgen.render import Renderer
 from opgen.save import choose_saved
 
@@ -33,7 +32,7 @@ def test_a_chain_of_costly_lets_chooses_its_saves_in_well_under_a_second(tmp_pat
     problems = Problems()
     spec = parse_spec(load_file(path, path.name), "specs/chain.yaml", problems)
     assert spec is not None
-    derived = derive(spec, problems, _optimizer(spec))
+    derived = derive_spec(spec, problems)
     assert derived is not None, problems.report()
     start = time.perf_counter()
     chosen, residuals = choose_saved(derived, "balanced")

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from spec_ops import build_ops
 
-import opgen.pipeline
+import opgen.emit_tests
 from opgen.errors import Problems
 from opgen.load import load_file
 from opgen.model import Spec
@@ -389,12 +389,12 @@ def random_spec(draw: st.DrawFn) -> str:
 
 def build_ops_only(folder: Path, package: str, specs: dict[str, str]):
     """`build_ops` without the generated test files, the slow part of generating, which is not needed here."""
-    saved = opgen.pipeline.emit_tests
-    opgen.pipeline.emit_tests = lambda plan, renderer: ""  # type: ignore[assignment]
+    saved = opgen.emit_tests.emit_tests
+    opgen.emit_tests.emit_tests = lambda plan, renderer, written=None: ""  # type: ignore[assignment]
     try:
         return build_ops(folder, package, specs)
     finally:
-        opgen.pipeline.emit_tests = saved
+        opgen.emit_tests.emit_tests = saved
 
 
 def read_spec(folder: Path, name: str) -> Spec:

@@ -1,0 +1,114 @@
+"""The pipeline sequences the stages: one direction of imports, the as-written derivation
+handed on as data, and tables no module changes behind another's back."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import sympy
+from conftest import ROOT
+
+from opgen import functions as fn
+from opgen.emit import OpNames
+from opgen.errors import Problems
+from opgen.extremes import extreme_rows
+from opgen.guard import guard_branches
+from opgen.load import load_text
+from opgen.parse import parse_spec
+from opgen.pipeline import derive_spec
+
+# Each module of opgen/ by stage, in the order data flows; `None`: a helper of every stage,
+# which imports only other helpers. A module may import its own stage and earlier ones.
+STAGES: dict[str, int | None] = {
+    **dict.fromkeys(["errors", "limits", "quote", "names", "kinds", "native", "functions", "tensor"]),
+    **dict.fromkeys(["load", "model", "parse", "parse_common", "parse_module", "parse_tests", "spec_yaml"], 1),
+    **dict.fromkeys(["formula", "reference", "tensor_print", "display", "printer", "kernel_print", "statements"], 2),  # formulas and their printers
+    "read": 3,
+    **dict.fromkeys(["derive", "vjp", "guard", "kernels"], 4),
+    **dict.fromkeys(["optimize", "rewrite", "lower", "save"], 5),
+    **dict.fromkeys(["plan", "fuse", "extremes"], 6),
+    **dict.fromkeys(["emit", "emit_kernels", "emit_module", "emit_tests", "render"], 7),
+    **dict.fromkeys(["pipeline", "cache"], 8),
+    **dict.fromkeys(["write", "swap", "ownership", "package_name", "cli", "__main__", "__init__"], 9),
+}
+
+
+def _imports(path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "opgen":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("opgen."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("opgen.")}
+    return found
+
+
+def test_no_module_imports_a_later_stage():
+    modules = sorted((ROOT / "opgen").glob("*.py"))
+    assert {p.stem for p in modules} <= set(STAGES), "give the new module a stage in STAGES"
+    wrong = []
+    for path in modules:
+        stage = STAGES[path.stem]
+        for used in _imports(path):
+            used_stage = STAGES[used]
+            if used_stage is not None and (stage is None or used_stage > stage):
+                wrong.append(f"{path.stem} (stage {stage}) imports {used} (stage {used_stage})")
+    assert not wrong
+
+
+def test_importing_the_rewrites_changes_no_table_of_the_guard():
+    script = (
+        "import opgen.guard as g; before = dict(g.DOMAINS); import opgen.rewrite, opgen.lower; "
+        "assert g.DOMAINS == before, set(g.DOMAINS) - set(before)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_function_of_a_later_stage_is_guarded_by_its_own_domain():
+    from opgen.rewrite import sinc
+
+    x = sympy.Symbol("x", real=True)
+    guarded = guard_branches(fn.where(x > 1, sinc(x), 0), frozenset([x]))
+    assert guarded == fn.where(x > 1, sinc(fn.where(x > 1, x, 1)), 0)
+
+
+def _spec(text: str):
+    problems = Problems()
+    spec = parse_spec(load_text(text, "op.yaml"), "specs/op.yaml", problems)
+    assert spec is not None, problems.report()
+    return spec
+
+
+def test_the_accuracy_rows_come_from_the_derivation_handed_on():
+    """The test plan evaluates the derivation the pipeline gives it, never one of its own."""
+    spec = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x))\n")
+    other = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: 2 * x\n")
+    rows = extreme_rows(spec, derive_spec(other, Problems(), optimized=False))
+    assert rows and all(values == (2 * point,) and slope == 2 for _, point, values, slope, _ in rows)
+    assert extreme_rows(spec, None) == []
+
+
+def test_the_oracle_is_derived_as_written_and_the_op_optimized():
+    spec = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x))\n")
+    written = derive_spec(spec, Problems(), optimized=False)
+    optimized = derive_spec(spec, Problems())
+    assert written is not None and optimized is not None
+    assert not written.full.outputs[0][1].has(fn.softplus)
+    assert optimized.full.outputs[0][1] != written.full.outputs[0][1]
+
+
+def test_the_names_of_an_op_module_are_given_by_keyword():
+    """Sixteen names in a row are easy to give in the wrong order; `OpNames` takes keywords only."""
+    fields = [f.name for f in dataclasses.fields(OpNames)]
+    with pytest.raises(TypeError):
+        OpNames(*fields)  # type: ignore[misc]
+    names = OpNames(**{name: name for name in fields})  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        names.ctx = "other"  # type: ignore[misc]
