@@ -25,7 +25,7 @@ def check_shapes(op, *arguments):
         shape = tuple(tensor.shape)
         fits = len(shape) >= len(named) if batch else len(shape) == len(named)
         if fits:
-            for dim, size in zip(named, shape[len(shape) - len(named):]):
+            for dim, size in zip(named, shape[len(shape) - len(named) :], strict=True):
                 fits = fits and sizes.setdefault(dim, (size, name))[0] == size
         if not fits:
             known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]

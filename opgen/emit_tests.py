@@ -21,7 +21,7 @@ from opgen.derive import dimension_names
 from opgen.emit import public_names, size_sources
 from opgen.extremes import applies, extreme_rows, places
 from opgen.formula import holds_tensors, parse_ast
-from opgen.model import Formula, Scalar, Spec
+from opgen.model import SAMPLE_VALUES, Formula, Scalar, Spec
 from opgen.names import Namer
 from opgen.native import NATIVE_OPS
 from opgen.plan import Plan
@@ -234,8 +234,8 @@ def _finite(value: Scalar) -> bool:
 # module globals, the locals of its test functions and the builtins it calls. The op's
 # functional and classes are imported under another name when theirs is one of these.
 TEST_MODULE_NAMES = frozenset(
-    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED POINTS EXTREMES PLACES OP
-    sample_inputs point_inputs native reference shapes seed generator count args k name module
+    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED RESIDUALS VALUES OTHER_VALUES POINTS EXTREMES
+    PLACES OP sample_inputs point_inputs native reference shapes seed values generator count args k name module
     params forward_args full len next iter enumerate dict getattr list repr""".split()
 )
 
@@ -255,6 +255,31 @@ def _import_names(public: list[str], namer: Namer, avoid: set[str]) -> dict[str,
     }
 
 
+# Note [values away from the defaults]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A non-tensor input's default is often neutral (`beta = 1.0` in swish, `alpha = 1.0` in elu):
+# an op that ignored it would pass every test at the default. So the tests run again with every
+# non-tensor input moved at once: a float scaled by 0.7 (sign, order between inputs and a [0, 1]
+# range kept; 0.3 for 0), an int one step away from 0, a bool flipped (so both are tested).
+def other_value(value: Scalar) -> Scalar:
+    """A test value for a non-tensor input away from `value` (Note [values away from the defaults])."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1 if value >= 0 else value - 1
+    if not math_module.isfinite(value):
+        return SAMPLE_VALUES["float"]
+    return float(f"{value * 0.7:.6g}") if value != 0 else 0.3
+
+
+def _values(spec: Spec, math: str) -> tuple[str, str] | None:
+    """VALUES and OTHER_VALUES of the test module: the non-tensor inputs' test values, and others."""
+    given = {i.name: spec.test_value(i) for i in spec.inputs if not i.is_tensor}
+    if not given:
+        return None
+    return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
+
+
 def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
     """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.quote`),
     and all their texts (to see whether the file needs `math`)."""
@@ -264,7 +289,7 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
             low, high = spec.tests.domain_of(inp.name)
             samples.append({"name": inp.name, "tensor": True, "low": quote.number(low), "high": quote.number(high)})
         else:
-            samples.append({"name": inp.name, "tensor": False, "value": quote.number(spec.test_value(inp), math)})
+            samples.append({"name": inp.name, "tensor": False})
     extremes = []
     for name, point, values, slope, at in extreme_rows(spec):
         shown = " ".join(quote.number(v) + "," for v in values)
@@ -279,7 +304,9 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
     points = quote.literal({n: list(v) for n, v in spec.tests.points}, math) if spec.tests.points else None
     # float32 of the domain's bounds: infinite for a bound beyond float32's range
     places_text = quote.literal(places(spec), math) if applies(spec) else "{}"
+    values = _values(spec, math)
     context: dict[str, object] = {
+        "values": values,
         "samples": samples,
         "points": points,
         "extremes": extremes,
@@ -287,15 +314,14 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
         "module_args": module_args if spec.module else None,
         "module_arg_values": module_arg_values,
     }
-    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values()]
-    return context, texts + [str(sample.get("value", "")) for sample in samples]
+    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values(), *(values or ())]
+    return context, texts
 
 
 def emit_tests(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     # Hidden outputs (opgen.save) are the Function's business: tests see the spec's own.
     spec = replace(derived.spec, outputs=tuple(o for o in derived.spec.outputs if not o.hidden))
-    hidden = {o.name for o in derived.spec.outputs if o.hidden}
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     reserved = _test_module_globals(spec, optional)
@@ -346,8 +372,8 @@ def emit_tests(plan: Plan, renderer: Renderer) -> str:
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],
-        saved=[n for n in plan.saved if n not in hidden],
-        hidden_saved=sum(1 for n in plan.saved if n in hidden),
+        saved=list(plan.saved),
+        residuals=[o.name for o in derived.spec.outputs if o.hidden],
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
         native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,

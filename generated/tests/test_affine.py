@@ -17,7 +17,7 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
 BROADCAST_SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
-SAVED = ["x", "weight"]  # what backward needs: inputs and outputs only
+SAVED = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(x, weight, bias):
@@ -68,8 +68,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, AffineFunction, sample_inputs(), SAVED)
 
 
 def test_wrong_shape_is_a_value_error():

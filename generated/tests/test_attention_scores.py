@@ -17,7 +17,7 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"k": [5, 4], "q": [3, 4]}
 BATCHED_SHAPES = {"k": [2, 5, 4], "q": [2, 3, 4]}  # with batch dimensions for `...`
-SAVED = ["q", "k", "weights"]  # what backward needs: inputs and outputs only
+SAVED = ["q", "k", "weights"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(q, k):
@@ -67,8 +67,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, AttentionScoresFunction, sample_inputs(), SAVED)
 
 
 def test_matches_native_op():

@@ -17,7 +17,9 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"logits": [3, 4], "target": [3, 4]}
 BROADCAST_SHAPES = {"logits": [3, 4], "target": [4]}
-SAVED = ["logits", "target"]  # what backward needs: inputs and outputs only
+SAVED = ["logits", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"alpha": 0.25, "gamma": 2.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"alpha": 0.175, "gamma": 1.4}  # away from their defaults and VALUES
 POINTS = {"logits": [-100.0, -30.0, 0.0, 30.0, 100.0], "target": [0.0, 0.0, 1.0, 1.0, 1.0]}  # kinks and edges of the formulas, read row by row
 
 
@@ -43,14 +45,14 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["logits"], -3.0, 3.0),
         harness.uniform(generator, shapes["target"], 0.0, 1.0),
-        0.25,
-        2.0,
+        values["alpha"],
+        values["gamma"],
     ]
 
 
@@ -80,8 +82,15 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, FocalLossFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -157,7 +166,7 @@ PLACES = {"high": {"logits": 3.0, "target": 1.0}, "low": {"logits": -3.0, "targe
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
 def test_finite_at_points():
