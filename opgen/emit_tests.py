@@ -304,9 +304,9 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
     points = quote.literal({n: list(v) for n, v in spec.tests.points}, math) if spec.tests.points else None
     # float32 of the domain's bounds: infinite for a bound beyond float32's range
     places_text = quote.literal(places(spec), math) if applies(spec) else "{}"
-    values = _values(spec, math)
+    value_texts = _values(spec, math)
     context: dict[str, object] = {
-        "values": values,
+        "values": value_texts,
         "samples": samples,
         "points": points,
         "extremes": extremes,
@@ -314,7 +314,7 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
         "module_args": module_args if spec.module else None,
         "module_arg_values": module_arg_values,
     }
-    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values(), *(values or ())]
+    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values(), *(value_texts or ())]
     return context, texts
 
 

@@ -72,7 +72,7 @@ def test_saves_the_planned_inputs_and_outputs():
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.0,), -0.0, "middle"),
+    ("x", -10000.0, (-0.0,), 0.0, "middle"),
     ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42, "middle"),
     ("x", -30.0, (-2.807286890651921e-12,), -2.713710660963392e-12, "middle"),
     ("x", -6.0, (-0.014854080479424993,), -0.01235996793178131, "middle"),
