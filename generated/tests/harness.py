@@ -95,25 +95,31 @@ def expected_gradients(op, args, reference, grads_out):
 
 
 def check_against_reference(op, args, reference):
-    """Forward values and every gradient equal the reference's."""
+    """Forward values and every gradient equal the reference's, with and without `create_graph`
+    (an op may compute its gradient another way when it must be differentiable again)."""
     outs = op(*args)
     values = reference(*args)
     for name, out in zip(op.outputs, outs, strict=True):
         torch.testing.assert_close(out, values[name].to(out.dtype).expand_as(out), msg=lambda m: f"{name}: {m}")
     grads_out = incoming_gradients(op, outs)
     present = op.present(args)
-    got = torch.autograd.grad(
-        [outs[k] for k in op.differentiable], [args[k] for k in present], grads_out,
-        allow_unused=True, materialize_grads=True,
-    )
     expected = expected_gradients(op, args, reference, grads_out)
-    for k, grad in zip(present, got, strict=True):
-        assert grad.shape == args[k].shape, f"gradient of {op.inputs[k]} has shape {tuple(grad.shape)}"
-        # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
-        # the op must stay finite there (gradcheck checks its value).
-        naive = ~torch.isfinite(expected[k])
-        assert torch.isfinite(grad[naive]).all(), f"gradient of {op.inputs[k]} is not finite"
-        torch.testing.assert_close(grad[~naive], expected[k][~naive], msg=lambda m: f"gradient of {op.inputs[k]}: {m}")
+    for create_graph in (False, True):
+        got = torch.autograd.grad(
+            [outs[k] for k in op.differentiable], [args[k] for k in present], grads_out,
+            allow_unused=True, materialize_grads=True, retain_graph=True, create_graph=create_graph,
+        )
+        for k, grad in zip(present, got, strict=True):
+            check_gradient(op.inputs[k], grad, expected[k], args[k].shape)
+
+
+def check_gradient(name, grad, expected, shape):
+    assert grad.shape == shape, f"gradient of {name} has shape {tuple(grad.shape)}"
+    # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
+    # the op must stay finite there (gradcheck checks its value).
+    naive = ~torch.isfinite(expected)
+    assert torch.isfinite(grad[naive]).all(), f"gradient of {name} is not finite"
+    torch.testing.assert_close(grad[~naive], expected[~naive], msg=lambda m: f"gradient of {name}: {m}")
 
 
 def only(op, args, positions):
