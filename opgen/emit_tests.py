@@ -15,6 +15,7 @@ import ast
 import math as math_module
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from opgen import quote
 from opgen.derive import dimension_names
@@ -32,6 +33,7 @@ from opgen.tensor import BATCH
 DEFAULT_SHAPE = (3, 4)
 DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
+LINE_LENGTH = 120  # ruff's, as the project sets it
 BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
 
 
@@ -145,7 +147,7 @@ def _reference(
     kept = [n for n, _ in formulas if n not in gone]
     params = ", ".join(names[i.name] for i in spec.inputs)
     converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
-    returns = "{" + ", ".join(f"{n!r}: {names[n]}" for n in kept) + "}"
+    returns = "{" + ", ".join(f"{quote.string(n)}: {names[n]}" for n in kept) + "}"
     return ReferenceFunction(fname, params, converts, lines, returns)
 
 
@@ -280,6 +282,17 @@ def _values(spec: Spec, math: str) -> tuple[str, str] | None:
     return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
 
 
+def _assigned(name: str, value: dict[str, Any], math: str, comment: str = "") -> str:
+    """`NAME = {...}` as ruff formats it at line length 120: on one line when it fits, else one
+    entry a line."""
+    tail = f"  # {comment}" if comment else ""
+    line = f"{name} = {quote.literal(value, math)}{tail}"
+    if len(line) <= LINE_LENGTH:
+        return line
+    entries = "".join(f"    {quote.string(k)}: {quote.literal(v, math)},\n" for k, v in value.items())
+    return f"{name} = {{\n{entries}}}{tail}"
+
+
 def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
     """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.quote`),
     and all their texts (to see whether the file needs `math`)."""
@@ -292,7 +305,7 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
             samples.append({"name": inp.name, "tensor": False})
     extremes = []
     for name, point, values, slope, at in extreme_rows(spec):
-        shown = " ".join(quote.number(v) + "," for v in values)
+        shown = quote.number(values[0]) + "," if len(values) == 1 else ", ".join(quote.number(v) for v in values)
         row = [
             quote.string(name),
             quote.number(point, math),
@@ -301,20 +314,22 @@ def _numbers(spec: Spec, math: str) -> tuple[dict[str, object], list[str]]:
         ]
         extremes.append("(" + ", ".join([*row, quote.string(at)]) + ")")
     module_args, module_arg_values = _module_args(spec, math) if spec.module else ([], {})
-    points = quote.literal({n: list(v) for n, v in spec.tests.points}, math) if spec.tests.points else None
+    points_dict = {n: list(v) for n, v in spec.tests.points}
+    points = _assigned("POINTS", points_dict, math, "kinks and edges of the formulas, read row by row")
+    shown_points = points if spec.tests.points else None
     # float32 of the domain's bounds: infinite for a bound beyond float32's range
-    places_text = quote.literal(places(spec), math) if applies(spec) else "{}"
+    places_text = _assigned("PLACES", places(spec) if applies(spec) else {}, math)
     value_texts = _values(spec, math)
     context: dict[str, object] = {
         "values": value_texts,
         "samples": samples,
-        "points": points,
+        "points": shown_points,
         "extremes": extremes,
         "places": places_text,
         "module_args": module_args if spec.module else None,
         "module_arg_values": module_arg_values,
     }
-    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values(), *(value_texts or ())]
+    texts = [str(shown_points), places_text, *extremes, *module_args, *module_arg_values.values(), *(value_texts or ())]
     return context, texts
 
 

@@ -230,9 +230,10 @@ def _row(
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
 # The slope a row expects is not opgen's derived gradient (a bug there would be in both the op
 # and its expectation) but the difference quotients of the formulas as written, from the left
-# and from the right, with a step of 1e-30 (relative) at 90 digits: each is the derivative to
-# about 30 digits. Where the two differ the point is a kink (or a step), and which one-sided
-# slope an op gives there is a convention: the row checks no slope.
+# and from the right, over two steps of 1e-30 (relative) each side, at 90 digits: each is the
+# derivative to about 30 digits. Where they differ the point is a kink, and which one-sided
+# slope an op gives there is a convention; at a step they grow as the step shrinks (and may
+# agree between the sides, as at `sign(0)`): the row checks no slope.
 STEP = mpmath.mpf(10) ** -30
 
 
@@ -246,11 +247,12 @@ def _slope(total: Callable[..., Any], args: list[Any], k: int) -> float | None:
         with mpmath.workdps(DIGITS + 40):
             x = args[k]
             h = STEP * max(1, abs(x))
-            low, mid, high = at(x - h), at(x), at(x + h)
-            if any(isinstance(v, mpmath.mpc) or not mpmath.isfinite(v) for v in (low, mid, high)):
+            values = [at(x + j * h) for j in (-2, -1, 0, 1, 2)]
+            if any(isinstance(v, mpmath.mpc) or not mpmath.isfinite(v) for v in values):
                 return None
-            left, right = (mid - low) / h, (high - mid) / h
-            if not mpmath.almosteq(left, right, rel_eps=SLOPE_AGREEMENT, abs_eps=SLOPE_AGREEMENT):
+            far_left, left, right, far_right = ((values[j + 1] - values[j]) / h for j in range(4))
+            agree = (mpmath.almosteq(q, right, SLOPE_AGREEMENT, SLOPE_AGREEMENT) for q in (far_left, left, far_right))
+            if not all(agree):
                 return None
             value = float((left + right) / 2)
     except (ZeroDivisionError, ValueError, TypeError, OverflowError):

@@ -168,3 +168,19 @@ def test_rows_check_no_slope_at_a_kink():
     assert spec is not None
     rows = {point: slope for _, point, _, slope, _ in extreme_rows(spec)}
     assert rows[0.0] is None and rows[30.0] == 1.0 and abs(rows[-3.0] - 0.5 * 2.718281828459045**-3) < 1e-15
+
+
+def test_the_shared_generated_checks_meet_the_project_style():
+    """The harness and the shape checks pass `ruff check` and `ruff format --check` (line length 120)."""
+    import subprocess
+    import sys
+
+    ruff = Path(sys.executable).parent / "ruff"
+    files = [str(ROOT / "generated" / "tests" / "harness.py"), str(ROOT / "generated" / "_shape_checks.py")]
+    for command in (["check"], ["format", "--check"]):
+        result = subprocess.run(
+            [str(ruff), *command, "--config", str(ROOT / "pyproject.toml"), "--no-force-exclude", *files],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr

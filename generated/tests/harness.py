@@ -81,8 +81,11 @@ def expected_gradients(op, args, reference, grads_out):
     derived = [torch.zeros_like(args[k]) for k in present]
     if pairs and present:
         derived = torch.autograd.grad(
-            [o for o, _ in pairs], [args[k] for k in present], [g for _, g in pairs],
-            allow_unused=True, materialize_grads=True,
+            [o for o, _ in pairs],
+            [args[k] for k in present],
+            [g for _, g in pairs],
+            allow_unused=True,
+            materialize_grads=True,
         )
     expected = dict(zip(present, derived, strict=True))
     # A condition output (a mask) is a bool tensor in the reference and a float one in the op.
@@ -100,14 +103,21 @@ def check_against_reference(op, args, reference):
     outs = op(*args)
     values = reference(*args)
     for name, out in zip(op.outputs, outs, strict=True):
-        torch.testing.assert_close(out, values[name].to(out.dtype).expand_as(out), msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            out, values[name].to(out.dtype).expand_as(out), msg=lambda m, name=name: f"{name}: {m}"
+        )
     grads_out = incoming_gradients(op, outs)
     present = op.present(args)
     expected = expected_gradients(op, args, reference, grads_out)
     for create_graph in (False, True):
         got = torch.autograd.grad(
-            [outs[k] for k in op.differentiable], [args[k] for k in present], grads_out,
-            allow_unused=True, materialize_grads=True, retain_graph=True, create_graph=create_graph,
+            [outs[k] for k in op.differentiable],
+            [args[k] for k in present],
+            grads_out,
+            allow_unused=True,
+            materialize_grads=True,
+            retain_graph=True,
+            create_graph=create_graph,
         )
         for k, grad in zip(present, got, strict=True):
             check_gradient(op.inputs[k], grad, expected[k], args[k].shape)
@@ -152,7 +162,7 @@ def check_function_apply(op, function, args, residuals=0):
     functional returns the outputs alone, equal to apply's."""
     got = counted(function.apply(*args), len(op.outputs) + residuals, "Function.apply")
     for name, a, b in zip(op.outputs, got[: len(op.outputs)], op(*args), strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def check_non_differentiable_outputs(op, args):
@@ -169,7 +179,10 @@ def check_finite(op, args, second_order):
         assert torch.isfinite(out).all(), f"{name}: {out}"
     tensors = [args[k] for k in op.tensor_inputs]
     first = torch.autograd.grad(
-        [outs[k].sum() for k in op.differentiable], tensors, create_graph=True, allow_unused=True,
+        [outs[k].sum() for k in op.differentiable],
+        tensors,
+        create_graph=True,
+        allow_unused=True,
         materialize_grads=True,
     )
     for k, grad in zip(op.tensor_inputs, first, strict=True):
@@ -178,7 +191,9 @@ def check_finite(op, args, second_order):
         return
     for k, grad in zip(op.tensor_inputs, first, strict=True):
         if grad.requires_grad:
-            second = torch.autograd.grad(grad.sum(), tensors, retain_graph=True, allow_unused=True, materialize_grads=True)
+            second = torch.autograd.grad(
+                grad.sum(), tensors, retain_graph=True, allow_unused=True, materialize_grads=True
+            )
             for j, value in zip(op.tensor_inputs, second, strict=True):
                 assert torch.isfinite(value).all(), f"d2 / d{op.inputs[k]} d{op.inputs[j]}: {value}"
 
@@ -195,7 +210,7 @@ def check_against_native(op, args, native):
     got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
     want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
     for k, a, b in zip(op.checked, got, want, strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m: f"gradient of {op.inputs[k]}: {m}")
+        torch.testing.assert_close(a, b, msg=lambda m, k=k: f"gradient of {op.inputs[k]}: {m}")
 
 
 def check_saved(op, function, args, saved, residuals=()):

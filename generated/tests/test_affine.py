@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -23,13 +22,13 @@ SAVED = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, o
 def reference(x, weight, bias):
     """The spec's formulas in plain torch."""
     y = x * weight + bias
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_without_bias(x, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     y = x * weight
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -103,6 +102,6 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weight")
-    full[2] = getattr(module, "bias")
+    full[1] = module.weight
+    full[2] = module.bias
     harness.check_module(module, OP, forward_args, full)

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -24,7 +23,7 @@ def reference(q, k):
     """The spec's formulas in plain torch."""
     scores = q @ k.mT / torch.sqrt(T(q.shape[-1]))
     weights = torch.exp(scores - torch.logsumexp(scores, dim=-1, keepdim=True))
-    return {'scores': scores, 'weights': weights}
+    return {"scores": scores, "weights": weights}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ SAVED = ["logits", "target"]  # what backward reads, as opgen's plan chose: inpu
 def reference(logits, target):
     """The spec's formulas in plain torch."""
     loss = torch.nn.functional.softplus(logits) - target * logits
-    return {'loss': loss}
+    return {"loss": loss}
 
 
 OP = harness.OpUnderTest(
@@ -139,7 +138,11 @@ EXTREMES = [
     ("target", 100.0, (-296.95141264842624,), -3.0, "high"),
     ("target", 10000.0, (-29996.951412648425,), -3.0, "high"),
 ]
-PLACES = {"high": {"logits": 3.0, "target": 1.0}, "low": {"logits": -3.0, "target": 0.0}, "middle": {"logits": 0.0, "target": 0.5}}
+PLACES = {
+    "middle": {"logits": 0.0, "target": 0.5},
+    "low": {"logits": -3.0, "target": 0.0},
+    "high": {"logits": 3.0, "target": 1.0},
+}
 
 
 def test_float32_at_extreme_inputs():

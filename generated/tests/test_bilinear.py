@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -22,13 +21,13 @@ SAVED = ["x1", "x2", "weight"]  # what backward reads, as opgen's plan chose: in
 def reference(x1, x2, weight, bias):
     """The spec's formulas in plain torch."""
     y = torch.sum(x1 @ weight * x2, dim=-1).mT + bias
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_without_bias(x1, x2, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     y = torch.sum(x1 @ weight * x2, dim=-1).mT
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -107,6 +106,6 @@ def test_module_matches_functional():
         args[1],
     ]
     full = list(args)
-    full[2] = getattr(module, "weight")
-    full[3] = getattr(module, "bias")
+    full[2] = module.weight
+    full[3] = module.bias
     harness.check_module(module, OP, forward_args, full)

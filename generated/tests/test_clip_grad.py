@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import ClipGradFunction, clip_grad
@@ -24,7 +23,7 @@ def reference(x, bound):
     """The spec's formulas in plain torch."""
     bound = T(bound)
     y = x
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_grad_x(x, bound, y, grad_y):

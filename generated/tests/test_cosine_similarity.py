@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -28,7 +27,7 @@ def reference(x1, x2, eps):
     norm1 = torch.nn.functional.threshold(torch.sqrt(torch.sum(x1 * x1, dim=-1, keepdim=True)), float(eps), float(eps))
     norm2 = torch.nn.functional.threshold(torch.sqrt(torch.sum(x2 * x2, dim=-1, keepdim=True)), float(eps), float(eps))
     y = torch.sum(x1 / norm1 * (x2 / norm2), dim=-1)
-    return {'norm1': norm1, 'norm2': norm2, 'y': y}
+    return {"norm1": norm1, "norm2": norm2, "y": y}
 
 
 OP = harness.OpUnderTest(

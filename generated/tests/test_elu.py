@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import EluFunction, elu
@@ -24,7 +23,7 @@ def reference(x, alpha):
     """The spec's formulas in plain torch."""
     alpha = T(alpha)
     y = torch.where(x > 0, x, alpha * (torch.exp(x) - 1))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

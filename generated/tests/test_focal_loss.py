@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -20,7 +19,10 @@ BROADCAST_SHAPES = {"logits": [3, 4], "target": [4]}
 SAVED = ["logits", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 VALUES = {"alpha": 0.25, "gamma": 2.0}  # the non-tensor inputs in most tests
 OTHER_VALUES = {"alpha": 0.175, "gamma": 1.4}  # away from their defaults and VALUES
-POINTS = {"logits": [-100.0, -30.0, 0.0, 30.0, 100.0], "target": [0.0, 0.0, 1.0, 1.0, 1.0]}  # kinks and edges of the formulas, read row by row
+POINTS = {
+    "logits": [-100.0, -30.0, 0.0, 30.0, 100.0],
+    "target": [0.0, 0.0, 1.0, 1.0, 1.0],
+}  # kinks and edges of the formulas, read row by row
 
 
 def reference(logits, target, alpha, gamma):
@@ -32,7 +34,7 @@ def reference(logits, target, alpha, gamma):
     p_t = p * target + (1 - p) * (1 - target)
     alpha_t = alpha * target + (1 - alpha) * (1 - target)
     loss = alpha_t * (1 - p_t) ** gamma * ce
-    return {'p': p, 'ce': ce, 'p_t': p_t, 'alpha_t': alpha_t, 'loss': loss}
+    return {"p": p, "ce": ce, "p_t": p_t, "alpha_t": alpha_t, "loss": loss}
 
 
 OP = harness.OpUnderTest(
@@ -162,7 +164,11 @@ EXTREMES = [
     ("target", 100.0, (117311782.40913427,), 4747333.895801161, "high"),
     ("target", 10000.0, (1.2283722474189272e+16,), 4914056686456.936, "high"),
 ]
-PLACES = {"high": {"logits": 3.0, "target": 1.0}, "low": {"logits": -3.0, "target": 0.0}, "middle": {"logits": 0.0, "target": 0.5}}
+PLACES = {
+    "middle": {"logits": 0.0, "target": 0.5},
+    "low": {"logits": -3.0, "target": 0.0},
+    "high": {"logits": 3.0, "target": 1.0},
+}
 
 
 def test_float32_at_extreme_inputs():

@@ -22,7 +22,7 @@ SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, re
 def reference(x):
     """The spec's formulas in plain torch."""
     y = 0.5 * x * (1 + torch.tanh(torch.sqrt(T(2 / math.pi)) * (x + 0.044715 * x ** 3)))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

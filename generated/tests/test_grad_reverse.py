@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import GradReverseFunction, grad_reverse
@@ -24,7 +23,7 @@ def reference(x, alpha):
     """The spec's formulas in plain torch."""
     alpha = T(alpha)
     y = x
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_grad_x(x, alpha, y, grad_y):

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import HardtanhFunction, hardtanh
@@ -26,7 +25,7 @@ def reference(x, min_val, max_val):
     min_val = T(min_val)
     max_val = T(max_val)
     y = torch.nn.functional.threshold(-torch.nn.functional.threshold(-x, -float(max_val), -float(max_val)), float(min_val), float(min_val))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -20,7 +19,10 @@ BROADCAST_SHAPES = {"input": [3, 4], "target": [4]}
 SAVED = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 VALUES = {"delta": 1.5}  # the non-tensor inputs in most tests
 OTHER_VALUES = {"delta": 1.05}  # away from their defaults and VALUES
-POINTS = {"input": [0.0, 1.5, -1.5, 2.0, 0.5], "target": [0.0, 0.0, 0.0, 0.5, 2.0]}  # kinks and edges of the formulas, read row by row
+POINTS = {
+    "input": [0.0, 1.5, -1.5, 2.0, 0.5],
+    "target": [0.0, 0.0, 0.0, 0.5, 2.0],
+}  # kinks and edges of the formulas, read row by row
 
 
 def reference(input, target, delta):
@@ -28,7 +30,7 @@ def reference(input, target, delta):
     delta = T(delta)
     diff = input - target
     loss = torch.where(torch.abs(diff) < delta, 0.5 * diff ** 2, delta * (torch.abs(diff) - 0.5 * delta))
-    return {'diff': diff, 'loss': loss}
+    return {"diff": diff, "loss": loss}
 
 
 OP = harness.OpUnderTest(
@@ -166,7 +168,11 @@ EXTREMES = [
     ("target", 100.0, (144.375,), 1.5, "high"),
     ("target", 10000.0, (14994.375,), 1.5, "high"),
 ]
-PLACES = {"high": {"input": 3.0, "target": 3.0}, "low": {"input": -3.0, "target": -3.0}, "middle": {"input": 0.0, "target": 0.0}}
+PLACES = {
+    "middle": {"input": 0.0, "target": 0.0},
+    "low": {"input": -3.0, "target": -3.0},
+    "high": {"input": 3.0, "target": 3.0},
+}
 
 
 def test_float32_at_extreme_inputs():

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import LeakyReluFunction, leaky_relu
@@ -25,7 +24,7 @@ def reference(x, negative_slope):
     """The spec's formulas in plain torch."""
     negative_slope = T(negative_slope)
     y = torch.where(x > 0, x, negative_slope * x)
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

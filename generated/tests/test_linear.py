@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -22,13 +21,13 @@ SAVED = ["input", "weight"]  # what backward reads, as opgen's plan chose: input
 def reference(input, weight, bias):
     """The spec's formulas in plain torch."""
     out = input @ weight.mT + bias
-    return {'out': out}
+    return {"out": out}
 
 
 def reference_without_bias(input, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     out = input @ weight.mT
-    return {'out': out}
+    return {"out": out}
 
 
 OP = harness.OpUnderTest(
@@ -96,6 +95,6 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weight")
-    full[2] = getattr(module, "bias")
+    full[1] = module.weight
+    full[2] = module.bias
     harness.check_module(module, OP, forward_args, full)

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ SAVED = ["x", "y"]  # what backward reads, as opgen's plan chose: inputs, output
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.logsumexp(x, dim=-1)
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

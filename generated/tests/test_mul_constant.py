@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import MulConstantFunction, mul_constant
@@ -24,7 +23,7 @@ def reference(tensor, constant):
     """The spec's formulas in plain torch."""
     constant = T(constant)
     out = tensor * constant
-    return {'out': out}
+    return {"out": out}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import QuantizeSteFunction, quantize_ste
@@ -28,7 +27,7 @@ def reference(x, scale):
     y = scale * level
     code = level
     inside = (x >= -8 * scale) & (x <= 7 * scale)
-    return {'level': level, 'y': y, 'code': code, 'inside': inside}
+    return {"level": level, "y": y, "code": code, "inside": inside}
 
 
 def reference_grad_x(x, scale, level, y, code, inside, grad_y):
@@ -90,17 +89,17 @@ def test_non_tensor_inputs_away_from_their_defaults():
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -100.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -30.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -5.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 0.0, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 5.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 30.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 100.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 10000.0, (3.5, 7.0, 0.0,), None, "middle"),
+    ("x", -10000.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -100.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -30.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -5.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 0.0, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 5.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 30.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 100.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 10000.0, (3.5, 7.0, 0.0), None, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -27,7 +26,7 @@ def reference(x, y, gamma):
     gamma = T(gamma)
     squared_distance = torch.sum(x * x, dim=-1, keepdim=True) + torch.sum(y * y, dim=-1, keepdim=True).mT - 2 * (x @ y.mT)
     k = torch.exp(-gamma * squared_distance)
-    return {'squared_distance': squared_distance, 'k': k}
+    return {"squared_distance": squared_distance, "k": k}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import Relu6Function, relu6
@@ -22,7 +21,7 @@ POINTS = {"x": [0.0, 6.0, -1.0, 3.0, 7.0]}  # kinks and edges of the formulas, r
 def reference(x):
     """The spec's formulas in plain torch."""
     y = -torch.nn.functional.threshold(-torch.nn.functional.threshold(x, float(0), float(0)), -float(6), -float(6))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import RoundSteFunction, round_ste
@@ -22,7 +21,7 @@ POINTS = {"x": [-1.5, -0.5, 0.0, 0.5, 1.5, 2.5]}  # kinks and edges of the formu
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.round(x)
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_grad_x(x, y, grad_y):

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SafeSqrtFunction, safe_sqrt
@@ -22,7 +21,7 @@ POINTS = {"x": [-1.0, 0.0, 1.0, 4.0]}  # kinks and edges of the formulas, read r
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.where(x > 0, torch.sqrt(x), T(0))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

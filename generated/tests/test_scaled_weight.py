@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ SAVED = ["x", "weights"]  # what backward reads, as opgen's plan chose: inputs, 
 def reference(x, weights):
     """The spec's formulas in plain torch."""
     y = x * weights
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -167,5 +166,5 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weights")
+    full[1] = module.weights
     harness.check_module(module, OP, forward_args, full)

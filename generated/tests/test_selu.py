@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SeluFunction, selu
@@ -23,7 +22,7 @@ def reference(x):
     alpha = T(1.6732632423543772)
     scale = T(1.0507009873554805)
     y = scale * torch.where(x > 0, x, alpha * (torch.exp(x) - 1))
-    return {'alpha': alpha, 'scale': scale, 'y': y}
+    return {"alpha": alpha, "scale": scale, "y": y}
 
 
 OP = harness.OpUnderTest(

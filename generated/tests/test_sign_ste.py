@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SignSteFunction, sign_ste
@@ -21,7 +20,7 @@ SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, re
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.sign(x)
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_grad_x(x, y, grad_y):

@@ -23,7 +23,7 @@ POINTS = {"x": [0.0, 1e-300, 0.0001, -0.0001, 1.0, -2.0]}  # kinks and edges of 
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.where(torch.abs(x) < 0.0001, 1 - (math.pi * x) ** 2 / 6, torch.sin(math.pi * x) / (math.pi * x))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ SAVED = ["y"]  # what backward reads, as opgen's plan chose: inputs, outputs, re
 def reference(x):
     """The spec's formulas in plain torch."""
     y = torch.exp(x - torch.logsumexp(x, dim=-1, keepdim=True))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

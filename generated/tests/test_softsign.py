@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SoftsignFunction, softsign
@@ -21,7 +20,7 @@ SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, re
 def reference(x):
     """The spec's formulas in plain torch."""
     y = x / (1 + torch.abs(x))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SpikeFunction, spike
@@ -26,7 +25,7 @@ def reference(v, threshold, slope):
     threshold = T(threshold)
     slope = T(slope)
     s = torch.where(v - threshold >= 0.0, T(1.0), T(0.0))
-    return {'s': s}
+    return {"s": s}
 
 
 def reference_grad_v(v, threshold, slope, s, grad_s):

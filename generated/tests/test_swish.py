@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SwishFunction, swish
@@ -24,7 +23,7 @@ def reference(x, beta):
     """The spec's formulas in plain torch."""
     beta = T(beta)
     y = x / (1 + torch.exp(-beta * x))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(

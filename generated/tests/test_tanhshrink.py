@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import TanhshrinkFunction, tanhshrink
@@ -22,7 +21,7 @@ RESIDUALS = ["saved_tanh"]  # what Function.apply returns after the outputs, for
 def reference(x):
     """The spec's formulas in plain torch."""
     y = x - torch.tanh(x)
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
