@@ -15,13 +15,14 @@ import ast
 import math as math_module
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from opgen import quote
 from opgen.derive import Derived, dimension_names
 from opgen.emit import public_names, size_sources
 from opgen.extremes import applies, extreme_rows, places
 from opgen.formula import holds_tensors, parse_ast
-from opgen.model import Formula, Scalar, Spec
+from opgen.model import SAMPLE_VALUES, Formula, Scalar, Spec
 from opgen.names import Namer
 from opgen.native import NATIVE_OPS
 from opgen.plan import Plan
@@ -32,6 +33,7 @@ from opgen.tensor import BATCH
 DEFAULT_SHAPE = (3, 4)
 DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
+LINE_LENGTH = 120  # ruff's, as the project sets it
 BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
 
 
@@ -145,7 +147,7 @@ def _reference(
     kept = [n for n, _ in formulas if n not in gone]
     params = ", ".join(names[i.name] for i in spec.inputs)
     converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
-    returns = "{" + ", ".join(f"{n!r}: {names[n]}" for n in kept) + "}"
+    returns = "{" + ", ".join(f"{quote.string(n)}: {names[n]}" for n in kept) + "}"
     return ReferenceFunction(fname, params, converts, lines, returns)
 
 
@@ -234,8 +236,8 @@ def _finite(value: Scalar) -> bool:
 # module globals, the locals of its test functions and the builtins it calls. The op's
 # functional and classes are imported under another name when theirs is one of these.
 TEST_MODULE_NAMES = frozenset(
-    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED POINTS EXTREMES PLACES OP
-    sample_inputs point_inputs native reference shapes seed generator count args k name module
+    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED RESIDUALS VALUES OTHER_VALUES POINTS EXTREMES
+    PLACES OP sample_inputs point_inputs native reference shapes seed values generator count args k name module
     params forward_args full len next iter enumerate dict getattr list repr""".split()
 )
 
@@ -255,6 +257,42 @@ def _import_names(public: list[str], namer: Namer, avoid: set[str]) -> dict[str,
     }
 
 
+# Note [values away from the defaults]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A non-tensor input's default is often neutral (`beta = 1.0` in swish, `alpha = 1.0` in elu):
+# an op that ignored it would pass every test at the default. So the tests run again with every
+# non-tensor input moved at once: a float scaled by 0.7 (sign, order between inputs and a [0, 1]
+# range kept; 0.3 for 0), an int one step away from 0, a bool flipped (so both are tested).
+def other_value(value: Scalar) -> Scalar:
+    """A test value for a non-tensor input away from `value` (Note [values away from the defaults])."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1 if value >= 0 else value - 1
+    if not math_module.isfinite(value):
+        return SAMPLE_VALUES["float"]
+    return float(f"{value * 0.7:.6g}") if value != 0 else 0.3
+
+
+def _values(spec: Spec, math: str) -> tuple[str, str] | None:
+    """VALUES and OTHER_VALUES of the test module: the non-tensor inputs' test values, and others."""
+    given = {i.name: spec.test_value(i) for i in spec.inputs if not i.is_tensor}
+    if not given:
+        return None
+    return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
+
+
+def _assigned(name: str, value: dict[str, Any], math: str, comment: str = "") -> str:
+    """`NAME = {...}` as ruff formats it at line length 120: on one line when it fits, else one
+    entry a line."""
+    tail = f"  # {comment}" if comment else ""
+    line = f"{name} = {quote.literal(value, math)}{tail}"
+    if len(line) <= LINE_LENGTH:
+        return line
+    entries = "".join(f"    {quote.string(k)}: {quote.literal(v, math)},\n" for k, v in value.items())
+    return f"{name} = {{\n{entries}}}{tail}"
+
+
 def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, object], list[str]]:
     """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.quote`),
     and all their texts (to see whether the file needs `math`)."""
@@ -264,10 +302,10 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
             low, high = spec.tests.domain_of(inp.name)
             samples.append({"name": inp.name, "tensor": True, "low": quote.number(low), "high": quote.number(high)})
         else:
-            samples.append({"name": inp.name, "tensor": False, "value": quote.number(spec.test_value(inp), math)})
+            samples.append({"name": inp.name, "tensor": False})
     extremes = []
     for name, point, values, slope, at in extreme_rows(spec, written):
-        shown = " ".join(quote.number(v) + "," for v in values)
+        shown = quote.number(values[0]) + "," if len(values) == 1 else ", ".join(quote.number(v) for v in values)
         row = [
             quote.string(name),
             quote.number(point, math),
@@ -276,19 +314,23 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
         ]
         extremes.append("(" + ", ".join([*row, quote.string(at)]) + ")")
     module_args, module_arg_values = _module_args(spec, math) if spec.module else ([], {})
-    points = quote.literal({n: list(v) for n, v in spec.tests.points}, math) if spec.tests.points else None
+    points_dict = {n: list(v) for n, v in spec.tests.points}
+    points = _assigned("POINTS", points_dict, math, "kinks and edges of the formulas, read row by row")
+    shown_points = points if spec.tests.points else None
     # float32 of the domain's bounds: infinite for a bound beyond float32's range
-    places_text = quote.literal(places(spec), math) if applies(spec) else "{}"
+    places_text = _assigned("PLACES", places(spec) if applies(spec) else {}, math)
+    value_texts = _values(spec, math)
     context: dict[str, object] = {
+        "values": value_texts,
         "samples": samples,
-        "points": points,
+        "points": shown_points,
         "extremes": extremes,
         "places": places_text,
         "module_args": module_args if spec.module else None,
         "module_arg_values": module_arg_values,
     }
-    texts = [str(points), places_text, *extremes, *module_args, *module_arg_values.values()]
-    return context, texts + [str(sample.get("value", "")) for sample in samples]
+    texts = [str(shown_points), places_text, *extremes, *module_args, *module_arg_values.values(), *(value_texts or ())]
+    return context, texts
 
 
 def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
@@ -296,7 +338,6 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
     float32 accuracy tests (Note [derived twice] in opgen/pipeline.py)."""
     derived = plan.derived
     spec = derived.spec
-    hidden = {r.name for r in plan.residuals}  # the Function's business (opgen.save): tests see the spec's outputs
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     reserved = _test_module_globals(spec, optional)
@@ -347,8 +388,8 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],
-        saved=[n for n in plan.saved if n not in hidden],
-        hidden_saved=sum(1 for n in plan.saved if n in hidden),
+        saved=list(plan.saved),
+        residuals=[r.name for r in plan.residuals],
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
         native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,

@@ -30,7 +30,9 @@ from opgen.model import Spec
 
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
 DIGITS = 50
+SLOPE_AGREEMENT = 1e-12  # one-sided slopes closer than this (relative or absolute) agree: no kink
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0**-150  # half the smallest float32 subnormal: below it, float32 rounds to 0
 
 # input, point, exact outputs, exact slope, where the other Tensor inputs sit (a `places` key)
 Row = tuple[str, float, tuple[float, ...], float | None, str]
@@ -118,6 +120,7 @@ _MPMATH: dict[str, Any] = {
     "minimum": lambda a, b, _: min(a, b),
     "clamp": lambda u, lo, hi: min(max(u, lo), hi),
     "_power": _bounded(lambda base, exponent: base**exponent),
+    "_f32": lambda value: value if isinstance(value, bool) else mpmath.mpf(float32(float(value))),
     **{name: _bounded(getattr(mpmath, name)) for name in _SIZE_BOUND if name != "expm1"},
 }
 
@@ -137,17 +140,43 @@ def _printer() -> _Printer:
     return _Printer({**settings, "user_functions": {name: name for name in _MPMATH}})
 
 
+# Note [float32 constants]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A float32 op meets the numbers a spec computes from constants and non-tensor inputs alone
+# (`1 - eps`, `0.044715`, `beta`) as float32 numbers: torch rounds a Python number to the
+# tensor's dtype. At the clamp bound `1 - eps` with eps = 1e-6 that rounding alone moves
+# `log(q / (1 - q))` by 1e-3, which no float32 op avoids. So the exact rows see those numbers
+# rounded to float32 too (`_f32`); integers are left alone (exact in float32 up to 2 ** 24).
+_F32 = sympy.Function("_f32")
+
+
+def _rounded(expr: sympy.Basic, tensors: set[sympy.Symbol], bools: set[sympy.Symbol]) -> sympy.Basic:
+    """`expr` with each largest number-valued subexpression free of `tensors` rounded to float32
+    (Note [float32 constants])."""
+    number = isinstance(expr, sympy.Expr) and not isinstance(expr, sympy.Integer) and expr not in bools
+    if number and not (expr.free_symbols & tensors):
+        return _F32(expr)
+    if not expr.args:
+        return expr
+    return expr.func(*(_rounded(a, tensors, bools) for a in expr.args))
+
+
 class _Compiled:
-    """Each formula of `derived` turned into an mpmath function once, however many points read it."""
+    """Each output of `derived`, and the sum of the differentiable ones, turned into an mpmath
+    function once, however many points read it."""
 
     def __init__(self, derived: Derived) -> None:
         symbols = derived.symbols
-        self.order = [symbols.inputs[i.name] for i in derived.spec.inputs]
-        self.outputs = [self.compile(expr) for _, expr in derived.full.inlined]
-        self.slopes: dict[str, Callable[..., Any] | None] = {}
-        for gradient in derived.full.gradients:
-            factor = sum((c.factor for c in gradient.contributions), sympy.S.Zero)
-            self.slopes[gradient.input] = None if gradient.overridden else self.compile(factor)
+        spec = derived.spec
+        self.order = [symbols.inputs[i.name] for i in spec.inputs]
+        tensors = {symbols.inputs[i.name] for i in spec.tensor_inputs}
+        bools = {symbols.inputs[i.name] for i in spec.inputs if i.type.kind == "bool"}
+        rounded = [_rounded(expr, tensors, bools) for _, expr in derived.full.inlined]
+        self.outputs = [self.compile(expr) for expr in rounded]
+        total = sum((e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero)
+        self.total = self.compile(total)
+        self.checked = {i.name for i in spec.tensor_inputs if spec.override(i.name) is None}
+        self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
     def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
         return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())  # type: ignore[no-any-return]
@@ -167,7 +196,7 @@ def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
 
 def _mpf(value: float) -> Any:
     with mpmath.workdps(DIGITS):
-        return mpmath.mpf(repr(value))
+        return mpmath.mpf(value)  # the float's exact binary value, which the op receives
 
 
 def _arguments(spec: Spec, others: dict[str, float]) -> list[Any]:
@@ -191,6 +220,41 @@ def _row(
         if value is None:
             return None
         outputs.append(value)
-    slope_function = compiled.slopes[name]
-    slope = None if slope_function is None else _evaluate(slope_function, args)
+    slope = _slope(compiled.total, args, compiled.positions[name]) if name in compiled.checked else None
     return (name, point, tuple(outputs), slope)
+
+
+# Note [independent slopes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# The slope a row expects is not opgen's derived gradient (a bug there would be in both the op
+# and its expectation) but the difference quotients of the formulas as written, from the left
+# and from the right, over two steps of 1e-30 (relative) each side, at 90 digits: each is the
+# derivative to about 30 digits. Where they differ the point is a kink, and which one-sided
+# slope an op gives there is a convention; at a step they grow as the step shrinks (and may
+# agree between the sides, as at `sign(0)`): the row checks no slope.
+STEP = mpmath.mpf(10) ** -30
+
+
+def _slope(total: Callable[..., Any], args: list[Any], k: int) -> float | None:
+    """d total / d args[k] at `args`, or None at a kink or where it is not a float32 number."""
+
+    def at(u: Any) -> Any:
+        return total(*args[:k], u, *args[k + 1 :])
+
+    try:
+        with mpmath.workdps(DIGITS + 40):
+            x = args[k]
+            h = STEP * max(1, abs(x))
+            values = [at(x + j * h) for j in (-2, -1, 0, 1, 2)]
+            if any(isinstance(v, mpmath.mpc) or not mpmath.isfinite(v) for v in values):
+                return None
+            far_left, left, right, far_right = ((values[j + 1] - values[j]) / h for j in range(4))
+            agree = (mpmath.almosteq(q, right, SLOPE_AGREEMENT, SLOPE_AGREEMENT) for q in (far_left, left, far_right))
+            if not all(agree):
+                return None
+            value = float((left + right) / 2)
+    except (ZeroDivisionError, ValueError, TypeError, OverflowError):
+        return None
+    if abs(value) < FLOAT32_TINY:
+        return 0.0  # no float32 tells it from 0; what is left is the differences' rounding
+    return value if abs(value) <= FLOAT32_MAX else None

@@ -26,7 +26,9 @@ from opgen.pipeline import derive_spec
 STAGES: dict[str, int | None] = {
     **dict.fromkeys(["errors", "limits", "quote", "names", "kinds", "native", "functions", "tensor"]),
     **dict.fromkeys(["load", "model", "parse", "parse_common", "parse_module", "parse_tests", "spec_yaml"], 1),
-    **dict.fromkeys(["formula", "reference", "tensor_print", "display", "printer", "kernel_print", "statements"], 2),  # formulas and their printers
+    **dict.fromkeys(
+        ["formula", "reference", "tensor_print", "display", "printer", "kernel_print", "statements"], 2
+    ),  # formulas and their printers
     "read": 3,
     **dict.fromkeys(["derive", "vjp", "guard", "kernels"], 4),
     **dict.fromkeys(["optimize", "rewrite", "lower", "save"], 5),

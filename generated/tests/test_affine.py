@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,19 +16,19 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
 BROADCAST_SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
-SAVED = ["x", "weight"]  # what backward needs: inputs and outputs only
+SAVED = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(x, weight, bias):
     """The spec's formulas in plain torch."""
     y = x * weight + bias
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_without_bias(x, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     y = x * weight
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -68,8 +67,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, AffineFunction, sample_inputs(), SAVED)
 
 
 def test_wrong_shape_is_a_value_error():
@@ -103,6 +102,6 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weight")
-    full[2] = getattr(module, "bias")
+    full[1] = module.weight
+    full[2] = module.bias
     harness.check_module(module, OP, forward_args, full)

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,14 +16,14 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"k": [5, 4], "q": [3, 4]}
 BATCHED_SHAPES = {"k": [2, 5, 4], "q": [2, 3, 4]}  # with batch dimensions for `...`
-SAVED = ["q", "k", "weights"]  # what backward needs: inputs and outputs only
+SAVED = ["q", "k", "weights"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(q, k):
     """The spec's formulas in plain torch."""
     scores = q @ k.mT / torch.sqrt(T(q.shape[-1]))
     weights = torch.exp(scores - torch.logsumexp(scores, dim=-1, keepdim=True))
-    return {'scores': scores, 'weights': weights}
+    return {"scores": scores, "weights": weights}
 
 
 OP = harness.OpUnderTest(
@@ -67,8 +66,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, AttentionScoresFunction, sample_inputs(), SAVED)
 
 
 def test_matches_native_op():

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import ClipGradFunction, clip_grad
@@ -15,14 +14,16 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = []  # what backward needs: inputs and outputs only
+SAVED = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"bound": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"bound": 0.7}  # away from their defaults and VALUES
 
 
 def reference(x, bound):
     """The spec's formulas in plain torch."""
     bound = T(bound)
     y = x
-    return {'y': y}
+    return {"y": y}
 
 
 def reference_grad_x(x, bound, y, grad_y):
@@ -42,12 +43,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -3.0, 3.0),
-        1.0,
+        values["bound"],
     ]
 
 
@@ -59,8 +60,14 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, ClipGradFunction, sample_inputs())
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, ClipGradFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -84,4 +91,4 @@ PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)

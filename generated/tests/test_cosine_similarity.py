@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,7 +16,9 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x1": [3], "x2": [3]}
 BATCHED_SHAPES = {"x1": [2, 3], "x2": [2, 3]}  # with batch dimensions for `...`
-SAVED = ["x1", "x2"]  # what backward needs: inputs and outputs only
+SAVED = ["x1", "x2"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"eps": 1e-08}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"eps": 7e-09}  # away from their defaults and VALUES
 
 
 def reference(x1, x2, eps):
@@ -26,7 +27,7 @@ def reference(x1, x2, eps):
     norm1 = torch.nn.functional.threshold(torch.sqrt(torch.sum(x1 * x1, dim=-1, keepdim=True)), float(eps), float(eps))
     norm2 = torch.nn.functional.threshold(torch.sqrt(torch.sum(x2 * x2, dim=-1, keepdim=True)), float(eps), float(eps))
     y = torch.sum(x1 / norm1 * (x2 / norm2), dim=-1)
-    return {'norm1': norm1, 'norm2': norm2, 'y': y}
+    return {"norm1": norm1, "norm2": norm2, "y": y}
 
 
 OP = harness.OpUnderTest(
@@ -39,13 +40,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x1"], -3.0, 3.0),
         harness.uniform(generator, shapes["x2"], -3.0, 3.0),
-        1e-08,
+        values["eps"],
     ]
 
 
@@ -70,8 +71,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, CosineSimilarityFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 def test_matches_native_op():

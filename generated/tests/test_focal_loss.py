@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,8 +16,13 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"logits": [3, 4], "target": [3, 4]}
 BROADCAST_SHAPES = {"logits": [3, 4], "target": [4]}
-SAVED = ["logits", "target"]  # what backward needs: inputs and outputs only
-POINTS = {"logits": [-100.0, -30.0, 0.0, 30.0, 100.0], "target": [0.0, 0.0, 1.0, 1.0, 1.0]}  # kinks and edges of the formulas, read row by row
+SAVED = ["logits", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"alpha": 0.25, "gamma": 2.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"alpha": 0.175, "gamma": 1.4}  # away from their defaults and VALUES
+POINTS = {
+    "logits": [-100.0, -30.0, 0.0, 30.0, 100.0],
+    "target": [0.0, 0.0, 1.0, 1.0, 1.0],
+}  # kinks and edges of the formulas, read row by row
 
 
 def reference(logits, target, alpha, gamma):
@@ -30,7 +34,7 @@ def reference(logits, target, alpha, gamma):
     p_t = p * target + (1 - p) * (1 - target)
     alpha_t = alpha * target + (1 - alpha) * (1 - target)
     loss = alpha_t * (1 - p_t) ** gamma * ce
-    return {'p': p, 'ce': ce, 'p_t': p_t, 'alpha_t': alpha_t, 'loss': loss}
+    return {"p": p, "ce": ce, "p_t": p_t, "alpha_t": alpha_t, "loss": loss}
 
 
 OP = harness.OpUnderTest(
@@ -43,14 +47,14 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["logits"], -3.0, 3.0),
         harness.uniform(generator, shapes["target"], 0.0, 1.0),
-        0.25,
-        2.0,
+        values["alpha"],
+        values["gamma"],
     ]
 
 
@@ -80,8 +84,15 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, FocalLossFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -100,8 +111,8 @@ EXTREMES = [
     ("logits", 30.0, (1.8750000000000118,), 0.0624999999999883, "middle"),
     ("logits", 100.0, (6.25,), 0.0625, "middle"),
     ("logits", 10000.0, (625.0,), 0.0625, "middle"),
-    ("logits", -10000.0, (0.0,), None, "low"),
-    ("logits", -100.0, (3.8611500821031214e-131,), 1.1583450331015252e-130, "low"),
+    ("logits", -10000.0, (0.0,), 0.0, "low"),
+    ("logits", -100.0, (3.8611500821031214e-131,), 0.0, "low"),
     ("logits", -30.0, (6.145509467991449e-40,), 1.843652840397291e-39, "low"),
     ("logits", -3.0, (8.196249337274815e-05,), 0.00023615388486621097, "low"),
     ("logits", -9.999999974752427e-07, (0.12996487264004364,), 0.22371479699755045, "low"),
@@ -120,8 +131,8 @@ EXTREMES = [
     ("logits", 9.999999974752427e-07, (0.04332162421334788,), -0.07457159899918349, "high"),
     ("logits", 3.0, (2.7320831124249382e-05,), -7.871796162207033e-05, "high"),
     ("logits", 30.0, (2.0485031559971495e-40,), -6.14550946799097e-40, "high"),
-    ("logits", 100.0, (1.2870507992514257e-131,), -3.86115175045903e-131, "high"),
-    ("logits", 10000.0, (0.0,), None, "high"),
+    ("logits", 100.0, (1.2870507992514257e-131,), 0.0, "high"),
+    ("logits", 10000.0, (0.0,), 0.0, "high"),
     ("target", -10000.0, (866.5639407962866,), -0.08664339756999316, "middle"),
     ("target", -100.0, (8.794304853354307,), -0.08664339756999316, "middle"),
     ("target", -30.0, (2.7292670234547844,), -0.08664339756999316, "middle"),
@@ -153,11 +164,15 @@ EXTREMES = [
     ("target", 100.0, (117311782.40913427,), 4747333.895801161, "high"),
     ("target", 10000.0, (1.2283722474189272e+16,), 4914056686456.936, "high"),
 ]
-PLACES = {"high": {"logits": 3.0, "target": 1.0}, "low": {"logits": -3.0, "target": 0.0}, "middle": {"logits": 0.0, "target": 0.5}}
+PLACES = {
+    "middle": {"logits": 0.0, "target": 0.5},
+    "low": {"logits": -3.0, "target": 0.0},
+    "high": {"logits": 3.0, "target": 1.0},
+}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
 def test_finite_at_points():

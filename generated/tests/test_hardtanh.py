@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import HardtanhFunction, hardtanh
@@ -15,7 +14,9 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward needs: inputs and outputs only
+SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"max_val": 1.0, "min_val": -1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"max_val": 0.7, "min_val": -0.7}  # away from their defaults and VALUES
 POINTS = {"x": [-1.0, 1.0, 0.0, -2.0, 2.0]}  # kinks and edges of the formulas, read row by row
 
 
@@ -24,7 +25,7 @@ def reference(x, min_val, max_val):
     min_val = T(min_val)
     max_val = T(max_val)
     y = torch.nn.functional.threshold(-torch.nn.functional.threshold(-x, -float(max_val), -float(max_val)), float(min_val), float(min_val))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -37,13 +38,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -3.0, 3.0),
-        -1.0,
-        1.0,
+        values["min_val"],
+        values["max_val"],
     ]
 
 
@@ -78,8 +79,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, HardtanhFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -103,7 +112,7 @@ PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
 def test_finite_at_points():

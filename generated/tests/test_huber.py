@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,8 +16,13 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"input": [3, 4], "target": [3, 4]}
 BROADCAST_SHAPES = {"input": [3, 4], "target": [4]}
-SAVED = ["input", "target"]  # what backward needs: inputs and outputs only
-POINTS = {"input": [0.0, 1.5, -1.5, 2.0, 0.5], "target": [0.0, 0.0, 0.0, 0.5, 2.0]}  # kinks and edges of the formulas, read row by row
+SAVED = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"delta": 1.5}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"delta": 1.05}  # away from their defaults and VALUES
+POINTS = {
+    "input": [0.0, 1.5, -1.5, 2.0, 0.5],
+    "target": [0.0, 0.0, 0.0, 0.5, 2.0],
+}  # kinks and edges of the formulas, read row by row
 
 
 def reference(input, target, delta):
@@ -26,7 +30,7 @@ def reference(input, target, delta):
     delta = T(delta)
     diff = input - target
     loss = torch.where(torch.abs(diff) < delta, 0.5 * diff ** 2, delta * (torch.abs(diff) - 0.5 * delta))
-    return {'diff': diff, 'loss': loss}
+    return {"diff": diff, "loss": loss}
 
 
 OP = harness.OpUnderTest(
@@ -39,13 +43,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["input"], -3.0, 3.0),
         harness.uniform(generator, shapes["target"], -3.0, 3.0),
-        1.5,
+        values["delta"],
     ]
 
 
@@ -80,8 +84,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, HuberFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -156,11 +168,15 @@ EXTREMES = [
     ("target", 100.0, (144.375,), 1.5, "high"),
     ("target", 10000.0, (14994.375,), 1.5, "high"),
 ]
-PLACES = {"high": {"input": 3.0, "target": 3.0}, "low": {"input": -3.0, "target": -3.0}, "middle": {"input": 0.0, "target": 0.0}}
+PLACES = {
+    "middle": {"input": 0.0, "target": 0.0},
+    "low": {"input": -3.0, "target": -3.0},
+    "high": {"input": 3.0, "target": 3.0},
+}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
 def test_finite_at_points():

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import LeakyReluFunction, leaky_relu
@@ -15,7 +14,9 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward needs: inputs and outputs only
+SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"negative_slope": 0.01}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"negative_slope": 0.007}  # away from their defaults and VALUES
 POINTS = {"x": [0.0, -1.0, 1.0]}  # kinks and edges of the formulas, read row by row
 
 
@@ -23,7 +24,7 @@ def reference(x, negative_slope):
     """The spec's formulas in plain torch."""
     negative_slope = T(negative_slope)
     y = torch.where(x > 0, x, negative_slope * x)
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -36,12 +37,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -3.0, 3.0),
-        0.01,
+        values["negative_slope"],
     ]
 
 
@@ -76,8 +77,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, LeakyReluFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -85,12 +94,12 @@ def test_saves_only_what_backward_needs():
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-100.0,), 0.01, "middle"),
-    ("x", -100.0, (-1.0,), 0.01, "middle"),
-    ("x", -30.0, (-0.3,), 0.01, "middle"),
-    ("x", -3.0, (-0.03,), 0.01, "middle"),
-    ("x", -9.999999974752427e-07, (-9.999999974752426e-09,), 0.01, "middle"),
-    ("x", 0.0, (0.0,), 0.01, "middle"),
+    ("x", -10000.0, (-99.99999776482582,), 0.009999999776482582, "middle"),
+    ("x", -100.0, (-0.9999999776482582,), 0.009999999776482582, "middle"),
+    ("x", -30.0, (-0.29999999329447746,), 0.009999999776482582, "middle"),
+    ("x", -3.0, (-0.029999999329447746,), 0.009999999776482582, "middle"),
+    ("x", -9.999999974752427e-07, (-9.99999975123501e-09,), 0.009999999776482582, "middle"),
+    ("x", 0.0, (0.0,), None, "middle"),
     ("x", 9.999999974752427e-07, (9.999999974752427e-07,), 1.0, "middle"),
     ("x", 3.0, (3.0,), 1.0, "middle"),
     ("x", 30.0, (30.0,), 1.0, "middle"),
@@ -101,7 +110,7 @@ PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
 def test_finite_at_points():

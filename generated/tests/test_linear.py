@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -16,19 +15,19 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [5], "input": [3, 4], "weight": [5, 4]}
-SAVED = ["input", "weight"]  # what backward needs: inputs and outputs only
+SAVED = ["input", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(input, weight, bias):
     """The spec's formulas in plain torch."""
     out = input @ weight.mT + bias
-    return {'out': out}
+    return {"out": out}
 
 
 def reference_without_bias(input, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     out = input @ weight.mT
-    return {'out': out}
+    return {"out": out}
 
 
 OP = harness.OpUnderTest(
@@ -67,8 +66,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, LinearFunction, sample_inputs(), SAVED)
 
 
 def test_wrong_shape_is_a_value_error():
@@ -96,6 +95,6 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weight")
-    full[2] = getattr(module, "bias")
+    full[1] = module.weight
+    full[2] = module.bias
     harness.check_module(module, OP, forward_args, full)

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import MulConstantFunction, mul_constant
@@ -15,14 +14,16 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"tensor": [3, 4]}
-SAVED = []  # what backward needs: inputs and outputs only
+SAVED = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"constant": 0.75}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"constant": 0.525}  # away from their defaults and VALUES
 
 
 def reference(tensor, constant):
     """The spec's formulas in plain torch."""
     constant = T(constant)
     out = tensor * constant
-    return {'out': out}
+    return {"out": out}
 
 
 OP = harness.OpUnderTest(
@@ -35,12 +36,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["tensor"], -3.0, 3.0),
-        0.75,
+        values["constant"],
     ]
 
 
@@ -60,8 +61,15 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, MulConstantFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -85,4 +93,4 @@ PLACES = {"middle": {"tensor": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)

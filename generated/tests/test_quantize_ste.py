@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import QuantizeSteFunction, quantize_ste
@@ -15,7 +14,9 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["inside"]  # what backward needs: inputs and outputs only
+SAVED = ["inside"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"scale": 0.5}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"scale": 0.35}  # away from their defaults and VALUES
 POINTS = {"x": [-4.0, 3.5, 0.25, -4.5, 4.0]}  # kinks and edges of the formulas, read row by row
 
 
@@ -26,7 +27,7 @@ def reference(x, scale):
     y = scale * level
     code = level
     inside = (x >= -8 * scale) & (x <= 7 * scale)
-    return {'level': level, 'y': y, 'code': code, 'inside': inside}
+    return {"level": level, "y": y, "code": code, "inside": inside}
 
 
 def reference_grad_x(x, scale, level, y, code, inside, grad_y):
@@ -46,12 +47,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -5.0, 5.0),
-        0.5,
+        values["scale"],
     ]
 
 
@@ -73,8 +74,14 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, QuantizeSteFunction, sample_inputs())
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, QuantizeSteFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -82,23 +89,23 @@ def test_saves_only_what_backward_needs():
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -100.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -30.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -5.0, (-4.0, -8.0, 0.0,), None, "middle"),
-    ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 0.0, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0,), None, "middle"),
-    ("x", 5.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 30.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 100.0, (3.5, 7.0, 0.0,), None, "middle"),
-    ("x", 10000.0, (3.5, 7.0, 0.0,), None, "middle"),
+    ("x", -10000.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -100.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -30.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -5.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 0.0, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
+    ("x", 5.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 30.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 100.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 10000.0, (3.5, 7.0, 0.0), None, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
 def test_non_differentiable_outputs_get_no_gradient():

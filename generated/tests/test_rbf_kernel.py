@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,7 +16,9 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4], "y": [5, 4]}
 BATCHED_SHAPES = {"x": [2, 3, 4], "y": [2, 5, 4]}  # with batch dimensions for `...`
-SAVED = ["x", "y", "k"]  # what backward needs: inputs and outputs only
+SAVED = ["x", "y", "k"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"gamma": 0.5}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"gamma": 0.35}  # away from their defaults and VALUES
 
 
 def reference(x, y, gamma):
@@ -25,7 +26,7 @@ def reference(x, y, gamma):
     gamma = T(gamma)
     squared_distance = torch.sum(x * x, dim=-1, keepdim=True) + torch.sum(y * y, dim=-1, keepdim=True).mT - 2 * (x @ y.mT)
     k = torch.exp(-gamma * squared_distance)
-    return {'squared_distance': squared_distance, 'k': k}
+    return {"squared_distance": squared_distance, "k": k}
 
 
 OP = harness.OpUnderTest(
@@ -38,13 +39,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -1.0, 1.0),
         harness.uniform(generator, shapes["y"], -1.0, 1.0),
-        0.5,
+        values["gamma"],
     ]
 
 
@@ -69,8 +70,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, RbfKernelFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 def test_matches_native_op():

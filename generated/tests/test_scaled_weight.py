@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import pytest
 import torch
 
@@ -17,13 +16,13 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"weights": [3, 4], "x": [3, 4]}
 BROADCAST_SHAPES = {"weights": [4], "x": [3, 4]}
-SAVED = ["x", "weights"]  # what backward needs: inputs and outputs only
+SAVED = ["x", "weights"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(x, weights):
     """The spec's formulas in plain torch."""
     y = x * weights
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -61,8 +60,8 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, ScaledWeightFunction, sample_inputs(), SAVED)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -141,7 +140,7 @@ PLACES = {"high": {"weights": 3.0, "x": 3.0}, "low": {"weights": -3.0, "x": -3.0
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
 def test_wrong_shape_is_a_value_error():
@@ -167,5 +166,5 @@ def test_module_matches_functional():
         args[0],
     ]
     full = list(args)
-    full[1] = getattr(module, "weights")
+    full[1] = module.weights
     harness.check_module(module, OP, forward_args, full)

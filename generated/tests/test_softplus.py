@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SoftplusFunction, softplus
@@ -15,14 +14,16 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward needs: inputs and outputs only
+SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"beta": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"beta": 0.7}  # away from their defaults and VALUES
 
 
 def reference(x, beta):
     """The spec's formulas in plain torch."""
     beta = T(beta)
     y = torch.log(1 + torch.exp(beta * x)) / beta
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -35,12 +36,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -10.0, 10.0),
-        1.0,
+        values["beta"],
     ]
 
 
@@ -65,8 +66,16 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, SoftplusFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_against_native(OP, args, native)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -90,7 +99,7 @@ PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, native)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
 def test_matches_native_op():

@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SpikeFunction, spike
@@ -15,7 +14,9 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"v": [3, 4]}
-SAVED = ["v"]  # what backward needs: inputs and outputs only
+SAVED = ["v"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"slope": 10.0, "threshold": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"slope": 7.0, "threshold": 0.7}  # away from their defaults and VALUES
 POINTS = {"v": [0.0, 1.0, 2.0, -1.0]}  # kinks and edges of the formulas, read row by row
 
 
@@ -24,7 +25,7 @@ def reference(v, threshold, slope):
     threshold = T(threshold)
     slope = T(slope)
     s = torch.where(v - threshold >= 0.0, T(1.0), T(0.0))
-    return {'s': s}
+    return {"s": s}
 
 
 def reference_grad_v(v, threshold, slope, s, grad_s):
@@ -44,13 +45,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["v"], -3.0, 3.0),
-        1.0,
-        10.0,
+        values["threshold"],
+        values["slope"],
     ]
 
 
@@ -72,8 +73,14 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, SpikeFunction, sample_inputs())
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, SpikeFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -97,7 +104,7 @@ PLACES = {"middle": {"v": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
 def test_finite_at_points():

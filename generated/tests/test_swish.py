@@ -6,7 +6,6 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
-
 import torch
 
 from .. import SwishFunction, swish
@@ -15,14 +14,16 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward needs: inputs and outputs only
+SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES = {"beta": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES = {"beta": 0.7}  # away from their defaults and VALUES
 
 
 def reference(x, beta):
     """The spec's formulas in plain torch."""
     beta = T(beta)
     y = x / (1 + torch.exp(-beta * x))
-    return {'y': y}
+    return {"y": y}
 
 
 OP = harness.OpUnderTest(
@@ -35,12 +36,12 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -3.0, 3.0),
-        1.0,
+        values["beta"],
     ]
 
 
@@ -60,8 +61,15 @@ def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_only_what_backward_needs():
-    harness.check_saved(OP, sample_inputs(), SAVED)
+def test_saves_the_planned_inputs_and_outputs():
+    harness.check_saved(OP, SwishFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults():
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
@@ -69,13 +77,13 @@ def test_saves_only_what_backward_needs():
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.0,), -0.0, "middle"),
+    ("x", -10000.0, (-0.0,), 0.0, "middle"),
     ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42, "middle"),
     ("x", -30.0, (-2.8072868906517896e-12,), -2.713710660963134e-12, "middle"),
     ("x", -3.0, (-0.14227761953270035,), -0.08810410601516962, "middle"),
     ("x", -9.999999974752427e-07, (-4.999997487376226e-07,), 0.49999950000000126, "middle"),
     ("x", 0.0, (0.0,), 0.5, "middle"),
-    ("x", 9.999999974752427e-07, (5.0000024873762e-07,), 0.5000004999999987, "middle"),
+    ("x", 9.999999974752427e-07, (5.000002487376201e-07,), 0.5000004999999987, "middle"),
     ("x", 3.0, (2.8577223804672998,), 1.0881041060151697, "middle"),
     ("x", 30.0, (29.999999999997193,), 1.0000000000027136, "middle"),
     ("x", 100.0, (100.0,), 1.0, "middle"),
@@ -85,4 +93,4 @@ PLACES = {"middle": {"x": 0.0}}
 
 
 def test_float32_at_extreme_inputs():
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
