@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from opgen.errors import Problems
-from opgen.load import load_file
-from opgen.model import Spec
-from opgen.parse import parse_spec
 from opgen.pipeline import find_spec_files, source_name
+from opgen.spec.load import load_file
+from opgen.spec.model import Spec
+from opgen.spec.parse import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from opgen.model import Spec
-from opgen.render import default_template_dir
+from opgen.emit.render import default_template_dir
+from opgen.spec.model import Spec
 
 CACHE_VARIABLE = "OPGEN_CACHE_DIR"
 KEEP = 4  # generator subfolders kept (Note [generation cache])

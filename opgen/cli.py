@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from opgen import package_name as names
-from opgen import write
 from opgen.cache import CACHE_VARIABLE, Cache, default_folder
-from opgen.model import POLICIES
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
+from opgen.spec.model import POLICIES
+from opgen.write import files as write
+from opgen.write import package_name as names
 
 DESCRIPTION = """Generate custom PyTorch autograd ops (Function, functional, nn.Module and
 tests) from YAML specs. Spec format: see the README."""

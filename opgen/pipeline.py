@@ -6,11 +6,11 @@ The only place that sequences the stages. For each spec: load -> parse -> read i
 of the run. Where the generated tests need it, the formulas are also derived as written,
 without any optimization, and handed to the test emitter as the accuracy oracle (Note
 [derived twice]). No stage calls another. Pure: reads the spec files, writes nothing
-(`opgen.write` does that).
+(`opgen.write.files` does that).
 
 Note [derived twice]
 ~~~~~~~~~~~~~~~~~~~~
-The float32 accuracy tests (`opgen.extremes`) compare the op with the exact value of the
+The float32 accuracy tests (`opgen.plan.extremes`) compare the op with the exact value of the
 formula *as written*, so that nothing opgen does to a formula can hide in the reference.
 The read formulas are therefore derived twice from one reading: once optimized (what the op
 computes) and once as written (the oracle). Only specs those tests apply to pay for the
@@ -25,16 +25,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opgen import limits, quote
+from opgen import limits
 from opgen.cache import Cache, Entry
+from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.load import load_file
-from opgen.model import Spec
-from opgen.parse import parse_spec
-from opgen.render import Renderer
+from opgen.spec import quote
+from opgen.spec.load import load_file
+from opgen.spec.model import Spec
+from opgen.spec.parse import parse_spec
 
 if TYPE_CHECKING:
-    from opgen.derive import Derived
+    from opgen.derive.gradients import Derived
 
 
 @dataclass
@@ -76,9 +77,9 @@ def source_name(path: Path) -> str:
 
 def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Derived | None:
     """`spec` read and derived, optimized as its `optimize:` allows (or as written); None on errors."""
-    from opgen.derive import derive  # Note [stages imported on use]
-    from opgen.optimize import optimize_formulas, optimize_gradients
-    from opgen.read import read
+    from opgen.derive.gradients import derive  # Note [stages imported on use]
+    from opgen.formula.read import read
+    from opgen.optimize.passes import optimize_formulas, optimize_gradients
 
     formulas = read(spec, problems)
     if formulas is None:
@@ -89,15 +90,15 @@ def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Deriv
 
 def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
     """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
-    from opgen.derive import derive  # Note [stages imported on use]
-    from opgen.emit import emit_op, shape_checks
-    from opgen.emit_tests import emit_tests
-    from opgen.extremes import applies as needs_oracle
-    from opgen.optimize import optimize_formulas, optimize_gradients
-    from opgen.plan import plan
-    from opgen.printer import PrintError
-    from opgen.read import read
-    from opgen.save import choose_saved
+    from opgen.derive.gradients import derive  # Note [stages imported on use]
+    from opgen.emit.op import emit_op, shape_checks
+    from opgen.emit.printer import PrintError
+    from opgen.emit.tests import emit_tests
+    from opgen.formula.read import read
+    from opgen.optimize.passes import optimize_formulas, optimize_gradients
+    from opgen.optimize.save import choose_saved
+    from opgen.plan.backward import plan
+    from opgen.plan.extremes import applies as needs_oracle
 
     before = len(problems.errors)
     formulas = read(spec, problems)
@@ -130,7 +131,9 @@ def import_stages() -> None:
     """Import the stages `generate` runs (Note [stages imported on use]). Called outside any
     spec's time budget: half a second of importing SymPy is no spec's cost, and an import
     interrupted halfway would leave a module half made."""
-    for stage in ("read", "optimize", "derive", "save", "plan", "extremes", "emit", "emit_tests", "printer"):
+    for stage in ("formula.read", "optimize.passes", "derive.gradients", "optimize.save", "plan.backward"):
+        importlib.import_module(f"opgen.{stage}")
+    for stage in ("plan.extremes", "emit.op", "emit.tests", "emit.printer"):
         importlib.import_module(f"opgen.{stage}")
 
 

@@ -33,8 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def golden():
     """`specs/` generated once per test run (the pipeline's `Result`): the golden comparison and
     every test that needs the whole library's output share it."""
+    from opgen.emit.render import Renderer
     from opgen.pipeline import build
-    from opgen.render import Renderer
 
     result = build([str(SPECS)], Renderer())
     assert not result.problems, result.problems.report()
@@ -74,8 +74,8 @@ def import_package(path: Path, name: str):
 
 def generate_op(folder: Path, text: str) -> str:
     """The source opgen writes for the spec `text` (named `op`), generated in memory."""
+    from opgen.emit.render import Renderer
     from opgen.pipeline import build
-    from opgen.render import Renderer
 
     (folder / "op.yaml").write_text(text)
     result = build([str(folder / "op.yaml")], Renderer())

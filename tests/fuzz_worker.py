@@ -55,8 +55,8 @@ def smoke(parent: str, package: str, spec_path: str) -> list[str]:
     from fuzz_check import import_fresh
 
     from opgen.errors import Problems
-    from opgen.load import load_file
-    from opgen.parse import parse_spec
+    from opgen.spec.load import load_file
+    from opgen.spec.parse import parse_spec
 
     module = import_fresh(parent, package)
     problems = Problems()

@@ -12,7 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from opgen import swap, write
+from opgen.write import files as write
+from opgen.write import swap
 
 
 def tree(folder: Path) -> dict[str, str]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from conftest import import_package
 
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
-from opgen.write import apply, changes
+from opgen.write.files import apply, changes
 
 
 def build_ops(folder: Path, package: str, specs: dict[str, str]):

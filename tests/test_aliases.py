@@ -1,6 +1,6 @@
 """Outputs equal to an input, to a `let` or to another output (fuzz finding N3).
 
-Each output of a generated op is its own tensor (Note [outputs that alias] in opgen.plan):
+Each output of a generated op is its own tensor (Note [outputs that alias] in opgen.plan.backward):
 an output that is another one's value gets its own gradient path, `differentiable: false`
 holds for it alone. Every case is compared with plain autograd of the same formula in
 float64: values, `requires_grad` of each output, first and second derivatives.

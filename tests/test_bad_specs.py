@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
 
 HERE = Path(__file__).resolve().parent
 CORPUS = sorted((HERE / "bad_specs").glob("*.yaml"))

@@ -16,8 +16,8 @@ from conftest import ROOT, SPECS, SWISH
 from opgen import cache as cache_module
 from opgen import pipeline
 from opgen.cache import Cache, Entry
+from opgen.emit.render import Renderer, default_template_dir
 from opgen.pipeline import build
-from opgen.render import Renderer, default_template_dir
 
 SPEC_NAMES = ("swish.yaml", "softplus.yaml", "safe_sqrt.yaml")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import GENERATED, ROOT, SWISH, import_package
 
-from opgen import write
+from opgen.write import files as write
 
 
 def write_spec(folder: Path, text: str = SWISH, name: str = "swish.yaml") -> Path:
@@ -253,7 +253,7 @@ def test_package_names_that_cannot_work_are_refused(run_cli, tmp_path, name, why
 )
 def test_the_package_name_check_reads_every_import_of_the_name(source):
     """Only files that may import OUT's name are parsed; that must never miss an import."""
-    from opgen.package_name import imported_modules
+    from opgen.write.package_name import imported_modules
 
     files = {"a.py": "import torch\n", "b.py": source}
     assert ("pkg" in imported_modules(files, "pkg")) == ("pkg" in imported_modules(files))

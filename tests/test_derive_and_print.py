@@ -10,12 +10,12 @@ import pytest
 import sympy
 import torch
 
+from opgen.emit.printer import PrintError, TorchPrinter
 from opgen.errors import Problems
-from opgen.load import load_text
-from opgen.parse import parse_spec
 from opgen.pipeline import derive_spec
-from opgen.plan import plan
-from opgen.printer import PrintError, TorchPrinter
+from opgen.plan.backward import plan
+from opgen.spec.load import load_text
+from opgen.spec.parse import parse_spec
 
 
 def derived_of(text: str):

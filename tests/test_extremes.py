@@ -1,4 +1,4 @@
-"""The generated float32 accuracy tests (opgen/extremes.py): exact rows, and a check that can fail."""
+"""The generated float32 accuracy tests (opgen/plan/extremes.py): exact rows, and a check that can fail."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from conftest import ROOT, import_package
 
 from opgen.errors import Problems
-from opgen.extremes import extreme_rows, float32
-from opgen.load import load_file
-from opgen.parse import parse_spec
 from opgen.pipeline import derive_spec
+from opgen.plan.extremes import extreme_rows, float32
+from opgen.spec.load import load_file
+from opgen.spec.parse import parse_spec
 
 
 def _spec(name: str):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from opgen import functions as fn
 from opgen.errors import Loc, SpecError
-from opgen.formula import NUM, Scope, Value, read_formula
-from opgen.model import Formula
+from opgen.formula import functions as fn
+from opgen.formula.reader import NUM, Scope, Value, read_formula
+from opgen.spec.model import Formula
 
 x, y = sympy.symbols("x y", real=True)
 SCOPE = Scope({"x": Value(x, NUM), "y": Value(y, NUM)}, frozenset({x, y}))

@@ -1,4 +1,4 @@
-"""Fused mode (opgen/fuse.py): compiled forward and first-order backward, same results."""
+"""Fused mode (opgen/emit/fuse.py): compiled forward and first-order backward, same results."""
 
 from __future__ import annotations
 

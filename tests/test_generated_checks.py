@@ -150,10 +150,10 @@ def test_the_float32_check_with_its_slack_rejects_the_naive_formula():
 def test_rows_check_no_slope_at_a_kink():
     """elu at 0 with alpha away from 1: the one-sided slopes (1 and alpha) differ, no slope is checked."""
     from opgen.errors import Problems
-    from opgen.extremes import extreme_rows
-    from opgen.load import load_text
-    from opgen.parse import parse_spec
     from opgen.pipeline import derive_spec
+    from opgen.plan.extremes import extreme_rows
+    from opgen.spec.load import load_text
+    from opgen.spec.parse import parse_spec
 
     text = textwrap.dedent(
         """\

@@ -17,7 +17,7 @@ import sympy
 import torch
 from conftest import GENERATED, ROOT, generate_op, import_package
 
-from opgen.printer import TorchPrinter
+from opgen.emit.printer import TorchPrinter
 
 
 def _ruff() -> list[str]:
@@ -78,8 +78,8 @@ def test_printer_spaces_as_ruff_formats():
 
 def _op(tmp_path, name: str, text: str):
     """The source of the op `text` specifies, and the op, from a package generated at `tmp_path/name`."""
+    from opgen.emit.render import Renderer
     from opgen.pipeline import build
-    from opgen.render import Renderer
 
     (tmp_path / "op.yaml").write_text(text)
     result = build([str(tmp_path / "op.yaml")], Renderer())
@@ -138,7 +138,7 @@ def test_docstrings_show_decimals_as_written_and_kernels_as_formulas():
 
 def test_no_grad_is_a_printer_setting():
     """Forward's in-place forms come from the printer's `no_grad` setting, not a patched copy."""
-    from opgen import kernels
+    from opgen.optimize import kernels
 
     x = sympy.Symbol("x", real=True)
     plain = TorchPrinter({x: "x"}, frozenset({x}))

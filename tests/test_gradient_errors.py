@@ -11,8 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "tests" / "bad_gradient_specs").glob("*.yaml"))

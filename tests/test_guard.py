@@ -9,8 +9,8 @@ import sympy
 import torch
 from spec_ops import build_ops
 
-from opgen import functions as fn
-from opgen.guard import guard_branches, settle_indicators
+from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.formula import functions as fn
 
 x, y = sympy.Symbol("x", real=True), sympy.Symbol("y", real=True)
 TENSORS = frozenset([x, y])

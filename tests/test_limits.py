@@ -23,9 +23,9 @@ import torch
 from conftest import ROOT, SPECS, import_package
 
 from opgen import limits
+from opgen.emit.render import Renderer
 from opgen.errors import SpecError
 from opgen.pipeline import build
-from opgen.render import Renderer
 
 SECONDS = 30  # a refusal must come well within this, even on a loaded machine
 HEAD = "name: op\ninputs:\n  x: Tensor\n"
@@ -144,7 +144,7 @@ def test_deep_yaml_is_refused(tmp_path, existing, depth):
 
 
 def test_yaml_just_inside_the_depth_limit_reads(tmp_path):
-    from opgen.load import RawMap, load_text
+    from opgen.spec.load import RawMap, load_text
 
     text = "a: " + "[" * (limits.YAML_DEPTH.value - 2) + "]" * (limits.YAML_DEPTH.value - 2) + "\n"
     assert isinstance(load_text(text, "t.yaml"), RawMap)
@@ -341,9 +341,9 @@ def test_after_an_interrupted_spec_the_next_spec_generates_as_alone(tmp_path, mo
 
 def test_every_spec_is_far_inside_every_limit():
     from opgen.errors import Problems
-    from opgen.load import load_file
-    from opgen.parse import parse_spec
     from opgen.pipeline import derive_spec, source_name
+    from opgen.spec.load import load_file
+    from opgen.spec.parse import parse_spec
 
     for path in sorted(SPECS.glob("*.yaml")):
         spec = parse_spec(load_file(path, str(path)), source_name(path), Problems())
@@ -357,7 +357,7 @@ def test_every_spec_is_far_inside_every_limit():
 
 
 def test_a_character_yaml_forbids_is_located_on_one_line():
-    from opgen.load import load_text
+    from opgen.spec.load import load_text
 
     with pytest.raises(SpecError) as raised:
         load_text("name: a\ndoc: b\x00c\n", "f.yaml")

@@ -1,4 +1,4 @@
-"""Lowering to PyTorch's native kernels (opgen/lower.py).
+"""Lowering to PyTorch's native kernels (opgen/optimize/lower.py).
 
 Each primitive's SymPy formula must be the function PyTorch's kernel computes, and its
 derivative PyTorch's backward kernel: both are checked against torch in float64. The
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from conftest import generate_op, import_package
 
-from opgen import functions as fn
-from opgen import lower as lw
-from opgen.rewrite import rewrite
+from opgen.formula import functions as fn
+from opgen.optimize import lower as lw
+from opgen.optimize.rewrite import rewrite
 
 x, y, beta, alpha = sympy.symbols("x y beta alpha", real=True)
 NUMBERS = frozenset({beta, alpha})

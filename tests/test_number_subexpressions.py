@@ -1,8 +1,8 @@
 """Formulas mixing tensors with plain numbers: non-tensor inputs, constants, dimension sizes.
 
-Note [numbers and tensors] (opgen.kinds): a number-valued subexpression is computed with
+Note [numbers and tensors] (opgen.formula.kinds): a number-valued subexpression is computed with
 `math`, never saved with `save_for_backward`, never passed to a torch function that needs
-a tensor. Note [gradient shapes] (opgen.plan): every gradient has its input's shape. Each
+a tensor. Note [gradient shapes] (opgen.plan.backward): every gradient has its input's shape. Each
 case is generated, imported, called, and compared in float64 with plain torch autograd of
 the same formula; the generated tests of the package run too.
 """

@@ -1,6 +1,6 @@
 """Outside text in generated source: spec paths, names, `doc` text and numbers.
 
-Each context has one function in `opgen.quote` (comment, string literal, docstring, number,
+Each context has one function in `opgen.spec.quote` (comment, string literal, docstring, number,
 identifier check); these tests feed it hostile text and check the Python that results, then
 generate packages from hostile paths, docs, numbers and names, import them (nothing may run
 on import), call the ops, and run their generated tests.
@@ -30,9 +30,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spec_ops import build_ops
 
-from opgen import quote
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
+from opgen.spec import quote
 
 HOSTILE = [
     '"',

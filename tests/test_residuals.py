@@ -1,4 +1,4 @@
-"""Residuals are plan data, never outputs added to the spec (Note [hidden outputs] in opgen.save).
+"""Residuals are plan data, never outputs added to the spec (Note [hidden outputs] in opgen.optimize.save).
 
 `choose_saved` returns the gradients it rewrote and the residuals they read; the `Spec`
 stays the user's. `plan` decides everything backward needs before anything prints: the
@@ -15,11 +15,11 @@ from conftest import SPECS
 from spec_ops import build_ops
 
 from opgen.errors import Problems
-from opgen.load import load_file
-from opgen.parse import parse_spec
+from opgen.optimize.save import choose_saved
 from opgen.pipeline import derive_spec
-from opgen.plan import plan
-from opgen.save import choose_saved
+from opgen.plan.backward import plan
+from opgen.spec.load import load_file
+from opgen.spec.parse import parse_spec
 
 
 def _planned(path: Path):

@@ -1,4 +1,4 @@
-"""The stable rewrites (Note [stable rewrites] in opgen/rewrite.py): exact, and what they fix.
+"""The stable rewrites (Note [stable rewrites] in opgen/optimize/rewrite.py): exact, and what they fix.
 
 Every rule is checked at 50 significant digits against the formula it replaces, value and
 derivative, at points where the naive float formula overflows or cancels; then the
@@ -14,10 +14,10 @@ import sympy
 import torch
 from conftest import ROOT, generate_op, import_package
 
-from opgen import functions as fn
-from opgen import rewrite as rw
+from opgen.emit.render import Renderer
+from opgen.formula import functions as fn
+from opgen.optimize import rewrite as rw
 from opgen.pipeline import build
-from opgen.render import Renderer
 
 x, y, beta = sympy.symbols("x y beta", real=True)
 E = sympy.exp

@@ -1,4 +1,4 @@
-"""The stable forms `opgen.rewrite` introduces, of plain numbers (Note [numbers and tensors]).
+"""The stable forms `opgen.optimize.rewrite` introduces, of plain numbers (Note [numbers and tensors]).
 
 `log(sigmoid(u))`, `-softplus(-u)`, `log(exp(a) + exp(b))`, `sqrt(a**2 + b**2)` and
 `sin(u) / u` become `logsigmoid`, `logaddexp`, `hypot` and `sinc`; where their arguments are

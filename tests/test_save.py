@@ -1,4 +1,4 @@
-"""Save-versus-recompute policies (opgen/save.py, Note [save policies])."""
+"""Save-versus-recompute policies (opgen/optimize/save.py, Note [save policies])."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sympy
 import torch
 from conftest import generate_op, import_package
 
-from opgen.save import cost
+from opgen.optimize.save import cost
 
 TANHSHRINK = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x - tanh(x)\n"
 # The same through a `let`: forward computes tanh(x) before the outputs, so it cannot be hidden.

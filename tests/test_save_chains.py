@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from opgen.emit.render import Renderer
 from opgen.errors import Problems
-from opgen.load import load_file
-from opgen.parse import parse_spec
+from opgen.optimize.save import choose_saved
 from opgen.pipeline import build, derive_spec
-from opgen.render import Renderer
-from opgen.save import choose_saved
+from opgen.spec.load import load_file
+from opgen.spec.parse import parse_spec
 
 LETS = 40
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import SPECS, import_package
 
+from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.render import Renderer
 
 HERE = Path(__file__).resolve().parent
 CORPUS = sorted((HERE / "shape_errors").glob("*.yaml"))

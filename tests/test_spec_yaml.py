@@ -1,4 +1,4 @@
-"""Spec -> YAML -> Spec: the printer of the model (opgen/spec_yaml.py) writes text that parses to
+"""Spec -> YAML -> Spec: the printer of the model (opgen/spec/spec_yaml.py) writes text that parses to
 an equal spec, for every spec of the library, every example of the format page, and odd values."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from conftest import ROOT, SPECS
 
 from opgen.errors import Problems
-from opgen.load import load_text
-from opgen.model import Spec
-from opgen.parse import parse_spec
-from opgen.spec_yaml import quoted, spec_yaml, without_locations
+from opgen.spec.load import load_text
+from opgen.spec.model import Spec
+from opgen.spec.parse import parse_spec
+from opgen.spec.spec_yaml import quoted, spec_yaml, without_locations
 
 PAGE = ROOT / "docs" / "spec-format.md"
 

@@ -1,10 +1,10 @@
 """Gradients at ties and kinks equal plain autograd of the formula, `let`s included.
 
 The reference is the formula in plain torch, each `let` a real intermediate tensor
-(`opgen.reference`, which the generated tests use too), differentiated by autograd in
+(`opgen.formula.reference`, which the generated tests use too), differentiated by autograd in
 float64; the points are ties and kinks: inputs equal to each other, to 0 and to the
 numbers of the formula. First and second derivatives are compared
-(Note [tensor-valued lets] in opgen.derive, Note [kink conventions] in opgen.functions).
+(Note [tensor-valued lets] in opgen.derive.gradients, Note [kink conventions] in opgen.formula.functions).
 
 `OPGEN_TIES_FORMULAS=200 pytest tests/test_ties.py` runs a longer random search.
 """
@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from spec_ops import build_ops
 
-import opgen.emit_tests
+import opgen.emit.tests
 from opgen.errors import Problems
-from opgen.load import load_file
-from opgen.model import Spec
-from opgen.parse import parse_spec
-from opgen.reference import reference_expr
+from opgen.formula.reference import reference_expr
+from opgen.spec.load import load_file
+from opgen.spec.model import Spec
+from opgen.spec.parse import parse_spec
 
 DTYPE = torch.float64
 GRID = (-1.0, 0.0, 0.5, 1.0)  # every combination of these for x, y, z: ties everywhere
@@ -324,7 +324,7 @@ def test_every_spec_matches_plain_autograd_at_its_kinks(name):
     first = len(got) - len(wrt)  # the position of the first second derivative
     differ = any(not torch.allclose(got[k], want[k], equal_nan=True) for k in range(first, len(got)))
     if differ and hasattr(module, "native") and len(op.differentiable) == 1:
-        # A formula lowered to PyTorch's own kernel (opgen.lower) has that kernel's double backward,
+        # A formula lowered to PyTorch's own kernel (opgen.optimize.lower) has that kernel's double backward,
         # whose choice at the kink may be the other branch's: F.elu's first derivative at 0 takes
         # x <= 0, its second x >= 0. There the op must equal the native op instead.
         native = derivatives(module.native, args, wrt)
@@ -389,12 +389,12 @@ def random_spec(draw: st.DrawFn) -> str:
 
 def build_ops_only(folder: Path, package: str, specs: dict[str, str]):
     """`build_ops` without the generated test files, the slow part of generating, which is not needed here."""
-    saved = opgen.emit_tests.emit_tests
-    opgen.emit_tests.emit_tests = lambda plan, renderer, written=None: ""  # type: ignore[assignment]
+    saved = opgen.emit.tests.emit_tests
+    opgen.emit.tests.emit_tests = lambda plan, renderer, written=None: ""  # type: ignore[assignment]
     try:
         return build_ops(folder, package, specs)
     finally:
-        opgen.emit_tests.emit_tests = saved
+        opgen.emit.tests.emit_tests = saved
 
 
 def read_spec(folder: Path, name: str) -> Spec:

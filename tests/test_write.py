@@ -21,14 +21,15 @@ import pytest
 from conftest import ROOT, SWISH, import_package
 from package_trees import NotAvailable, fast_folder, leftovers, mount, mtimes, read_only, tree, with_user_files
 
-from opgen import swap, write
+from opgen.write import files as write
+from opgen.write import swap
 
 OTHER = SWISH.replace("swish", "swish_two").replace("1.0", "3.0")
 
 
 def _files(folder: Path, specs: dict[str, str]) -> dict[str, str]:
+    from opgen.emit.render import Renderer
     from opgen.pipeline import build
-    from opgen.render import Renderer
 
     folder.mkdir(parents=True)
     for name, text in specs.items():
@@ -226,7 +227,7 @@ def test_two_runs_on_one_out_never_mix(versions, tmp_path):
     data.write_text(json.dumps([old, new]))
     script = (
         "import json, os, sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path;"
-        "from opgen import write; link = os.link;"
+        "from opgen.write import files as write; link = os.link;"
         "os.link = lambda *a, **k: (time.sleep(0.02), link(*a, **k))[1];"
         "files = json.loads(Path(sys.argv[2]).read_text())[int(sys.argv[4])];"
         "write.generate(Path(sys.argv[3]), files, wait=30)"

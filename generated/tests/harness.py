@@ -255,7 +255,7 @@ def extreme_inputs(op, args, name, point, others):
 # its slack: how far the float64 reference moves when the moving input moves by two float32
 # ulps either way. Numbers the spec computes from constants and non-tensor inputs alone (the
 # clamp bound `1 - eps`) reach a float32 op rounded to float32; the exact rows are computed
-# with them rounded so (opgen/extremes.py).
+# with them rounded so (opgen/plan/extremes.py).
 ULPS = 2.0**-22
 
 

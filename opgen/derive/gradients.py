@@ -1,0 +1,258 @@
+"""Derive stage: `Formulas` -> SymPy forward formulas and gradients (`Derived`).
+
+Receives the `Formulas` of a spec (`opgen.formula.read`, possibly rewritten by `opgen.optimize.passes`);
+returns `Derived`: for each combination of present/absent `Tensor?` inputs (a `Variant`),
+the forward `let`s and outputs as SymPy expressions and, for every Tensor input, its
+gradient as contributions `grad_<output> * factor` (or the spec's override). SymPy
+differentiates the fully inlined outputs, with PyTorch's conventions at kinks
+(`opgen.formula.functions`) and the branches of `where` guarded against NaN (`opgen.derive.guard`,
+Note [double where]). It differentiates what it is given and nothing more: the pipeline
+decides which formulas (as written, or optimized) to hand it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen import limits
+from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
+from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula import tensor
+from opgen.formula.read import Formulas, Symbols, dimension_names
+from opgen.spec.model import Spec
+
+__all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]
+
+MAX_OPTIONAL = 3
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """`grad_<output> * factor`, or with `output` None, a whole gradient override."""
+
+    output: str | None
+    factor: Expr
+
+
+@dataclass(frozen=True)
+class Gradient:
+    input: str
+    contributions: tuple[Contribution, ...]
+    overridden: bool
+    # Formulas with tensor operations: one contribution holding the whole gradient (`output`
+    # None), already summed to the input's shape except for what `fit` leaves to run time.
+    fit: LeafFit | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    absent: tuple[str, ...]  # the `Tensor?` inputs that are None
+    lets: tuple[tuple[str, Expr], ...]  # in terms of inputs and earlier lets
+    outputs: tuple[tuple[str, Expr], ...]  # in terms of inputs, lets and earlier outputs
+    inlined: tuple[tuple[str, Expr], ...]  # outputs in terms of inputs only
+    gradients: tuple[Gradient, ...]  # one per present Tensor input, in input order
+
+
+@dataclass(frozen=True)
+class Derived:
+    spec: Spec
+    symbols: Symbols
+    variants: tuple[Variant, ...]  # the all-present variant last
+    shapes: dict[sympy.Symbol, tensor.Shape]  # static shape of every input, let, output and gradient
+
+    @property
+    def has_tensor_ops(self) -> bool:
+        """Some formula uses `@`, `.T` or a reduction (gradients by `opgen.derive.vjp`)."""
+        return any(g.fit is not None for v in self.variants for g in v.gradients)
+
+    @property
+    def full(self) -> Variant:
+        return self.variants[-1]
+
+
+def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
+    """`expr` with every additive term that uses an absent symbol removed; None if nothing is left.
+
+    This is what a `Tensor?` input that is None means (spec format section 2): in
+    `x * (1 + b)` the term `b` goes and `x` stays; in `x * b` or `exp(b)` the whole
+    term goes.
+    """
+    if not (expr.free_symbols & absent):
+        return expr
+    if expr in absent:
+        return None
+    if isinstance(expr, sympy.Add):
+        kept = [t for t in (drop_terms(a, absent) for a in expr.args) if t is not None]
+        return sympy.Add(*kept) if kept else None
+    args = [drop_terms(a, absent) if isinstance(a, Expr) else _drop_boolean(a, absent) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    return expr.func(*args)
+
+
+def _drop_boolean(expr: sympy.Basic, absent: frozenset[sympy.Symbol]) -> sympy.Basic | None:
+    if not (expr.free_symbols & absent):
+        return expr
+    args = [drop_terms(a, absent) if isinstance(a, Expr) else _drop_boolean(a, absent) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    return expr.func(*args)
+
+
+def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
+    expr = expr.replace(sympy.DiracDelta, lambda *args: S.Zero)
+    if expr.has(sympy.Derivative) or expr.has(sympy.Subs):
+        raise SpecError(loc, f"{what}: SymPy could not differentiate this formula; give the gradient in `gradients:`")
+    if expr.has(sympy.zoo, sympy.nan):
+        raise SpecError(loc, f"{what}: the derived formula is undefined (division by zero)")
+    return expr
+
+
+def _tensor_gradient(
+    spec: Spec,
+    symbols: Symbols,
+    inlined: dict[sympy.Symbol, Expr],
+    shapes: dict[sympy.Symbol, tensor.Shape],
+    name: str,
+) -> Gradient:
+    """The gradient of input `name` by reverse mode over the tensor operations (`opgen.derive.vjp`)."""
+    x = symbols.inputs[name]
+    differentiable = [o for o in spec.outputs if o.differentiable]
+    pairs = [
+        (guard_branches(inlined[symbols.outputs[o.name]], symbols.tensors), symbols.grads[o.name])
+        for o in differentiable
+    ]
+    loc = differentiable[0].formula.loc
+    what = f"gradient of '{name}'"
+    with located(loc, what):
+        try:
+            total = tensor_gradient(pairs, x, shapes, lambda e: _clean(settle_indicators(e), loc, what))
+            batch_inputs = sum(1 for i in spec.tensor_inputs if i.type.dims and tensor.BATCH in i.type.dims)
+            fit = leaf_fit(total, x, shapes, batch_inputs)
+        except tensor.ShapeError as error:
+            raise SpecError(loc, f"{what}: {error}") from None
+    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs]
+    total = substitute_outputs(total, outputs)
+    contributions = (Contribution(None, total),) if total != 0 else ()
+    return Gradient(name, contributions, False, fit)
+
+
+def _variant(formulas: Formulas, absent_names: tuple[str, ...], shapes: dict[sympy.Symbol, tensor.Shape]) -> Variant:
+    """The forward and the gradients when the `Tensor?` inputs `absent_names` are None."""
+    spec, symbols = formulas.spec, formulas.symbols
+    absent = {symbols.inputs[n] for n in absent_names}
+    forward, inlined = _forward(formulas, absent, absent_names)
+    uses_tensor_ops = any(tensor.has_tensor_ops(inlined[symbols.outputs[o.name]]) for o in spec.outputs)
+    gradients = []
+    for inp in spec.tensor_inputs:
+        if inp.name in absent_names:
+            continue
+        if inp.name in formulas.overrides:
+            gradients.append(_override(formulas, inp.name, inlined, frozenset(absent)))
+        elif uses_tensor_ops:
+            gradients.append(_tensor_gradient(spec, symbols, inlined, shapes, inp.name))
+        else:
+            gradients.append(_elementwise_gradient(spec, symbols, inlined, inp.name))
+    needed = _needed_lets(spec, symbols, forward)
+    lets = tuple((n, forward[n]) for n in (let.name for let in spec.lets) if n in needed)
+    outputs = tuple((o.name, forward[o.name]) for o in spec.outputs)
+    inlined_outputs = tuple((o.name, inlined[symbols.outputs[o.name]]) for o in spec.outputs)
+    return Variant(absent_names, lets, outputs, inlined_outputs, tuple(gradients))
+
+
+def _forward(
+    formulas: Formulas, absent: set[sympy.Symbol], absent_names: tuple[str, ...]
+) -> tuple[dict[str, Expr], dict[sympy.Symbol, Expr]]:
+    """Each let and output without the terms of `absent` (a let left empty joins `absent`),
+    and each in terms of the inputs only."""
+    spec, symbols = formulas.spec, formulas.symbols
+    defined = {**symbols.lets, **symbols.outputs}
+    forward: dict[str, Expr] = {}
+    inlined: dict[sympy.Symbol, Expr] = {}
+    for name, definition in formulas.definitions.items():
+        kept = drop_terms(definition, frozenset(absent))
+        if kept is None:
+            if name in symbols.outputs:
+                output = spec.outputs[[o.name for o in spec.outputs].index(name)]
+                raise SpecError(
+                    output.formula.loc, f"output '{name}' has no terms left when {' and '.join(absent_names)} is None"
+                )
+            absent.add(defined[name])
+            continue
+        forward[name] = kept
+        inlined[defined[name]] = kept.xreplace(inlined)
+    tensor_inputs = set(symbols.tensor_inputs)
+    for output in spec.outputs:
+        limits.check_inlined(inlined[symbols.outputs[output.name]], output.formula.loc, f"output '{output.name}'")
+        if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
+            raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
+    return forward, inlined
+
+
+def _override(
+    formulas: Formulas, name: str, inlined: dict[sympy.Symbol, Expr], absent: frozenset[sympy.Symbol]
+) -> Gradient:
+    """The gradient of input `name` as `gradients:` gives it, in terms of the inputs."""
+    symbols = formulas.symbols
+    lets_inlined = {s: inlined[s] for s in symbols.lets.values() if s in inlined}
+    written_out = formulas.overrides[name].xreplace(lets_inlined)
+    where = next(g.formula.loc for g in formulas.spec.gradients if g.input == name)
+    limits.check_inlined(written_out, where, f"the gradient of '{name}'")
+    kept = drop_terms(written_out, absent)
+    kept = S.Zero if kept is None else guard_branches(kept, symbols.tensors)
+    return Gradient(name, (Contribution(None, kept),), True)
+
+
+def _elementwise_gradient(spec: Spec, symbols: Symbols, inlined: dict[sympy.Symbol, Expr], name: str) -> Gradient:
+    """The gradient of input `name`: one contribution per differentiable output that uses it."""
+    x = symbols.inputs[name]
+    parts = []
+    for output in spec.outputs:
+        if not output.differentiable:
+            continue
+        what = f"d {output.name} / d {name}"
+        with located(output.formula.loc, what):
+            guarded = guard_branches(inlined[symbols.outputs[output.name]], symbols.tensors)
+            factor = _clean(settle_indicators(sympy.diff(guarded, x)), output.formula.loc, what)
+        if factor != 0:
+            parts.append(Contribution(output.name, factor))
+    return Gradient(name, tuple(parts), False)
+
+
+def _needed_lets(spec: Spec, symbols: Symbols, forward: dict[str, Expr]) -> set[str]:
+    """The lets the outputs use, directly or through other lets (a dropped term can orphan one)."""
+    by_symbol = {s: n for n, s in symbols.lets.items()}
+    needed: set[str] = set()
+    pending = [forward[o.name] for o in spec.outputs]
+    while pending:
+        for symbol in pending.pop().free_symbols:
+            name = by_symbol.get(symbol)
+            if name is not None and name in forward and name not in needed:
+                needed.add(name)
+                pending.append(forward[name])
+    return needed
+
+
+def derive(formulas: Formulas, problems: Problems) -> Derived | None:
+    """Derive every gradient of the spec `formulas` were read from; record located errors in `problems`."""
+    spec, symbols = formulas.spec, formulas.symbols
+    shapes = dict(formulas.shapes)  # the tensor gradients add the shapes of their parts
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    try:
+        if len(optional) > MAX_OPTIONAL:
+            loc = spec.input(optional[MAX_OPTIONAL]).loc  # type: ignore[union-attr]
+            raise SpecError(loc, f"at most {MAX_OPTIONAL} `Tensor?` inputs are supported per op")
+        variants = []
+        # Every subset of optional inputs may be None; the all-present variant comes last.
+        for flags in itertools.product([True, False], repeat=len(optional)):
+            absent = tuple(n for n, is_absent in zip(optional, flags, strict=True) if is_absent)
+            variants.append(_variant(formulas, absent, shapes))
+    except SpecError as error:
+        problems.add(error)
+        return None
+    return Derived(spec, symbols, tuple(variants), shapes)

@@ -1,0 +1,233 @@
+"""Reverse-mode gradients of formulas with tensor operations (`@`, `.T`, reductions).
+
+Receives an output formula (SymPy, inputs only), the symbol of its incoming gradient and an
+input symbol; returns the input's gradient as one expression in the incoming gradient. The
+elementwise stretches between tensor operations are differentiated by `sympy.diff`; each
+tensor operation passes the gradient on by an exact rule (the approach of PyTorch's
+`derivatives.yaml`), so the result is the code a careful person writes: `grad @ weight`,
+`grad.T @ input`, `grad.sum(0)`, never a Jacobian.
+
+Note [carried batch dimensions]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A gradient that reaches a node (or the input) with dimensions the node lacks (it was broadcast
+against something bigger) is summed back to the node's shape on arrival: named dimensions in
+front of the node's own, and dimensions the node keeps as size 1 (`keepdim=true`). Only batch
+dimensions `...` may be carried further: every rule is linear in the gradient and acts on the
+trailing dimensions (dims are counted from the end), and every gradient carries the output's
+whole batch, so summing the batch once at the input (`sum_to_size`, at run time, when inputs
+of different batch shapes were broadcast) gives the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen.formula import functions as fn
+from opgen.formula.tensor import (
+    BATCH,
+    LogSoftmax,
+    LogSoftmaxBackward,
+    MatMul,
+    ReduceAmax,
+    ReduceLogSumExp,
+    ReduceMean,
+    ReduceSum,
+    ReductionBase,
+    Shape,
+    ShapeError,
+    Softmax,
+    SoftmaxBackward,
+    SumDims,
+    TensorOp,
+    Transpose,
+    Unsqueeze,
+    dim_size,
+    shape_of,
+    split,
+)
+
+Clean = Callable[[Expr], Expr]
+
+
+@dataclass(frozen=True)
+class LeafFit:
+    """What turns a gradient into the shape of its input beyond the static sums in the formula."""
+
+    expand: bool  # some dimension of the input is 1 (or missing) in the gradient
+    sum_to_size: bool  # batch dimensions may have been broadcast: sum back at run time
+
+
+class _Vjp:
+    """Reverse mode over the tensor operations of formulas, for one input `x`.
+
+    A tensor operation that several paths reach (a `let` used twice) first collects all of its
+    incoming gradient and then applies its rule once: `(g1 + g2) @ k`, not `g1 @ k + g2 @ k`.
+    """
+
+    def __init__(self, table: dict[sympy.Symbol, Shape], clean: Clean, x: sympy.Symbol) -> None:
+        self.table = table
+        self.clean = clean
+        self.x = x
+        self.pending: dict[Expr, Expr] = {}  # tensor operation -> gradient collected so far
+        self.total: Expr = S.Zero  # the gradient of x (its batch dimensions maybe broadcast)
+
+    def shape(self, expr: sympy.Basic) -> Shape:
+        return shape_of(expr, self.table)
+
+    def run(self) -> Expr:
+        """Apply the rules, each node after every node that contains it."""
+        while self.pending:
+            ready = [n for n in self.pending if not any(o is not n and o.has(n) for o in self.pending)]
+            node = min(ready, key=sympy.default_sort_key)
+            self.rule(node, self.pending.pop(node))
+        return self.total
+
+    def push(self, expr: Expr, grad: Expr) -> None:
+        """Pass `grad`, the gradient of `sum(grad * expr)`, on towards `x`."""
+        x = self.x
+        if x not in expr.free_symbols or grad == 0:
+            return
+        if expr == x:
+            self.total += self.fit(grad, expr)
+            return
+        if isinstance(expr, TensorOp):
+            self.pending[expr] = self.pending.get(expr, S.Zero) + self.fit(grad, expr)
+            return
+        leaves = sorted(_top_tensor_ops(expr, x), key=sympy.default_sort_key)
+        dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
+        back = {d: leaf for leaf, d in dummies.items()}
+        flat = expr.xreplace(dummies)
+        direct = self.clean(sympy.diff(flat, x)).xreplace(back)
+        if direct != 0:
+            self.total += self.fit(grad * direct, x)
+        for leaf, dummy in dummies.items():
+            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            if factor != 0:
+                self.push(leaf, grad * factor)
+
+    def fit(self, grad: Expr, node: Expr) -> Expr:
+        """`grad` summed over the dimensions `node` does not have (Note [carried batch dimensions])."""
+        have, want = self.shape(grad), self.shape(node)
+        if want is None and node == self.x:
+            return grad  # a plain Tensor input: summed to its shape at run time
+        if have is None or want is None:
+            raise ShapeError(
+                "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
+            )
+        have_batch, have_dims = split(have)
+        want_dims = split(want)[1]
+        keep = _kept_dims(have_dims, want_dims)
+        if keep:
+            grad = SumDims(grad, sympy.Tuple(*keep), S.One)
+        extra = len(have_dims) - len(want_dims)
+        if extra > 0:
+            # Named dimensions in front of the node's own: by position when they lead, else from the end.
+            dims = range(extra) if not have_batch else range(-len(have_dims), -len(want_dims))
+            grad = SumDims(grad, sympy.Tuple(*dims), S.Zero)
+        return grad
+
+    def rule(self, node: Expr, grad: Expr) -> None:
+        if isinstance(node, MatMul):
+            a, b = node.args
+            self.push(a, MatMul(grad, Transpose(b)))
+            self.push(b, MatMul(Transpose(a), grad))
+            return
+        if isinstance(node, Transpose):
+            self.push(node.args[0], Transpose(grad))
+            return
+        if isinstance(node, (Softmax, LogSoftmax)):
+            a, dim = node.args
+            backward = SoftmaxBackward if isinstance(node, Softmax) else LogSoftmaxBackward
+            self.push(a, backward(grad, node, dim))
+            return
+        assert isinstance(node, ReductionBase), type(node)
+        a, dim = node.operand, node.dim
+        full = grad if node.keepdim else Unsqueeze(grad, sympy.Integer(dim))
+        # The reduced value itself, kept at size 1: the op's saved output when it is one.
+        kept = node if node.keepdim else Unsqueeze(node, sympy.Integer(dim))
+        if isinstance(node, ReduceSum):
+            self.push(a, full)
+        elif isinstance(node, ReduceMean):
+            self.push(a, full / self.size(a, dim))
+        elif isinstance(node, ReduceLogSumExp):
+            self.push(a, full * sympy.exp(a - kept))
+        elif isinstance(node, ReduceAmax):
+            # PyTorch's amax gradient: shared evenly among the entries that tie for the maximum.
+            mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
+            self.push(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One))
+        else:
+            raise AssertionError(type(node))
+
+    def size(self, expr: Expr, dim: int) -> Expr:
+        shape = self.shape(expr)
+        assert shape is not None
+        entry = shape[dim]
+        if entry == 1:
+            return S.One
+        if entry == BATCH:
+            raise ShapeError("mean() over a batch dimension `...` is not supported; name the dimension")
+        return dim_size(str(entry))
+
+
+def _kept_dims(have: tuple, want: tuple) -> tuple[int, ...]:
+    """Dims (from the end) that `want` has as 1 and `have` in full: summed with keepdim."""
+    return tuple(-k for k in range(len(want), 0, -1) if want[-k] == 1 and k <= len(have) and have[-k] != 1)
+
+
+def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
+    """The outermost tensor operations in `expr` that depend on `x`."""
+    found: set[Expr] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if x not in node.free_symbols:
+            continue
+        if isinstance(node, TensorOp):
+            found.add(node)  # type: ignore[arg-type]
+            continue
+        stack.extend(node.args)
+    return found
+
+
+def tensor_gradient(
+    outputs: list[tuple[Expr, sympy.Symbol]], x: sympy.Symbol, table: dict[sympy.Symbol, Shape], clean: Clean
+) -> Expr:
+    """The gradient of every `(formula, incoming gradient)` pair with respect to `x`, summed."""
+    engine = _Vjp(table, clean, x)
+    for expr, grad in outputs:
+        engine.push(expr, grad)
+    return engine.run()
+
+
+def leaf_fit(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int) -> LeafFit:
+    """What is left at run time to give `grad` (already summed to `x`'s named dimensions) `x`'s shape.
+
+    `batch_inputs` is how many inputs have batch dimensions `...`: with more than one, the
+    batch of the gradient may be bigger than `x`'s own.
+    """
+    have, want = shape_of(grad, table), table[x]
+    if grad == 0 or want is None or have is None:
+        return LeafFit(False, have is None or want is None)
+    have_batch, have_dims = split(have)
+    want_batch, want_dims = split(want)
+    expand = (want_batch and not have_batch) or any(
+        want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1) for k in range(1, len(want_dims) + 1)
+    )
+    return LeafFit(expand, have_batch and (not want_batch or batch_inputs > 1))
+
+
+def substitute_outputs(expr: Expr, outputs: list[tuple[sympy.Symbol, Expr]]) -> Expr:
+    """Use a saved output where the gradient recomputes its formula (softmax, log-softmax, logsumexp)."""
+    replacements = {
+        formula: symbol
+        for symbol, formula in outputs
+        if not formula.is_Symbol and formula.atoms(TensorOp) and formula != 0
+    }
+    if not replacements:
+        return expr
+    # `exp(x - lse)` of log-softmax becomes `exp(y)`: the saved output, not x and a recomputation.
+    return expr.xreplace(replacements)

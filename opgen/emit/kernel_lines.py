@@ -1,0 +1,89 @@
+"""Emission of the native kernels: how `forward` and `backward` call a lowered primitive.
+
+Used by `opgen.emit.op`: `forward_printer` lets `Function.forward` print primitives as their
+in-place forms (Note [forward in place]); `backward_lines` writes a gradient whose kernel
+node (opgen.optimize.kernels) PyTorch can compute in one pass, with the formula for double backward
+where the kernel has no derivative (Note [native backward kernels] in opgen.optimize.kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sympy import Expr
+
+from opgen.emit.printer import TorchPrinter
+from opgen.emit.statements import assign
+from opgen.optimize import kernels as k
+from opgen.spec.names import Namer
+
+
+def forward_printer(printer: TorchPrinter) -> TorchPrinter:
+    """A printer for `Function.forward`, which autograd never records (Note [forward in place]).
+
+    Note [forward in place]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    `torch.autograd.Function.forward` runs with autograd off, so a primitive may print there
+    as in-place operations on the temporaries it creates itself (the printer's `no_grad`
+    setting): every temporary of a 1M-element float32 formula is a fresh 4 MB buffer, and on
+    CPU getting the memory costs as much as the arithmetic. Backward, which autograd records
+    under `create_graph=True`, prints the plain calls, except where it tests for that.
+    """
+    return printer.with_symbols({}, frozenset(), no_grad=True)
+
+
+def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = total`, through a native backward kernel where `total` is one (`g * prime(u)`)."""
+    node = k.backward_kernel(total, printer.tensors)
+    if node is None:
+        return assign(var, total, printer, indent)
+    if not isinstance(node, k.KernelBackward):  # an output's kernel: it has a derivative
+        return assign(var, node, printer, indent)
+    primitive = node.primitive
+    if primitive.backward_differentiable and not primitive.backward_in_place:
+        return assign(var, node, printer, indent)
+    # Double backward records backward: the formula, each repeated part computed once.
+    recorded = assign(var, node.elementary(), printer, indent + 4, shared=True)
+    if primitive.backward_in_place:
+        g, u = node.args
+        unrecorded = _IN_PLACE[primitive](var, printer._print(g), printer._print(u), printer)
+        comment, why = "  # in place on its own temporaries (Note [forward in place])", "no in-place operations"
+    else:
+        unrecorded, comment = assign(var, node, printer, indent + 4), ""
+        why = f"{primitive.__name__}'s kernel has no derivative"
+    return [
+        f"if {printer.torch}.is_grad_enabled():  # double backward: {why}",
+        *(f"    {line}" for line in recorded),
+        f"else:{comment}",
+        *(f"    {line}" for line in unrecorded),
+    ]
+
+
+def _temps(var: str, printer: TorchPrinter, *bases: str) -> list[str]:
+    namer = Namer({*printer.names.values(), printer.torch, printer.math})
+    return [namer.fresh(f"{var}_{b}") for b in bases]
+
+
+def _mish_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> list[str]:
+    """mish' = t + u s (1 - t**2) with s = sigmoid(u), t = s (2 - s) / d, d = 1 + q**2, q = 1 - s;
+    1 - t**2 = 4 q**2 / d**2 exactly: no cancellation where t is near 1."""
+    s, q, d = _temps(var, printer, "s", "q", "d")
+    return [
+        f"{s} = {printer.torch}.sigmoid({u})",
+        f"{q} = 1 - {s}",
+        f"{d} = {q}.square().add_(1)",
+        f"{var} = (2 - {s}).mul_({s}).div_({d})",
+        f"{var}.add_({q}.square_().mul_({s}).mul_({u}).mul_(4).div_({d}.square_()))",
+        f"{var}.mul_({g})",
+    ]
+
+
+def _log_sigmoid_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> list[str]:
+    """logsigmoid' = sigmoid(-u)."""
+    return [f"{var} = {printer.torch}.neg({u}).sigmoid_().mul_({g})"]
+
+
+_IN_PLACE: dict[type[k._Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
+    k.mish: _mish_in_place,
+    k.log_sigmoid: _log_sigmoid_in_place,
+}

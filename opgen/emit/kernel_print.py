@@ -1,0 +1,175 @@
+"""Printing the kernel IR (opgen.optimize.kernels) and the stable functions of opgen.optimize.rewrite as torch code.
+
+`KernelPrinting` is mixed into `TorchPrinter`: one `_print_<node>` method per node, so the
+printer has one dispatch for everything it prints. With the printer setting `no_grad`
+(Function.forward, which autograd never records) a primitive prints as in-place operations
+on the temporaries it makes itself (Note [forward in place] in opgen.emit.kernel_lines).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+
+from opgen.formula import functions as fn
+from opgen.optimize import kernels as k
+from opgen.spec.names import Namer
+
+
+class KernelPrinting:
+    """`F.silu(u)`, `aten.silu_backward(g, u)`, `torch.sinc(u)`, ..."""
+
+    if TYPE_CHECKING:  # provided by TorchPrinter
+        torch: str
+        math: str
+        functional: str
+        names: dict[sympy.Symbol, str]
+        _settings: dict[str, Any]
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+        def _call(self, name: str, *args: sympy.Basic) -> str: ...
+
+        def is_tensor(self, expr: sympy.Basic) -> bool: ...
+
+        def _as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str: ...
+
+        def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
+
+    def _functional(self, name: str, *args: sympy.Basic, extra: str = "") -> str:
+        return f"{self.functional}.{name}({', '.join([*(self._print(a) for a in args), *([extra] if extra else [])])})"
+
+    def _aten(self, name: str, *args: sympy.Basic | str) -> str:
+        text = [a if isinstance(a, str) else self._print(a) for a in args]
+        return f"{self.torch}.ops.aten.{name}({', '.join(text)})"
+
+    def _zeros_like(self, expr: sympy.Basic) -> str:
+        """A zero tensor of `expr`'s shape that costs no memory (huber's target)."""
+        value = self._print(expr)
+        return f"{value}.new_zeros(()).expand_as({value})"
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def _print_silu(self, expr: k.silu) -> str:
+        return self._functional("silu", *expr.args)
+
+    def _print_log_sigmoid(self, expr: k.log_sigmoid) -> str:
+        return self._functional("logsigmoid", *expr.args)
+
+    def _print_logsigmoid(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):  # Note [numbers and tensors]; an atom in its parent
+            return f"({self._print(-fn.softplus(-expr.args[0]))})"
+        return self._functional("logsigmoid", *expr.args)
+
+    def _print_mish(self, expr: k.mish) -> str:
+        if not self._settings["no_grad"]:
+            return self._functional("mish", *expr.args)
+        # tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2), s = sigmoid(u) (mish.fused_form), bound once.
+        u = self._print(expr.args[0])
+        s = Namer({*self.names.values(), self.torch, self.math}).fresh("s")
+        return f"(2 - ({s} := {self.torch}.sigmoid({u}))).mul_({s}).div_((1 - {s}).square_().add_(1)).mul_({u})"
+
+    def _print_gelu(self, expr: k.gelu) -> str:
+        return self._functional("gelu", *expr.args)
+
+    def _print_gelu_tanh(self, expr: k.gelu_tanh) -> str:
+        if not self._settings["no_grad"]:
+            return self._functional("gelu", *expr.args, extra='approximate="tanh"')
+        # u * sigmoid(2c u (1 + kappa u**2)), c = sqrt(2 / pi) (gelu_tanh.fused_form)
+        u = self._print(expr.args[0])
+        kappa, scale = self._print(k.gelu_tanh.kappa), self._print(2 * sympy.sqrt(2 / sympy.pi))
+        return f"{u}.square().mul_({kappa}).add_(1).mul_({u}).mul_({scale}).sigmoid_().mul_({u})"
+
+    def _print_softplus_beta(self, expr: k.softplus_beta) -> str:
+        return self._functional("softplus", *expr.args)
+
+    def _print_elu(self, expr: k.elu) -> str:
+        return self._functional("elu", *expr.args)
+
+    def _print_leaky_relu(self, expr: k.leaky_relu) -> str:
+        return self._functional("leaky_relu", *expr.args)
+
+    def _print_hardtanh(self, expr: k.hardtanh) -> str:
+        return self._functional("hardtanh", *expr.args)
+
+    def _print_huber(self, expr: k.huber) -> str:
+        d, delta = expr.args
+        target = self._zeros_like(d)
+        return self._functional("huber_loss", d, extra=f'{target}, reduction="none", delta={self._print(delta)}')
+
+    def _print__Prime(self, expr: k._Prime) -> str:  # noqa: N802 - SymPy's dispatch name
+        """A derivative left as a node (fused mode writes them out): its one call or its formula, grouped."""
+        form = k.written_out(expr)
+        text = self._print(form)
+        return f"({text})" if isinstance(form, (sympy.Add, sympy.Mul, sympy.Pow)) else text
+
+    # -- backward kernels (Note [native backward kernels]) ----------------------------------------
+
+    def _print_silu_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("silu_backward", *expr.args)
+
+    def _print_mish_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("mish_backward", *expr.args)
+
+    def _print_log_sigmoid_backward(self, expr: k.KernelBackward) -> str:
+        raise NotImplementedError("logsigmoid's kernel needs forward's buffer: backward works in place")
+
+    def _print_gelu_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("gelu_backward", *expr.args)
+
+    def _print_gelu_tanh_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("gelu_backward", *expr.args, 'approximate="tanh"')
+
+    def _print_softplus_beta_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("softplus_backward", *expr.args, "20.0")
+
+    def _print_elu_backward(self, expr: k.KernelBackward) -> str:
+        g, u, alpha = expr.args
+        return self._aten("elu_backward", g, alpha, "1", "1", "False", u)
+
+    def _print_leaky_relu_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("leaky_relu_backward", *expr.args, "False")
+
+    def _print_hardtanh_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("hardtanh_backward", *expr.args)
+
+    def _print_huber_backward(self, expr: k.KernelBackward) -> str:
+        g, d, delta = expr.args
+        return self._aten("huber_loss_backward", g, d, self._zeros_like(d), "0", delta)
+
+    def _print_sigmoid_backward(self, expr: k.sigmoid_backward) -> str:
+        return self._aten("sigmoid_backward", *expr.args)
+
+    def _print_tanh_backward(self, expr: k.tanh_backward) -> str:
+        return self._aten("tanh_backward", *expr.args)
+
+    # -- the stable functions of opgen.optimize.rewrite -------------------------------------------------------
+
+    # Of plain numbers (Note [numbers and tensors]) each prints in a stable `math` form.
+
+    def _print_sinc(self, expr: sympy.Function) -> str:
+        u = expr.args[0]
+        if not self.is_tensor(expr):
+            return self._print(fn.where(sympy.Eq(u, 0), sympy.S.One, sympy.sin(sympy.pi * u) / (sympy.pi * u)))
+        return self._call(f"{self.torch}.sinc", u)
+
+    def _print_logaddexp(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):
+            a, b = expr.args
+            larger = fn.where(sympy.GreaterThan(a, b), a, b)
+            return f"({self._print(larger + fn.log1p(sympy.exp(-sympy.Abs(a - b))))})"
+        return self._binary("logaddexp", expr)
+
+    def _print_hypot(self, expr: sympy.Function) -> str:
+        if not self.is_tensor(expr):
+            return self._call(f"{self.math}.hypot", *expr.args)
+        return self._binary("hypot", expr)
+
+    def _binary(self, name: str, expr: sympy.Function) -> str:
+        a, b = expr.args
+        if not self.is_tensor(a):
+            return f"{self.torch}.{name}({self._as_tensor(a, b)}, {self._print(b)})"
+        if not self.is_tensor(b):
+            return f"{self.torch}.{name}({self._print(a)}, {self._as_tensor(b, a)})"
+        return self._call(f"{self.torch}.{name}", a, b)

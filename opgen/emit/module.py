@@ -1,0 +1,166 @@
+"""Emit stage, `nn.Module` part: the `module:` section -> the Module class's context.
+
+Receives the `Spec` and the op's internal names; returns what `op.py.j2` needs to write the
+Module: constructor signature and body, `reset_parameters`, `forward`, `extra_repr`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opgen.spec import quote
+from opgen.spec.model import Module, Scalar, Spec
+from opgen.spec.names import Namer
+
+# Attributes an nn.Module already has; a spec name equal to one is kept under another name.
+MODULE_ATTRIBUTES = frozenset(
+    """T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda
+    double dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter
+    get_submodule half ipu load_state_dict modules mtia named_buffers named_children named_modules
+    named_parameters parameters register_backward_hook register_buffer register_forward_hook
+    register_forward_pre_hook register_full_backward_hook register_full_backward_pre_hook
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module
+    register_parameter register_state_dict_post_hook register_state_dict_pre_hook requires_grad_
+    reset_parameters set_extra_state set_submodule share_memory state_dict to to_empty train
+    training type xpu zero_grad""".split()
+)
+
+
+@dataclass(frozen=True)
+class ModuleContext:
+    name: str
+    init_params: str
+    init_body: list[str]
+    reset_body: list[str]
+    forward_params: str
+    forward_call: str
+    repr_text: str
+    doc: str
+
+
+def _init_call(module_torch: str, target: str, init_kind: str, args: tuple[float, ...]) -> str:
+    init = f"{module_torch}.nn.init"
+    a = [quote.number(x) for x in args]  # finite: the parser refuses others
+    if init_kind == "uniform":
+        return f"{init}.uniform_({target}, {a[0]}, {a[1]})"
+    if init_kind == "normal":
+        return f"{init}.normal_({target}, {a[0]}, {a[1]})"
+    if init_kind == "zeros":
+        return f"{init}.zeros_({target})"
+    if init_kind == "ones":
+        return f"{init}.ones_({target})"
+    if init_kind == "constant":
+        return f"{init}.constant_({target}, {a[0]})"
+    if init_kind == "kaiming_uniform":
+        return f"{init}.kaiming_uniform_({target}" + (f", a={a[0]})" if args else ")")
+    if init_kind == "xavier_uniform":
+        return f"{init}.xavier_uniform_({target}" + (f", gain={a[0]})" if args else ")")
+    raise ValueError(init_kind)  # pragma: no cover - the parser allows only these
+
+
+def default_text(value: Scalar | None, has_default: bool, math: str) -> str:
+    """A parameter's default as source: the declared value (`math.inf` when infinite), else None."""
+    return quote.number(value, math) if has_default and value is not None else "None"
+
+
+def _defaults(module: Module, math: str) -> list[str]:
+    return [
+        f"{a.name}={default_text(a.type.default, True, math)}" if a.type.has_default else a.name for a in module.args
+    ]
+
+
+def module_context(spec: Spec, torch: str, math: str, self_: str, functional: str) -> ModuleContext:
+    """The Module's parts; `torch`, `math`, `self_` and `functional` are how the op's file names
+    torch, math, `self` and the functional (none of them a spec name)."""
+    assert spec.module is not None
+    module = spec.module
+    params = {p.name: p for p in module.parameters}
+    attrs = Namer(MODULE_ATTRIBUTES)
+    param_attr = {p.name: attrs.fresh(p.name) for p in module.parameters}
+    arg_attr: dict[str, str] = {}
+    arg_repr: dict[str, str] = {}
+    for arg in module.args:
+        owner = params.get(arg.name)
+        if owner is not None and owner.when == arg.name:
+            # `bias: bool` beside a `bias` parameter: the parameter itself says it (as nn.Linear).
+            arg_repr[arg.name] = f"{self_}.{param_attr[arg.name]} is not None"
+            continue
+        arg_attr[arg.name] = attrs.fresh(arg.name if arg.name not in params else "_" + arg.name)
+        arg_repr[arg.name] = f"{self_}.{arg_attr[arg.name]}"
+    # Not `super().__init__()`: the op's own name or a module arg may be `super`.
+    init: list[str] = [f"{torch}.nn.Module.__init__({self_})"]
+    for arg in module.args:
+        if arg.name in arg_attr:
+            init.append(f"{self_}.{arg_attr[arg.name]} = {arg.name}")
+    for p in module.parameters:
+        shape = ", ".join(str(s) for s in p.shape)
+        create = f"{torch}.nn.Parameter({torch}.empty({shape}))"
+        if len(p.shape) == 0:
+            create = f"{torch}.nn.Parameter({torch}.empty(()))"
+        attr = param_attr[p.name]
+        if p.when:
+            init += [
+                f"if {p.when}:",
+                f"    {self_}.{attr} = {create}",
+                "else:",
+                f"    {self_}.register_parameter({quote.string(attr)}, None)",
+            ]
+        else:
+            init.append(f"{self_}.{attr} = {create}")
+    if module.parameters:
+        init.append(f"{self_}.reset_parameters()")
+    reset: list[str] = []
+    for p in module.parameters:
+        call = _init_call(torch, f"{self_}.{param_attr[p.name]}", p.init.kind, p.init.args)
+        if p.when:
+            reset += [f"if {self_}.{param_attr[p.name]} is not None:", f"    {call}"]
+        else:
+            reset.append(call)
+    if not reset:
+        reset.append("pass  # no parameters")
+    forward_inputs = [i for i in spec.inputs if i.name not in params and module.attribute_arg(i.name) is None]
+    forward_params = []
+    trailing = True
+    for inp in reversed(forward_inputs):
+        has_default = inp.type.has_default or inp.type.optional
+        if trailing and has_default:
+            forward_params.append(f"{inp.name}={default_text(inp.type.default, inp.type.has_default, math)}")
+        else:
+            trailing = False
+            forward_params.append(inp.name)
+    forward_params.reverse()
+    call_args = []
+    for inp in spec.inputs:
+        if inp.name in params:
+            call_args.append(f"{self_}.{param_attr[inp.name]}")
+        elif (source := module.attribute_arg(inp.name)) is not None:
+            call_args.append(arg_repr[source] if source not in arg_attr else f"{self_}.{arg_attr[source]}")
+        else:
+            call_args.append(inp.name)
+    repr_text = _repr_fstring([(f"{a.name}=", arg_repr[a.name]) for a in module.args])
+    doc = quote.docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
+    return ModuleContext(
+        module.name,
+        ", ".join([self_, *_defaults(module, math)]),
+        init,
+        reset,
+        ", ".join([self_, *forward_params]),
+        f"{functional}({', '.join(call_args)})",
+        repr_text,
+        doc,
+    )
+
+
+def _repr_fstring(parts: list[tuple[str, str]]) -> str:
+    """`f"a={self.a}, b={self.b}"`: each (text, expression) pair as text then the expression's value.
+
+    Too long for one line of `extra_repr` (Note [short lines] in opgen.emit.statements): one f-string
+    per pair, in parentheses, as ruff formats it.
+    """
+    if not parts:
+        return '""'
+    pieces = [quote.string(text)[1:-1].replace("{", "{{").replace("}", "}}") + "{" + expr + "}" for text, expr in parts]
+    pieces = [p + ", " for p in pieces[:-1]] + pieces[-1:]
+    if len('        return f""') + sum(len(p) for p in pieces) <= 120:
+        return 'f"' + "".join(pieces) + '"'
+    return "(\n" + "".join(f'            f"{p}"\n' for p in pieces) + "        )"

@@ -1,0 +1,472 @@
+"""The torch printer: SymPy expressions -> Python source using torch.
+
+`TorchPrinter` is a SymPy `CodePrinter` subclass: one `_print_<Class>` method or table
+entry per function, and strict, so anything without a rule raises instead of printing
+SymPy's own notation. It knows which symbols hold tensors (Note [numbers and tensors] in
+`opgen.formula.kinds`): a function of tensors prints as `torch.f(...)`, a function of plain numbers
+as `math.f(...)` (or a formula of `math` functions where `math` lacks it), a condition on
+plain numbers as a Python conditional. The names it prints for `torch` and `math` are
+chosen by the emitter so that no spec name can shadow them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sympy
+from sympy import Expr, S
+from sympy.core.mul import _keep_coeff
+from sympy.printing.codeprinter import CodePrinter
+from sympy.printing.precedence import PRECEDENCE, precedence
+
+from opgen.emit.kernel_print import KernelPrinting
+from opgen.emit.tensor_print import TensorPrinting
+from opgen.formula import functions as fn
+from opgen.formula.kinds import is_tensor_valued
+
+
+def _sigmoid_of_number(u: Expr) -> Expr:
+    """sigmoid(u) with `math.exp` of a non-positive argument only: it never overflows."""
+    e = sympy.exp(-sympy.Abs(u))
+    return fn.where(sympy.GreaterThan(u, 0), 1 / (1 + e), e / (1 + e))
+
+
+def _softplus_of_number(u: Expr) -> Expr:
+    """softplus(u) = max(u, 0) + log1p(exp(-|u|)): no overflow, no cancellation."""
+    return fn.where(sympy.StrictGreaterThan(u, 0), u, S.Zero) + fn.log1p(sympy.exp(-sympy.Abs(u)))
+
+
+def _sign_of_number(u: Expr) -> Expr:
+    return fn.where(sympy.StrictGreaterThan(u, 0), S.One, fn.where(sympy.StrictLessThan(u, 0), S.NegativeOne, S.Zero))
+
+
+# Functions of a number that `math` lacks, as formulas of what it has.
+_NUMBER_FORMULAS = {"sigmoid": _sigmoid_of_number, "softplus": _softplus_of_number, "sign": _sign_of_number}
+
+# SymPy class -> (torch function, math function or None: see `_number_function`)
+_UNARY: dict[type, tuple[str, str | None]] = {
+    sympy.exp: ("exp", "exp"),
+    sympy.log: ("log", "log"),
+    fn.log1p: ("log1p", "log1p"),
+    fn.expm1: ("expm1", "expm1"),
+    sympy.sin: ("sin", "sin"),
+    sympy.cos: ("cos", "cos"),
+    sympy.tan: ("tan", "tan"),
+    sympy.asin: ("asin", "asin"),
+    sympy.acos: ("acos", "acos"),
+    sympy.atan: ("atan", "atan"),
+    sympy.sinh: ("sinh", "sinh"),
+    sympy.cosh: ("cosh", "cosh"),
+    sympy.tanh: ("tanh", "tanh"),
+    sympy.asinh: ("asinh", "asinh"),
+    sympy.acosh: ("acosh", "acosh"),
+    sympy.atanh: ("atanh", "atanh"),
+    fn.sigmoid: ("sigmoid", None),
+    sympy.erf: ("erf", "erf"),
+    sympy.erfc: ("erfc", "erfc"),
+    sympy.erfinv: ("erfinv", None),
+    sympy.loggamma: ("lgamma", "lgamma"),
+    sympy.Abs: ("abs", "fabs"),
+    sympy.sign: ("sign", None),
+    fn.sign: ("sign", None),
+    fn.floor: ("floor", "floor"),
+    fn.ceil: ("ceil", "ceil"),
+    fn.round: ("round", None),
+}
+
+
+PREC_NEG = PRECEDENCE["Mul"] + 1  # an operand of unary minus: a power or an atom
+
+# Note [spacing]
+# ~~~~~~~~~~~~~~
+# Generated code is what `ruff format` (Black's style) would write, so the printer spaces
+# binary operators (`a * b`, `a / b`) and leaves `**` unspaced only between simple operands
+# (names, attribute chains, number literals, each with an optional unary minus): `x**2`,
+# `math.pi**2`, but `(a + b) ** 2` and `f(x) ** 2`. A negated power is parenthesized,
+# `-(x**2)`, as ruff writes it. The test `test_generated_code_is_ruff_formatted` checks all.
+_SIMPLE_OPERAND = re.compile(r"-?(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|\d+(?:\.\d*)?(?:e[-+]?\d+)?)")
+
+
+def power(base: str, exponent: str) -> str:
+    """`base**exponent`, spaced as ruff formats it (Note [spacing])."""
+    simple = _SIMPLE_OPERAND.fullmatch(base) and _SIMPLE_OPERAND.fullmatch(exponent)
+    return f"{base}**{exponent}" if simple else f"{base} ** {exponent}"
+
+
+def _decimal(value: sympy.Rational) -> str | None:
+    """A fraction as a float literal when that is the same number or short, else None (`p / q`)."""
+    text = repr(float(value))
+    return text if sympy.Rational(text) == value or len(text) <= 12 else None
+
+
+class PrintError(Exception):
+    """An expression the printer has no rule for."""
+
+
+class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
+    """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
+
+    Settings (`_default_settings`): `no_grad` prints code autograd never records, where
+    primitives may work in place (Note [forward in place] in opgen.emit.kernel_lines).
+    """
+
+    language = "Python"
+    _default_settings = dict(
+        CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False, no_grad=False
+    )
+
+    def __init__(
+        self,
+        names: dict[sympy.Symbol, str],
+        tensors: frozenset[sympy.Symbol],
+        torch: str = "torch",
+        math: str = "math",
+        functional: str = "torch.nn.functional",
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(settings)
+        self.names = names
+        self.tensors = tensors
+        self.torch = torch
+        self.math = math
+        self.functional = functional
+        self.tensor_shapes = dict(self.tensor_shapes)
+
+    def with_symbols(
+        self, names: dict[sympy.Symbol, str], tensors: frozenset[sympy.Symbol], **settings: Any
+    ) -> TorchPrinter:
+        """This printer knowing more symbols (`tensors` of them hold tensors), with `settings` changed."""
+        printer = TorchPrinter(
+            self.names | names,
+            self.tensors | tensors,
+            torch=self.torch,
+            math=self.math,
+            functional=self.functional,
+            settings={key: self._settings[key] for key in ("no_grad",)} | settings,
+        )
+        printer.tensor_shapes = dict(self.tensor_shapes)
+        return printer
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def is_tensor(self, expr: sympy.Basic) -> bool:
+        return is_tensor_valued(expr, self.tensors)
+
+    def _dtype_source(self, expr: sympy.Basic) -> str:
+        symbols = sorted(expr.free_symbols & self.tensors, key=lambda s: s.name)
+        return self._print(symbols[0])
+
+    def _call(self, name: str, *args: sympy.Basic) -> str:
+        return f"{name}({', '.join(self._print(a) for a in args)})"
+
+    def _print_not_supported(self, expr: Any) -> str:
+        raise PrintError(f"cannot print {type(expr).__name__}: {expr}")
+
+    def emptyPrinter(self, expr: Any) -> str:  # noqa: N802 - SymPy's name
+        raise PrintError(f"cannot print {type(expr).__name__}: {expr}")
+
+    # -- atoms -------------------------------------------------------------------------
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+        try:
+            return self.names[expr]
+        except KeyError:
+            raise PrintError(f"no name for symbol {expr}") from None
+
+    def _print_Integer(self, expr: sympy.Integer) -> str:
+        return str(int(expr))
+
+    def _print_Rational(self, expr: sympy.Rational) -> str:
+        decimal = _decimal(expr)
+        return decimal if decimal is not None else f"{expr.p} / {expr.q}"
+
+    def _print_Float(self, expr: sympy.Float) -> str:
+        return repr(float(expr))
+
+    def _print_Half(self, expr: Expr) -> str:
+        return "0.5"
+
+    def _print_Infinity(self, expr: Expr) -> str:
+        return f"{self.math}.inf"
+
+    def _print_NegativeInfinity(self, expr: Expr) -> str:
+        return f"-{self.math}.inf"
+
+    def _print_Exp1(self, expr: Expr) -> str:
+        return repr(float(sympy.E))
+
+    def _print_Pi(self, expr: Expr) -> str:
+        return f"{self.math}.pi"
+
+    def _print_BooleanTrue(self, expr: Expr) -> str:
+        return "True"
+
+    def _print_BooleanFalse(self, expr: Expr) -> str:
+        return "False"
+
+    def _print_number(self, expr: Expr) -> str:
+        value = expr.evalf(17)
+        if not value.is_Float:  # no value SymPy can compute: print it as Python
+            return str(super()._print(expr))
+        return repr(float(value))
+
+    def doprint_expr(self, expr: sympy.Basic) -> str:
+        return str(self._print(expr))
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if (
+            isinstance(expr, Expr)
+            and expr.is_number
+            and not isinstance(expr, (sympy.Integer, sympy.Rational, sympy.Float, sympy.NumberSymbol))
+            and not expr.has(S.Infinity, S.NegativeInfinity)
+        ):
+            if expr.is_Mul and any(isinstance(a, sympy.NumberSymbol) for a in expr.args) or not expr.is_Atom:
+                return self._print_number(expr)
+        return str(super()._print(expr, **kwargs))
+
+    # -- arithmetic ------------------------------------------------------------------------
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        """Note [spacing]: `a * b / c`, spaced as `ruff format` writes Python (Black's rules)."""
+        numeric = [a for a in expr.args if a.is_number]
+        if numeric and len(numeric) < len(expr.args):
+            coeff = sympy.Mul(*numeric)
+            rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
+            sign = "-" if coeff.is_negative else ""
+            coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
+            body = self.parenthesize(rest, precedence(expr), strict=True)
+            if coeff == 1:
+                return self._negate(rest) if sign else body
+            if isinstance(coeff, sympy.Rational) and coeff.p == 1:
+                return f"{self._negate(rest) if sign else body} / {coeff.q}"
+            if isinstance(coeff, sympy.Rational) and len(self._print(coeff)) > 12:
+                return f"{sign}{coeff.p} * {body} / {coeff.q}"
+            # `math.pi` as it is, any other constant as its value
+            text = self._print(coeff) if coeff.is_Rational or coeff.is_NumberSymbol else self._print_number(coeff)
+            return f"{sign}{text} * {body}"
+        return self._product(expr)
+
+    def _negate(self, expr: sympy.Basic) -> str:
+        """`-expr`; a power in parentheses, `-(x**2)`, as ruff writes it (Note [spacing])."""
+        text = self.parenthesize(expr, PREC_NEG)
+        return f"-({text})" if self._prints_as_power(expr) else f"-{text}"
+
+    def _prints_as_power(self, expr: sympy.Basic) -> bool:
+        """Whether `expr` prints as `a**b` (not `sqrt`, `exp`, `math.pow` or a quotient)."""
+        if not expr.is_Pow:
+            return False
+        base, exp = expr.args
+        special = exp in (S.Half, -S.Half, S.NegativeOne) or base == S.Exp1
+        return not special and (exp.is_Integer or self.is_tensor(expr))
+
+    def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
+        """`a - b - (c + d)`: SymPy's `StrPrinter._print_Add`, with `_negate`'s leading minus."""
+        prec = precedence(expr)
+        text = ""
+        for term in self._as_ordered_terms(expr, order=order):
+            negative = term.could_extract_minus_sign()
+            magnitude = -term if negative else term
+            if not text:
+                text = self.parenthesize(term, prec, strict=True)
+            else:
+                text += f" {'-' if negative else '+'} {self.parenthesize(magnitude, prec, strict=not negative)}"
+        return text
+
+    def _product(self, expr: sympy.Mul) -> str:
+        """`a * b / (c * d)`: SymPy's `CodePrinter._print_Mul`, spaced."""
+        prec = precedence(expr)
+        c, e = expr.as_coeff_Mul()
+        sign = ""
+        if c < 0:
+            expr, sign = _keep_coeff(-c, e), "-"
+        numerator, denominator = [], []
+        for item in expr.as_ordered_factors():
+            if item.is_Pow and item.exp.is_Rational and item.exp.is_negative:
+                denominator.append(sympy.Pow(item.base, -item.exp, evaluate=item.exp == -1))
+            else:
+                numerator.append(item)
+        numerator = numerator or [S.One]
+        if len(numerator) == 1 and sign:
+            top = self._negate(numerator[0])
+        else:
+            top = sign + " * ".join(self.parenthesize(a, prec) for a in numerator)
+        if not denominator:
+            return top
+        bottom = [self.parenthesize(b, prec) for b in denominator]
+        return f"{top} / {bottom[0]}" if len(bottom) == 1 else f"{top} / ({' * '.join(bottom)})"
+
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
+        base, exp = expr.args
+        if exp == S.Half:
+            return self._unary("sqrt", "sqrt", base)
+        if exp == -S.Half:
+            if self.is_tensor(base):
+                return f"{self.torch}.rsqrt({self._print(base)})"
+            return f"1 / {self.math}.sqrt({self._print(base)})"
+        if base == S.Exp1:
+            return self._unary("exp", "exp", exp)
+        if not self.is_tensor(expr) and not exp.is_Integer:
+            # Python's `**` of a negative number and a fraction is complex; math.pow raises instead.
+            return f"{self.math}.pow({self._print(base)}, {self._print(exp)})"
+        prec = precedence(expr)
+        if exp == -1:
+            return f"1 / {self.parenthesize(base, prec)}"
+        # A fraction as exponent is a quotient: `x**(1 / 3)`, never `x**1/3`.
+        literal = exp.is_Integer or exp.is_Float or (exp.is_Rational and _decimal(exp) is not None)
+        exponent = self._print(exp) if literal else f"({self._print(exp)})"
+        return power(self.parenthesize(base, prec), exponent)
+
+    # -- functions ---------------------------------------------------------------------------
+
+    def _unary(self, torch_name: str, math_name: str | None, arg: sympy.Basic) -> str:
+        if self.is_tensor(arg):
+            return f"{self.torch}.{torch_name}({self._print(arg)})"
+        if math_name is None:
+            return self._number_function(torch_name, arg)
+        return f"{self.math}.{math_name}({self._print(arg)})"
+
+    def _number_function(self, name: str, *args: sympy.Basic) -> str:
+        """A function `math` lacks, of numbers: a formula of `math` functions where one is exact,
+        else PyTorch's own function of a float64 scalar tensor, back as a Python float."""
+        if name in _NUMBER_FORMULAS:
+            formula = _NUMBER_FORMULAS[name](*args)
+            text = self._print(formula)
+            return f"({text})" if isinstance(formula, (sympy.Add, sympy.Mul, sympy.Pow)) else text
+        *extra, arg = args
+        scalar = f"{self.torch}.tensor({self._print(arg)}, dtype={self.torch}.float64)"
+        return f"{self.torch}.{name}({''.join(self._print(e) + ', ' for e in extra)}{scalar}).item()"
+
+    def _print_Function(self, expr: sympy.Basic) -> str:
+        rule = _UNARY.get(type(expr))
+        if rule is not None:
+            return self._unary(*rule, expr.args[0])
+        raise PrintError(f"no torch rule for {type(expr).__name__}")
+
+    _print_exp = _print_log = _print_sin = _print_cos = _print_tan = _print_Function
+    _print_asin = _print_acos = _print_atan = _print_sinh = _print_cosh = _print_Function
+    _print_tanh = _print_asinh = _print_acosh = _print_atanh = _print_Function
+    _print_erf = _print_erfc = _print_erfinv = _print_loggamma = _print_Abs = _print_Function
+    _print_sign = _print_floor = _print_ceil = _print_round = _print_Function
+    _print_sigmoid = _print_log1p = _print_expm1 = _print_Function
+
+    def _print_atan2(self, expr: sympy.atan2) -> str:
+        y, x = expr.args
+        if self.is_tensor(expr):
+            if not self.is_tensor(y):
+                return f"{self.torch}.atan2({self._as_tensor(y, x)}, {self._print(x)})"
+            if not self.is_tensor(x):
+                return f"{self.torch}.atan2({self._print(y)}, {self._as_tensor(x, y)})"
+            return self._call(f"{self.torch}.atan2", y, x)
+        return self._call(f"{self.math}.atan2", y, x)
+
+    def _as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str:
+        return f"{self._dtype_source(like)}.new_tensor({self._print(value)})"
+
+    def _print_softplus(self, expr: fn.softplus) -> str:
+        if not self.is_tensor(expr):
+            return self._number_function("softplus", expr.args[0])
+        return self._call(f"{self.functional}.softplus", expr.args[0])
+
+    def _print_polygamma(self, expr: sympy.polygamma) -> str:
+        order, arg = expr.args
+        if self.is_tensor(order):
+            raise PrintError("polygamma of a tensor order")
+        if not self.is_tensor(arg):
+            name = "digamma" if order == 0 else "polygamma"
+            return self._number_function(name, *([arg] if order == 0 else expr.args))
+        if order == 0:
+            return self._call(f"{self.torch}.digamma", arg)
+        return f"{self.torch}.polygamma({self._print(order)}, {self._print(arg)})"
+
+    def _print_heaviside(self, expr: fn.heaviside) -> str:
+        return self._print(fn.indicator(sympy.GreaterThan(expr.args[0], 0)))
+
+    def _print_where(self, expr: fn.where) -> str:
+        cond, a, b = expr.args
+        if not self.is_tensor(expr):
+            return f"({self._print(a)} if {self._print(cond)} else {self._print(b)})"
+        if not self.is_tensor(cond):
+            # Tensor branches under a number condition: the value broadcasts both, as torch.where.
+            flag = f"{self._dtype_source(expr)}.new_tensor({self._print(cond)}, dtype={self.torch}.bool)"
+            return f"{self.torch}.where({flag}, {self._print(a)}, {self._print(b)})"
+        if a == 1 and b == 0:
+            return f"({self._print(cond)}).to({self._dtype_source(cond)}.dtype)"
+        if not self.is_tensor(a) and not self.is_tensor(b):
+            # Two plain numbers would make a default-dtype tensor; take the dtype from the condition.
+            return f"{self.torch}.where({self._print(cond)}, {self._as_tensor(a, cond)}, {self._print(b)})"
+        return self._call(f"{self.torch}.where", cond, a, b)
+
+    def _print_maximum(self, expr: fn.maximum) -> str:
+        return self._extremum(expr, "maximum", ">")
+
+    def _print_minimum(self, expr: fn.minimum) -> str:
+        return self._extremum(expr, "minimum", "<")
+
+    def _extremum(self, expr: sympy.Function, both: str, op: str) -> str:
+        """Note [printed ties]: backward's own autograd (double backward) keeps the tie rule.
+
+        Against a number the tie goes to the number (Note [kink conventions]): `F.threshold`
+        (`relu` for 0), whose gradient is relu's, not `clamp_min`'s, which passes it; `min`
+        negates it, exactly. A number that SymPy folded from a tensor (`0 * x`, flag 1)
+        keeps `torch.maximum`'s split.
+        """
+        a, b, flag = expr.args
+        ta, tb = self.is_tensor(a), self.is_tensor(b)
+        if ta and tb:
+            return self._call(f"{self.torch}.{both}", a, b)
+        if not ta and not tb:
+            pa, pb = self._print(a), self._print(b)
+            return f"({pa} if {pa} {op} {pb} else {pb})"
+        tensor, bound = (a, b) if ta else (b, a)
+        if flag == 1:
+            value = self._print(tensor)
+            return f"{self.torch}.{both}({value}, {value}.new_tensor({self._print(bound)}))"
+        if bound == 0 and both == "maximum":
+            return self._call(f"{self.torch}.relu", tensor)
+        threshold = f"{self.functional}.threshold"
+        if both == "maximum":
+            return self._call(threshold, tensor, bound, bound)
+        value, number = self._negate(tensor), self._negate(bound)
+        return f"(-{threshold}({value}, {number}, {number}))"
+
+    def _print_Max(self, expr: sympy.Max) -> str:
+        return self._print_number(expr)
+
+    _print_Min = _print_Max
+
+    def _print_clamp(self, expr: fn.clamp) -> str:
+        x, lo, hi = expr.args
+        if not self.is_tensor(expr):
+            # min(max(x, lo), hi), as torch.clamp: `hi` wherever lo > hi.
+            px, plo, phi = (self._print(a) for a in expr.args)
+            return f"({phi} if {px} > {phi} or {plo} > {phi} else {plo} if {px} < {plo} else {px})"
+        if not self.is_tensor(lo) and not self.is_tensor(hi):
+            return self._call(f"{self.torch}.clamp", x, lo, hi)
+        # torch.clamp takes its bounds both as numbers or both as tensors.
+        args = [self._print(a) if self.is_tensor(a) else self._as_tensor(a, expr) for a in expr.args]
+        return f"{self.torch}.clamp({', '.join(args)})"
+
+    # -- conditions ----------------------------------------------------------------------------
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        prec = precedence(expr)
+        return f"{self.parenthesize(expr.lhs, prec)} {op} {self.parenthesize(expr.rhs, prec)}"
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return self._logic(expr, "&", "and")
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return self._logic(expr, "|", "or")
+
+    def _logic(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
+        args = sorted(expr.args, key=sympy.default_sort_key)
+        if self.is_tensor(expr):
+            return f" {tensor_op} ".join(f"({self._print(a)})" for a in args)
+        return f" {python_op} ".join(f"({self._print(a)})" for a in args)
+
+    def _print_Not(self, expr: sympy.Not) -> str:
+        if self.is_tensor(expr):
+            return f"~({self._print(expr.args[0])})"
+        return f"not ({self._print(expr.args[0])})"

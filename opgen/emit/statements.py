@@ -1,0 +1,103 @@
+"""Assignments of printed formulas, each line short enough for the project's style.
+
+Note [short lines]
+~~~~~~~~~~~~~~~~~~
+Generated code passes `ruff format --check` at line length 120 without running ruff: the
+printer spaces as ruff does (Note [spacing] in opgen.emit.printer), and no statement is longer
+than ruff would leave on one line. A formula whose assignment would pass the line length
+at its indentation is cut: its largest parts become named temporaries (`grad_x_t0 = ...`)
+until the rest fits. Conditions stay inline (a bool
+tensor would give `(cond).to(...)` the wrong dtype, Note in opgen.plan.backward), and so do plain
+numbers too short to matter. A single call that cannot be cut further stays as it is.
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy import Expr
+
+from opgen.emit.printer import TorchPrinter
+from opgen.formula.kinds import with_definitions
+from opgen.spec.names import Namer
+
+LINE_LENGTH = 120
+
+
+class _Temporaries:
+    """`grad_x_t0`, `grad_x_t1`, ...: names for the parts of one assignment, none taken."""
+
+    def __init__(self, var: str, printer: TorchPrinter) -> None:
+        self.var = var
+        self.namer = Namer({*printer.names.values(), printer.torch, printer.math, var})
+        self.count = 0
+
+    def __iter__(self) -> _Temporaries:
+        return self
+
+    def __next__(self) -> sympy.Symbol:
+        self.count += 1
+        return sympy.Symbol(self.namer.fresh(f"{self.var}_t{self.count - 1}"), real=True)
+
+
+def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shared: bool = False) -> list[str]:
+    """`var = expr` as lines of at most LINE_LENGTH at `indent`; `shared`: each part used twice
+    is computed once, before."""
+    temporaries = _Temporaries(var, printer)
+    width = LINE_LENGTH - indent
+    lines: list[str] = []
+    if shared:
+        replacements, (expr,) = sympy.cse([expr], symbols=temporaries, order="canonical")
+        inline: dict[sympy.Basic, sympy.Basic] = {}
+        for symbol, part in replacements:
+            part = part.xreplace(inline)
+            if _is_condition(part):
+                inline[symbol] = part
+                continue
+            lines += _short(symbol.name, part, printer, temporaries, width)
+            printer = _knowing(printer, symbol, part)
+        expr = expr.xreplace(inline)
+    return lines + _short(var, expr, printer, temporaries, width)
+
+
+def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:
+    tensors = with_definitions(printer.tensors, [(symbol, expr)]) - printer.tensors
+    return printer.with_symbols({symbol: symbol.name}, tensors)
+
+
+def _is_condition(expr: sympy.Basic) -> bool:
+    return isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr)
+
+
+def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Temporaries, width: int) -> list[str]:
+    lines: list[str] = []
+    text = printer.doprint_expr(expr)
+    while len(var) + 3 + len(text) > width:
+        part = _largest_part(expr, printer)
+        if part is None:
+            break
+        symbol = next(temporaries)
+        lines += _short(symbol.name, part, printer, temporaries, width)
+        printer = _knowing(printer, symbol, part)
+        expr = expr.xreplace({part: symbol})
+        text = printer.doprint_expr(expr)
+    return [*lines, f"{var} = {text}"]
+
+
+def _parts(expr: sympy.Basic) -> list[sympy.Basic]:
+    """The operands of `expr` a temporary may hold; a condition's own operands in its place."""
+    found = []
+    for arg in expr.args:
+        if _is_condition(arg):
+            found += _parts(arg)
+        elif isinstance(arg, Expr) and not arg.is_Atom:
+            found.append(arg)
+    return found
+
+
+def _largest_part(expr: sympy.Basic, printer: TorchPrinter) -> sympy.Basic | None:
+    """The operand of `expr` that prints longest, if naming it shortens the line."""
+    sized = [(len(printer.doprint_expr(p)), sympy.default_sort_key(p), p) for p in _parts(expr)]
+    sized = [s for s in sized if s[0] > 12]  # `x + 1` as a temporary only moves the text
+    if not sized:
+        return None
+    return max(sized, key=lambda s: (s[0], s[1]))[2]

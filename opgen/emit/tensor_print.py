@@ -1,0 +1,160 @@
+"""Printing the tensor nodes of `opgen.formula.tensor`: as torch code and as formulas in docstrings.
+
+`TensorPrinting` is mixed into `TorchPrinter`: `a @ b`, `a.T` (`a.mT` when the operand may
+have batch dimensions), `a.sum(-1, keepdim=True)`, `g.unsqueeze(-1)`, `g.sum(0)`.
+`TensorDisplay` is mixed into the docstring printer and writes the spec's own notation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+from sympy.printing.precedence import PRECEDENCE
+
+from opgen.formula.tensor import (
+    BATCH,
+    LogSoftmax,
+    LogSoftmaxBackward,
+    MatMul,
+    ReduceLogSumExp,
+    ReductionBase,
+    Shape,
+    ShapeError,
+    Softmax,
+    SoftmaxBackward,
+    SumDims,
+    TensorOp,
+    Transpose,
+    Unsqueeze,
+    shape_of,
+)
+
+
+def _products_first(terms: list[Any]) -> list[Any]:
+    """Sum terms with a matrix product first: `input @ weight.T + bias`, as people write it.
+
+    Then a term without a minus sign leads: `x - tanh(x)`, one subtraction, rather than
+    `-tanh(x) + x`, a negation and an addition (two passes over a tensor).
+    """
+    ordered = [t for t in terms if t.atoms(MatMul)] + [t for t in terms if not t.atoms(MatMul)]
+    if ordered and ordered[0].could_extract_minus_sign():
+        lead = next((k for k, t in enumerate(ordered) if not t.could_extract_minus_sign()), 0)
+        ordered.insert(0, ordered.pop(lead))
+    return ordered
+
+
+def _is_postfix_safe(expr: sympy.Basic) -> bool:
+    """Whether `expr` prints as something a method call can follow without parentheses."""
+    if isinstance(expr, MatMul):
+        return False
+    return bool(expr.is_Symbol or isinstance(expr, (sympy.Function, TensorOp)))
+
+
+def _log_softmax_formula(expr: Softmax | LogSoftmax) -> sympy.Basic:
+    """`a - logsumexp(a, dim, keepdim=true)`: how docstrings show a fused softmax, as specs write it."""
+    a, dim = expr.args
+    return a - ReduceLogSumExp(a, dim, sympy.S.One)
+
+
+def _dims_text(expr: SumDims) -> str:
+    dims = [int(d) for d in expr.args[1]]
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+class _TensorNodes:
+    """What both printers share: `a @ b`, and sums with their matrix products first."""
+
+    if TYPE_CHECKING:  # provided by the SymPy printer this is mixed into
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+        def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
+        return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
+
+    def _print_MatMul(self, expr: MatMul) -> str:
+        level = PRECEDENCE["Mul"]
+        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
+
+
+class TensorPrinting(_TensorNodes):
+    """`_print_<node>` methods for a `CodePrinter` that prints torch code."""
+
+    tensor_shapes: dict[sympy.Symbol, Shape] = {}  # set by the emitter: static shapes of symbols
+    if TYPE_CHECKING:
+        torch: str  # how the generated file names torch
+
+        def _dtype_source(self, expr: sympy.Basic) -> str: ...
+
+    def _postfix(self, expr: sympy.Basic) -> str:
+        text = self._print(expr)
+        return text if _is_postfix_safe(expr) else f"({text})"
+
+    def _print_Transpose(self, expr: Transpose) -> str:
+        operand = expr.args[0]
+        try:
+            shape = shape_of(operand, self.tensor_shapes)
+        except ShapeError:  # a shape we cannot tell: the batch-safe spelling
+            shape = None
+        plain = shape is not None and len(shape) == 2 and BATCH not in shape
+        return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
+
+    def _print_ReductionBase(self, expr: ReductionBase) -> str:
+        keep = ", keepdim=True" if expr.keepdim else ""
+        return f"{self._postfix(expr.operand)}.{expr.spec_name}({expr.dim}{keep})"
+
+    def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
+
+    def _print_Softmax(self, expr: Softmax) -> str:
+        return f"{self.torch}.softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
+
+    def _print_SoftmaxBackward(self, expr: SoftmaxBackward) -> str:
+        return self._backward_kernel("_softmax_backward_data", expr)
+
+    def _print_LogSoftmaxBackward(self, expr: LogSoftmaxBackward) -> str:
+        return self._backward_kernel("_log_softmax_backward_data", expr)
+
+    def _backward_kernel(self, kernel: str, expr: SoftmaxBackward | LogSoftmaxBackward) -> str:
+        g, y, dim = (self._print(a) for a in expr.args)
+        return f"{self.torch}.ops.aten.{kernel}({g}, {y}, {dim}, {self._dtype_source(expr.args[1])}.dtype)"
+
+    def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
+        return f"{self.torch}.log_softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
+
+    def _print_SumDims(self, expr: SumDims) -> str:
+        keep = ", keepdim=True" if expr.args[2] else ""
+        return f"{self._postfix(expr.args[0])}.sum({_dims_text(expr)}{keep})"
+
+
+class TensorDisplay(_TensorNodes):
+    """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
+
+    def _print_Transpose(self, expr: Transpose) -> str:
+        operand = expr.args[0]
+        text = self._print(operand)
+        return f"{text if _is_postfix_safe(operand) else f'({text})'}.T"
+
+    def _print_ReductionBase(self, expr: ReductionBase) -> str:
+        keep = ", keepdim=true" if expr.keepdim else ""
+        return f"{expr.spec_name}({self._print(expr.operand)}, dim={expr.dim}{keep})"
+
+    def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_Softmax(self, expr: Softmax) -> str:
+        return f"exp({self._print(_log_softmax_formula(expr))})"
+
+    def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
+        return self._print(_log_softmax_formula(expr))
+
+    def _print_SoftmaxBackward(self, expr: SoftmaxBackward) -> str:
+        return self._print(expr.elementary())
+
+    _print_LogSoftmaxBackward = _print_SoftmaxBackward
+
+    def _print_SumDims(self, expr: SumDims) -> str:
+        keep = ", keepdim=true" if expr.args[2] else ""
+        return f"sum({self._print(expr.args[0])}, dim={_dims_text(expr)}{keep})"

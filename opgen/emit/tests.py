@@ -1,0 +1,397 @@
+"""Emit stage, tests part: `Plan` -> the generated pytest file of one op.
+
+Receives a `Plan`; returns the text of `tests/test_<name>.py`. The file holds a reference
+implementation of the spec's formulas written by `opgen.formula.reference` (plain torch, straight
+from the formula text, never from SymPy), samples inputs as `tests:` says, and checks the
+generated op against it: forward values, gradients against autograd of the reference (or
+the override formula), gradcheck, gradgradcheck, broadcasting, `None` for `Tensor?` inputs,
+the saved tensors, and the Module; at `tests.points` that values and derivatives are
+finite, and, with `tests.native`, that the first output matches PyTorch's own op.
+"""
+
+from __future__ import annotations
+
+import ast
+import math as math_module
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from opgen.derive.gradients import Derived, dimension_names
+from opgen.emit.op import public_names, size_sources
+from opgen.emit.render import Renderer
+from opgen.formula.reader import holds_tensors, parse_ast
+from opgen.formula.reference import reference_expr
+from opgen.formula.tensor import BATCH
+from opgen.plan.backward import Plan
+from opgen.plan.extremes import applies, extreme_rows, places
+from opgen.spec import quote
+from opgen.spec.model import SAMPLE_VALUES, Formula, Scalar, Spec
+from opgen.spec.names import Namer
+from opgen.spec.native import NATIVE_OPS
+
+DEFAULT_SHAPE = (3, 4)
+DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
+DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
+LINE_LENGTH = 120  # ruff's, as the project sets it
+BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
+
+
+def _shape_error(spec: Spec) -> dict[str, object] | None:
+    """A wrong shape for one input, which the functional must reject at call time.
+
+    Preferably a named dimension that an earlier input fixed, given another size (the inner
+    dimensions of `@` disagree); else a rank that the declaration does not allow.
+    """
+    shapes = _sample_shapes(spec, False)
+    seen: set[str] = set()
+    for k, inp in enumerate(spec.inputs):
+        if not inp.is_tensor or not inp.type.dims or inp.name in dict(spec.tests.shapes):
+            continue
+        named = [d for d in inp.type.dims if d != BATCH]
+        shared = [d for d in named if d in seen]
+        if shared:
+            wrong = list(shapes[inp.name])
+            position = len(wrong) - len(named) + named.index(shared[0])
+            wrong[position] += 1
+            return {
+                "name": inp.name,
+                "index": k,
+                "shape": wrong,
+                "match": _pattern(f"argument '{inp.name}' must have shape"),
+            }
+        seen.update(named)
+    for k, inp in enumerate(spec.inputs):
+        if inp.is_tensor and inp.type.dims:
+            batch = inp.type.dims[:1] == (BATCH,)
+            if batch and len(inp.type.dims) == 1:
+                continue
+            wrong = [] if batch else [2, *shapes[inp.name]]
+            return {
+                "name": inp.name,
+                "index": k,
+                "shape": wrong,
+                "match": _pattern(f"argument '{inp.name}' must have shape"),
+            }
+    return _broadcast_error(spec, shapes)
+
+
+def _broadcast_error(spec: Spec, shapes: dict[str, tuple[int, ...]]) -> dict[str, object] | None:
+    """Two inputs without named dimensions whose shapes cannot broadcast: the last one's last
+    dimension made one longer than another input's (which is longer than 1)."""
+    plain = [(k, i) for k, i in enumerate(spec.inputs) if i.is_tensor and i.type.dims is None]
+    if len(plain) < 2 or len(spec.tensor_inputs) != len(plain):
+        return None
+    k, last = plain[-1]
+    other = next((shapes[i.name] for _, i in plain[:-1] if shapes[i.name] and shapes[i.name][-1] > 1), None)
+    if other is None:
+        return None
+    wrong = [*shapes[last.name][:-1], other[-1] + 1] if shapes[last.name] else [other[-1] + 1]
+    return {"name": last.name, "index": k, "shape": wrong, "match": _pattern("do not broadcast together")}
+
+
+def _pattern(message: str) -> str:
+    """A string literal of the regular expression that matches `message` as it is."""
+    return quote.string(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", message))
+
+
+@dataclass(frozen=True)
+class ReferenceFunction:
+    name: str
+    params: str
+    converts: list[str]  # non-tensor inputs made tensors
+    lines: list[str]
+    returns: str
+
+
+def _size_texts(spec: Spec, names: dict[str, str]) -> dict[str, str]:
+    """Source text for the size of each named dimension not shadowed by a spec name."""
+    sizes = size_sources(spec, tuple(dimension_names(spec)))
+    return {d: f"{names[source]}.shape[{index}]" for d, (source, index) in sizes.items() if d not in names}
+
+
+def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Formula]]:
+    defined = {name for name, _ in formulas}
+    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} & defined for name, f in formulas}
+    order: list[tuple[str, Formula]] = []
+    done: set[str] = set()
+    by_name = dict(formulas)
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        done.add(name)
+        for used in sorted(uses[name]):
+            visit(used)
+        order.append((name, by_name[name]))
+
+    for name, _ in formulas:
+        visit(name)
+    return order
+
+
+def _reference(
+    spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str
+) -> ReferenceFunction:
+    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
+    lines = []
+    gone = set(absent)
+    for name, formula in _dependency_order(formulas):
+        text = reference_expr(
+            formula, names, t, torch, math, gone, _size_texts(spec, names), tensors=holds_tensors(spec)
+        )
+        if text is None:
+            gone.add(name)
+            continue
+        lines.append(f"{names[name]} = {text}")
+    kept = [n for n, _ in formulas if n not in gone]
+    params = ", ".join(names[i.name] for i in spec.inputs)
+    converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
+    returns = "{" + ", ".join(f"{quote.string(n)}: {names[n]}" for n in kept) + "}"
+    return ReferenceFunction(fname, params, converts, lines, returns)
+
+
+def dim_sizes(spec: Spec) -> dict[str, int]:
+    """The size each named dimension has in the sampled inputs."""
+    shapes = dict(spec.tests.shapes)
+    dims: dict[str, int] = {}
+    for inp in spec.tensor_inputs:
+        for dim in inp.type.dims or ():
+            if dim != BATCH and dim not in dims:
+                dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
+    return dims
+
+
+def _sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> dict[str, tuple[int, ...]]:
+    """Sample shapes; inputs with batch dimensions `...` get `batch` in front."""
+    shapes = dict(spec.tests.shapes)
+    result = {}
+    dims = dim_sizes(spec)
+    for inp in spec.tensor_inputs:
+        if inp.name in shapes:
+            result[inp.name] = shapes[inp.name]
+        elif inp.type.dims is not None:
+            front = batch if inp.type.dims[:1] == (BATCH,) else ()
+            result[inp.name] = front + tuple(dims[d] for d in inp.type.dims if d != BATCH)
+        else:
+            result[inp.name] = DEFAULT_SHAPE
+    if broadcast:
+        first = True
+        for inp in spec.tensor_inputs:
+            if inp.type.dims is None and inp.name not in shapes:
+                if not first:
+                    result[inp.name] = DEFAULT_SHAPE[1:]
+                first = False
+    return result
+
+
+def _parameter_sizes(spec: Spec) -> dict[str, int]:
+    """The int args that size a parameter, each with the size its input has in the samples.
+
+    `weight: {shape: [normalized_shape]}` for `weight: Tensor[D]` gives `normalized_shape`
+    the sample size of D, so the Module's parameters fit the sampled inputs as the
+    functional's arguments do; shapes align from the last dimension, as broadcasting does.
+    """
+    assert spec.module is not None
+    samples = _sample_shapes(spec, False)
+    sizes: dict[str, int] = {}
+    for param in spec.module.parameters:
+        sample = samples.get(param.name, ())
+        for entry, size in zip(reversed(param.shape), reversed(sample), strict=False):
+            if isinstance(entry, str):
+                sizes.setdefault(entry, size)
+    return sizes
+
+
+def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
+    """Constructor arguments for the Module test, and the value each arg ends up with.
+
+    An int arg named like a dimension (`in_features`) gets that dimension's sample size;
+    one that sizes a parameter, the size of the parameter's input (`_parameter_sizes`); an
+    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`).
+    """
+    assert spec.module is not None
+    values: dict[str, Scalar] = {**_parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
+    args = []
+    chosen: dict[str, str] = {}
+    for arg in spec.module.args:
+        default = arg.type.default
+        if arg.name in values:
+            value = values[arg.name]
+        elif arg.type.has_default and default is not None and _finite(default):
+            chosen[arg.name] = quote.number(default, math)
+            continue
+        else:
+            value = DEFAULT_ARG[arg.type.kind]
+        args.append(f"{arg.name}={quote.number(value, math)}")
+        chosen[arg.name] = quote.number(value, math)
+    return args, chosen
+
+
+def _finite(value: Scalar) -> bool:
+    return not isinstance(value, float) or math_module.isfinite(value)
+
+
+# Every name the generated test module defines or uses besides the spec's (see test_op.py.j2):
+# module globals, the locals of its test functions and the builtins it calls. The op's
+# functional and classes are imported under another name when theirs is one of these.
+TEST_MODULE_NAMES = frozenset(
+    """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED RESIDUALS VALUES OTHER_VALUES POINTS EXTREMES
+    PLACES OP sample_inputs point_inputs native reference shapes seed values generator count args k name module
+    params forward_args full len next iter enumerate dict getattr list repr""".split()
+)
+
+
+def _test_module_globals(spec: Spec, optional: list[str]) -> set[str]:
+    """TEST_MODULE_NAMES and the names made from spec names: `reference_without_<input>`,
+    `reference_grad_<input>`, `test_<input>_none_drops_its_terms`."""
+    made = {f"reference_without_{n}" for n in optional} | {f"test_{n}_none_drops_its_terms" for n in optional}
+    return set(TEST_MODULE_NAMES) | made | {f"reference_grad_{g.input}" for g in spec.gradients}
+
+
+def _import_names(public: list[str], namer: Namer, avoid: set[str]) -> dict[str, str]:
+    """The name each exported op name has in the test module: its own, unless that is one of
+    `avoid` or pytest would collect it as a test (`test*`, `Test*`)."""
+    return {
+        name: namer.fresh("_" + name) if name in avoid or name.lower().startswith("test") else name for name in public
+    }
+
+
+# Note [values away from the defaults]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A non-tensor input's default is often neutral (`beta = 1.0` in swish, `alpha = 1.0` in elu):
+# an op that ignored it would pass every test at the default. So the tests run again with every
+# non-tensor input moved at once: a float scaled by 0.7 (sign, order between inputs and a [0, 1]
+# range kept; 0.3 for 0), an int one step away from 0, a bool flipped (so both are tested).
+def other_value(value: Scalar) -> Scalar:
+    """A test value for a non-tensor input away from `value` (Note [values away from the defaults])."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1 if value >= 0 else value - 1
+    if not math_module.isfinite(value):
+        return SAMPLE_VALUES["float"]
+    return float(f"{value * 0.7:.6g}") if value != 0 else 0.3
+
+
+def _values(spec: Spec, math: str) -> tuple[str, str] | None:
+    """VALUES and OTHER_VALUES of the test module: the non-tensor inputs' test values, and others."""
+    given = {i.name: spec.test_value(i) for i in spec.inputs if not i.is_tensor}
+    if not given:
+        return None
+    return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
+
+
+def _assigned(name: str, value: dict[str, Any], math: str, comment: str = "") -> str:
+    """`NAME = {...}` as ruff formats it at line length 120: on one line when it fits, else one
+    entry a line."""
+    tail = f"  # {comment}" if comment else ""
+    line = f"{name} = {quote.literal(value, math)}{tail}"
+    if len(line) <= LINE_LENGTH:
+        return line
+    entries = "".join(f"    {quote.string(k)}: {quote.literal(v, math)},\n" for k, v in value.items())
+    return f"{name} = {{\n{entries}}}{tail}"
+
+
+def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, object], list[str]]:
+    """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.spec.quote`),
+    and all their texts (to see whether the file needs `math`)."""
+    samples = []
+    for inp in spec.inputs:
+        if inp.is_tensor:
+            low, high = spec.tests.domain_of(inp.name)
+            samples.append({"name": inp.name, "tensor": True, "low": quote.number(low), "high": quote.number(high)})
+        else:
+            samples.append({"name": inp.name, "tensor": False})
+    extremes = []
+    for name, point, values, slope, at in extreme_rows(spec, written):
+        shown = quote.number(values[0]) + "," if len(values) == 1 else ", ".join(quote.number(v) for v in values)
+        row = [
+            quote.string(name),
+            quote.number(point, math),
+            f"({shown})",
+            "None" if slope is None else quote.number(slope),
+        ]
+        extremes.append("(" + ", ".join([*row, quote.string(at)]) + ")")
+    module_args, module_arg_values = _module_args(spec, math) if spec.module else ([], {})
+    points_dict = {n: list(v) for n, v in spec.tests.points}
+    points = _assigned("POINTS", points_dict, math, "kinks and edges of the formulas, read row by row")
+    shown_points = points if spec.tests.points else None
+    # float32 of the domain's bounds: infinite for a bound beyond float32's range
+    places_text = _assigned("PLACES", places(spec) if applies(spec) else {}, math)
+    value_texts = _values(spec, math)
+    context: dict[str, object] = {
+        "values": value_texts,
+        "samples": samples,
+        "points": shown_points,
+        "extremes": extremes,
+        "places": places_text,
+        "module_args": module_args if spec.module else None,
+        "module_arg_values": module_arg_values,
+    }
+    texts = [str(shown_points), places_text, *extremes, *module_args, *module_arg_values.values(), *(value_texts or ())]
+    return context, texts
+
+
+def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
+    """The test file of `plan`'s op; `written` is the spec derived as written, the oracle of its
+    float32 accuracy tests (Note [derived twice] in opgen/pipeline.py)."""
+    derived = plan.derived
+    spec = derived.spec
+    user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    reserved = _test_module_globals(spec, optional)
+    namer = Namer(set(user) | reserved | set(public_names(spec)))
+    torch, math, t, check = namer.fresh("torch"), namer.fresh("math"), namer.fresh("T"), namer.fresh("harness")
+    api = _import_names(public_names(spec), namer, reserved)
+    names = {n: n for n in user}
+    grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
+    references = [_reference(spec, names, "reference", set(), t, torch, math)]
+    for name in optional:
+        references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math))
+    overrides = []
+    for override in spec.gradients:
+        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
+        if len(grads_in) == 1:
+            scope["grad"] = next(iter(grads_in.values()))
+        tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
+        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
+        params = ", ".join([*names.values(), *grads_in.values()])
+        overrides.append({"input": override.input, "params": params, "expr": text})
+    tensor_inputs = [i.name for i in spec.tensor_inputs]
+    index = {i.name: k for k, i in enumerate(spec.inputs)}
+    broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
+    has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
+    numbers, number_texts = _numbers(spec, math, written)
+    texts = [line for ref in references for line in ref.lines] + [str(o["expr"]) for o in overrides]
+    texts += number_texts
+    return renderer.render(
+        "test_op.py.j2",
+        uses_math=quote.uses_math(texts, math),
+        spec=spec,
+        source_comment=quote.comment(spec.source),
+        torch=torch,
+        math=math,
+        T=t,
+        check=check,
+        api=api,
+        imports=[name if alias == name else f"{name} as {alias}" for name, alias in sorted(api.items())],
+        references=references,
+        overrides=overrides,
+        scope=user,
+        shapes=_sample_shapes(spec, False),
+        broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
+        batched_shapes=_sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
+        shape_error=_shape_error(spec),
+        tensor_index=[index[n] for n in tensor_inputs],
+        checked_index=[index[n] for n in tensor_inputs if spec.override(n) is None],
+        outputs=[o.name for o in spec.outputs],
+        differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
+        optional=[(n, index[n]) for n in optional],
+        saved=list(plan.saved),
+        residuals=[r.name for r in plan.residuals],
+        input_names=[i.name for i in spec.inputs],
+        module_params=[p.name for p in spec.module.parameters] if spec.module else [],
+        native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,
+        **numbers,
+    )

@@ -1,0 +1,451 @@
+"""Formula parser: formula text -> SymPy expression, through an explicit whitelist.
+
+Receives a `Formula` and a `Scope` (what each name means); returns a SymPy expression.
+The text is parsed with Python's `ast` and only the nodes and functions of the spec
+format (section 3) are turned into SymPy objects; anything else is a located error.
+Spec text is never `eval`-ed, `sympify`-ed or passed to `parse_expr`.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen import limits
+from opgen.errors import Loc, SpecError
+from opgen.formula import functions as fn
+from opgen.formula import tensor
+from opgen.spec.model import Formula, Spec
+
+# A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
+NUM, BOOL = "number", "condition"
+
+
+@dataclass(frozen=True)
+class Value:
+    expr: sympy.Basic
+    kind: str  # NUM or BOOL
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What each name of a formula means: a SymPy symbol and whether it is a condition."""
+
+    names: dict[str, Value]
+    tensors: frozenset[sympy.Symbol]  # symbols that hold tensors (max/min tie rule)
+    extra_hint: str = ""  # appended to the message for an unknown `grad...` name
+    unavailable: tuple[tuple[str, str], ...] = ()  # names that cannot be used here, and why
+    # The static shape of each tensor symbol (`opgen.formula.tensor`); None: shapes are not checked
+    # yet and reduction dims stay as written (a first reading, only to order the formulas).
+    shapes: dict[sympy.Symbol, tensor.Shape] | None = None
+
+
+def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
+    return 1, f
+
+
+FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
+    "exp": _elementwise(sympy.exp),
+    "log": _elementwise(sympy.log),
+    "log1p": _elementwise(fn.log1p),
+    "expm1": _elementwise(fn.expm1),
+    "sqrt": _elementwise(sympy.sqrt),
+    "rsqrt": _elementwise(lambda x: 1 / sympy.sqrt(x)),
+    "sin": _elementwise(sympy.sin),
+    "cos": _elementwise(sympy.cos),
+    "tan": _elementwise(sympy.tan),
+    "asin": _elementwise(sympy.asin),
+    "acos": _elementwise(sympy.acos),
+    "atan": _elementwise(sympy.atan),
+    "atan2": (2, sympy.atan2),
+    "sinh": _elementwise(sympy.sinh),
+    "cosh": _elementwise(sympy.cosh),
+    "tanh": _elementwise(sympy.tanh),
+    "asinh": _elementwise(sympy.asinh),
+    "acosh": _elementwise(sympy.acosh),
+    "atanh": _elementwise(sympy.atanh),
+    "sigmoid": _elementwise(fn.sigmoid),
+    "softplus": _elementwise(fn.softplus),
+    "erf": _elementwise(sympy.erf),
+    "erfc": _elementwise(sympy.erfc),
+    "erfinv": _elementwise(sympy.erfinv),
+    "lgamma": _elementwise(sympy.loggamma),
+    "digamma": _elementwise(lambda x: sympy.polygamma(0, x)),
+    "abs": _elementwise(sympy.Abs),
+    "sign": _elementwise(fn.sign),
+    "floor": _elementwise(fn.floor),
+    "ceil": _elementwise(fn.ceil),
+    "round": _elementwise(fn.round),
+    "heaviside": _elementwise(fn.heaviside),
+    "clamp": (3, fn.clamp),
+}
+SPECIAL_FUNCTIONS = ("where", "max", "min")
+REDUCTIONS = ("sum", "mean", "amax", "logsumexp")
+ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS]))
+
+CONSTANTS: dict[str, Value] = {
+    "pi": Value(sympy.pi, NUM),
+    "inf": Value(S.Infinity, NUM),
+    "true": Value(S.true, BOOL),
+    "false": Value(S.false, BOOL),
+    "True": Value(S.true, BOOL),
+    "False": Value(S.false, BOOL),
+}
+
+_COMPARE = {
+    ast.Lt: sympy.StrictLessThan,
+    ast.LtE: sympy.LessThan,
+    ast.Gt: sympy.StrictGreaterThan,
+    ast.GtE: sympy.GreaterThan,
+    ast.Eq: sympy.Eq,
+    ast.NotEq: sympy.Ne,
+}
+
+
+class _Reader:
+    def __init__(self, formula: Formula, scope: Scope) -> None:
+        self.formula = formula
+        self.scope = scope
+
+    def loc(self, node: ast.AST) -> Loc:
+        line = getattr(node, "lineno", 1)
+        col = getattr(node, "col_offset", 0)
+        base = self.formula.loc
+        if line == 1:
+            return Loc(base.file, base.line, base.col + col)
+        return Loc(base.file, base.line + line - 1, col + 1)
+
+    def fail(self, node: ast.AST, message: str) -> SpecError:
+        return SpecError(self.loc(node), f"in `{self.formula.text}`: {message}")
+
+    def shape(self, node: ast.AST, expr: sympy.Basic) -> tensor.Shape:
+        """The shape of what `node` built; shapes that do not fit are an error at `node`."""
+        if self.scope.shapes is None:
+            return None
+        try:
+            return tensor.shape_of(expr, self.scope.shapes)
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+
+    def checked(self, node: ast.AST, value: Value) -> Value:
+        self.shape(node, value.expr)
+        expr = value.expr
+        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:  # type: ignore[attr-defined]
+            raise self.fail(node, f"the constant `{_short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
+        return value
+
+    def number(self, node: ast.expr) -> Expr:
+        value = self.read(node)
+        if value.kind == BOOL:
+            return fn.indicator(value.expr)  # a condition used as a number is 1 or 0
+        return value.expr  # type: ignore[return-value]
+
+    def condition(self, node: ast.expr, what: str) -> sympy.Basic:
+        value = self.read(node)
+        if value.kind != BOOL:
+            raise self.fail(node, f"{what} must be a condition such as `x > 0`, not a number")
+        return value.expr
+
+    def read(self, node: ast.expr) -> Value:
+        method = getattr(self, "read_" + type(node).__name__, None)
+        if method is None:
+            raise self.fail(node, f"{_describe(node)} is not allowed in a formula")
+        return method(node)  # type: ignore[no-any-return]
+
+    def read_Constant(self, node: ast.Constant) -> Value:  # noqa: N802
+        value = node.value
+        if isinstance(value, bool):
+            return Value(S.true if value else S.false, BOOL)
+        if isinstance(value, int):
+            return Value(sympy.Integer(value), NUM)
+        if isinstance(value, float):
+            if math.isinf(value):
+                return Value(S.Infinity, NUM)
+            return Value(_float(value), NUM)
+        raise self.fail(node, f"the constant {value!r} is not a number")
+
+    def read_Name(self, node: ast.Name) -> Value:  # noqa: N802
+        if node.id in self.scope.names:
+            return self.scope.names[node.id]
+        if node.id in CONSTANTS:
+            return CONSTANTS[node.id]
+        if node.id in ALL_FUNCTIONS:
+            raise self.fail(node, f"'{node.id}' is a function; call it as {node.id}(...)")
+        why = dict(self.scope.unavailable).get(node.id)
+        if why is not None:
+            raise self.fail(node, why)
+        import difflib
+
+        known = sorted([*self.scope.names, *CONSTANTS])
+        close = difflib.get_close_matches(node.id, known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        if not close and node.id.startswith("grad"):
+            hint = self.scope.extra_hint
+        elif not close:
+            hint = "; a formula can use the inputs, `let` names and outputs of its spec"
+        raise self.fail(node, f"unknown name '{node.id}'{hint}")
+
+    def read_UnaryOp(self, node: ast.UnaryOp) -> Value:  # noqa: N802
+        if isinstance(node.op, ast.USub):
+            return Value(-self.number(node.operand), NUM)
+        if isinstance(node.op, ast.UAdd):
+            return Value(self.number(node.operand), NUM)
+        if isinstance(node.op, ast.Invert):
+            return Value(sympy.Not(self.condition(node.operand, "the operand of `~`")), BOOL)
+        raise self.fail(node, "`not` is not allowed; use `~` on a condition")
+
+    def read_BinOp(self, node: ast.BinOp) -> Value:  # noqa: N802
+        op = node.op
+        if isinstance(op, (ast.BitAnd, ast.BitOr)):
+            left = self.condition(node.left, "each side of `&` and `|`")
+            right = self.condition(node.right, "each side of `&` and `|`")
+            return Value(sympy.And(left, right) if isinstance(op, ast.BitAnd) else sympy.Or(left, right), BOOL)
+        a, b = self.number(node.left), self.number(node.right)
+        if isinstance(op, ast.MatMult):
+            return self.checked(node, Value(tensor.MatMul(a, b), NUM))
+        if isinstance(op, ast.Add):
+            return self.checked(node, Value(a + b, NUM))
+        if isinstance(op, ast.Sub):
+            return self.checked(node, Value(a - b, NUM))
+        if isinstance(op, ast.Mult):
+            return self.checked(node, Value(a * b, NUM))
+        if isinstance(op, ast.Div):
+            if b == 0:
+                raise self.fail(node, "division by the constant zero")
+            return self.checked(node, Value(a / b, NUM))
+        if isinstance(op, ast.Pow):
+            bits = limits.power_bits(a, b) if a.is_number and b.is_number else 0.0
+            if abs(bits) > limits.FLOAT64_BITS:
+                written = f"`{_short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
+                raise self.fail(node, f"the constant {written}, outside float64 ({_SIZE_HINT})")
+            return self.checked(node, Value(a**b, NUM))
+        raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
+
+    def read_Compare(self, node: ast.Compare) -> Value:  # noqa: N802
+        parts = []
+        left = self.number(node.left)
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            relation = _COMPARE.get(type(op))
+            if relation is None:
+                raise self.fail(node, "only < <= > >= == != compare numbers")
+            right = self.number(right_node)
+            parts.append(relation(left, right, evaluate=False))
+            left = right
+        return Value(sympy.And(*parts) if len(parts) > 1 else parts[0], BOOL)
+
+    def read_BoolOp(self, node: ast.BoolOp) -> Value:  # noqa: N802
+        word = "and" if isinstance(node.op, ast.And) else "or"
+        symbol = "&" if word == "and" else "|"
+        raise self.fail(node, f"`{word}` is not allowed; combine conditions with `{symbol}` and parentheses")
+
+    def read_Attribute(self, node: ast.Attribute) -> Value:  # noqa: N802
+        if node.attr == "T":
+            return self.checked(node, Value(tensor.Transpose(self.number(node.value)), NUM))
+        raise self.fail(node, f"attribute `.{node.attr}` is not allowed; only `.T` is")
+
+    def read_Call(self, node: ast.Call) -> Value:  # noqa: N802
+        if not isinstance(node.func, ast.Name):
+            raise self.fail(node, "only the functions of the formula language can be called")
+        name = node.func.id
+        if name in self.scope.names:
+            raise self.fail(node, f"'{name}' is an input or intermediate, not a function")
+        if name in REDUCTIONS:
+            return self.read_reduction(node, name)
+        if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
+            import difflib
+
+            close = difflib.get_close_matches(name, ALL_FUNCTIONS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise self.fail(node, f"unknown function '{name}'{hint}")
+        if node.keywords:
+            raise self.fail(node, f"{name}() takes no keyword arguments")
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.fail(node, "`*` arguments are not allowed")
+        if name == "where":
+            self._arity(node, name, 3)
+            cond = self.condition(node.args[0], "the first argument of where()")
+            return self.checked(node, Value(fn.where(cond, self.number(node.args[1]), self.number(node.args[2])), NUM))
+        if name in ("max", "min"):
+            self._arity(node, name, 2)
+            a, b = self.number(node.args[0]), self.number(node.args[1])
+            self.shape(node, a + b)
+            both = int(all(self._holds_tensor(arg) for arg in node.args))
+            cls = fn.maximum if name == "max" else fn.minimum
+            if a.is_number and b.is_number:
+                return Value(sympy.Max(a, b) if name == "max" else sympy.Min(a, b), NUM)
+            return Value(cls(a, b, sympy.Integer(both)), NUM)
+        arity, build = FUNCTIONS[name]
+        self._arity(node, name, arity)
+        return self.checked(node, Value(build(*(self.number(a) for a in node.args)), NUM))
+
+    def _holds_tensor(self, node: ast.expr) -> bool:
+        """The formula text names a tensor (Note [tensor-valued lets])."""
+        names = (n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in self.scope.names)
+        return any(self.scope.names[n].expr in self.scope.tensors for n in names)
+
+    def read_reduction(self, node: ast.Call, name: str) -> Value:
+        """`sum(x, dim=-1, keepdim=true)`; dim is required, keepdim defaults to false."""
+        if len(node.args) != 1:
+            raise self.fail(
+                node, f"{name}() takes one tensor argument and `dim=` (and `keepdim=`), got {len(node.args)} arguments"
+            )
+        options = {}
+        for kw in node.keywords:
+            if kw.arg not in ("dim", "keepdim"):
+                raise self.fail(node, f"{name}() takes the keywords `dim` and `keepdim`, not `{kw.arg}`")
+            options[kw.arg] = kw.value
+        if "dim" not in options:
+            raise self.fail(node, f"{name}() needs `dim=`, e.g. {name}(x, dim=-1)")
+        dim = _int_literal(options["dim"])
+        if dim is None:
+            raise self.fail(options["dim"], f"`dim` of {name}() must be a whole number such as -1")
+        keepdim = False
+        if "keepdim" in options:
+            flag = self.read(options["keepdim"])
+            if flag.expr not in (S.true, S.false):
+                raise self.fail(options["keepdim"], f"`keepdim` of {name}() must be true or false")
+            keepdim = flag.expr is S.true
+        operand = self.number(node.args[0])
+        if self.scope.shapes is not None:
+            try:
+                dim = tensor.reduce_dim(self.shape(node.args[0], operand), dim, f"{name}()")
+            except tensor.ShapeError as error:
+                raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(tensor.reduction(name, operand, dim, keepdim), NUM))
+
+    def _arity(self, node: ast.Call, name: str, count: int) -> None:
+        if len(node.args) != count:
+            plural = "s" if count != 1 else ""
+            raise self.fail(node, f"{name}() takes {count} argument{plural}, got {len(node.args)}")
+
+
+_SIZE_HINT = "the 'constant size' limit: numbers below 2 ** 1024, about 1.8e308"
+_OPERATOR_TEXT = {ast.FloorDiv: "`//`", ast.Mod: "`%`", ast.LShift: "`<<`", ast.RShift: "`>>`", ast.BitXor: "`^`"}
+
+
+def _describe(node: ast.AST) -> str:
+    names = {
+        "Subscript": "indexing `[...]`",
+        "Lambda": "`lambda`",
+        "IfExp": "`a if c else b` (use where(c, a, b))",
+        "ListComp": "a list comprehension",
+        "List": "a list",
+        "Tuple": "a tuple",
+        "Dict": "a dict",
+        "Set": "a set",
+        "JoinedStr": "an f-string",
+        "NamedExpr": "`:=`",
+        "Starred": "`*`",
+        "Await": "`await`",
+        "Yield": "`yield`",
+        "GeneratorExp": "a generator",
+        "Slice": "a slice",
+    }
+    return names.get(type(node).__name__, f"`{type(node).__name__}`")
+
+
+def _int_literal(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_literal(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    return None
+
+
+def _float(value: float) -> Expr:
+    """A spec's float literal, kept exact when it is a short decimal (0.5 -> 1/2)."""
+    return sympy.Rational(repr(value)) if len(repr(value)) <= 12 else sympy.Float(value, 17)
+
+
+def _text_loc(formula: Formula, index: int) -> Loc:
+    """Where character `index` of the formula's text is."""
+    base = formula.loc
+    before = formula.text[:index]
+    if "\n" not in before:
+        return Loc(base.file, base.line, base.col + index)
+    return Loc(base.file, base.line + before.count("\n"), len(before) - before.rfind("\n"))
+
+
+def parse_ast(formula: Formula) -> ast.expr:
+    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`."""
+    text = formula.text
+    for start, length in limits.digit_runs(text):
+        raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as error:
+        col = (error.offset or 1) - 1 + (len(text) - len(text.lstrip()))
+        loc = Loc(formula.loc.file, formula.loc.line, formula.loc.col + max(col, 0))
+        raise SpecError(loc, f"syntax error in `{text}`: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        limit = limits.FORMULA_DEPTH
+        raise SpecError(
+            formula.loc, f"`{_short(text)}` is nested too deeply to read (the '{limit.name}' limit is {limit.value})"
+        ) from None
+    _check_size(tree.body, formula)
+    return tree.body
+
+
+def _check_size(tree: ast.expr, formula: Formula) -> None:
+    """Refuse a formula, as written, over the 'formula size' or 'formula depth' limit."""
+    reader = _Reader(formula, Scope({}, frozenset()))
+    count = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, ast.expr):
+            count += 1
+            if depth > limits.FORMULA_DEPTH.value:
+                hint = "name parts of it with `let`"
+                raise limits.FORMULA_DEPTH.refuse(reader.loc(node), f"`{_short(formula.text)}` here", depth, hint)
+            depth += 1
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+    if count > limits.FORMULA_NODES.value:
+        hint = "split it into several `let`s, or the op into several ops"
+        raise limits.FORMULA_NODES.refuse(formula.loc, f"`{_short(formula.text)}`", count, hint)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_formula(formula: Formula, scope: Scope, want: str = NUM) -> sympy.Basic:
+    """Turn formula text into SymPy; a condition where a number is wanted becomes 1/0."""
+    reader = _Reader(formula, scope)
+    node = parse_ast(formula)
+    if want == NUM:
+        return reader.number(node)
+    return reader.read(node).expr
+
+
+def holds_tensors(spec: Spec) -> frozenset[str]:
+    """The names that hold tensors: the Tensor inputs, and the lets and outputs whose formula names one.
+
+    Note [tensor-valued lets]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    Whether an argument of `max`/`min` holds a tensor decides its tie rule (Note [kink
+    conventions] in opgen.formula.functions), and a let or output is a tensor when its formula
+    names one, as it is in plain torch: `max(a, b)` of lets `a = min(x, y)`, `b = min(x, z)`
+    splits the gradient at a tie as `torch.maximum` does, exactly as the same formula
+    written inline. Counting only the inputs made it a max against a number, with the
+    tie given to neither side: `do/dx` 0 where `x` is the smallest, instead of 1. The
+    test is on the formula text, not on what SymPy makes of it: `0 * x` is a tensor of
+    zeros, as in torch, though SymPy reads it as the number 0.
+    """
+    tensors = {i.name for i in spec.tensor_inputs}
+    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
+    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} for name, f in formulas}
+    grown = True
+    while grown:  # to a fixed point: a let may use one defined after it
+        grown = False
+        for name, used in uses.items():
+            if name not in tensors and used & tensors:
+                tensors.add(name)
+                grown = True
+    return frozenset(tensors)

@@ -1,0 +1,204 @@
+"""Reference printer: formula text -> plain torch code, straight from the syntax tree.
+
+The generated tests compare each op with this independent translation of the same
+formulas: it does not go through SymPy, the derivation or `TorchPrinter`, so a mistake
+in any of those shows up as a mismatch. Every value is a float64 tensor (`T(...)` wraps
+numbers), every function is PyTorch's own op, and autograd differentiates it.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from opgen.formula.reader import parse_ast
+from opgen.spec.model import Formula
+
+TORCH_FUNCTIONS = {
+    "exp": "torch.exp",
+    "log": "torch.log",
+    "log1p": "torch.log1p",
+    "expm1": "torch.expm1",
+    "sqrt": "torch.sqrt",
+    "rsqrt": "torch.rsqrt",
+    "sin": "torch.sin",
+    "cos": "torch.cos",
+    "tan": "torch.tan",
+    "asin": "torch.asin",
+    "acos": "torch.acos",
+    "atan": "torch.atan",
+    "atan2": "torch.atan2",
+    "sinh": "torch.sinh",
+    "cosh": "torch.cosh",
+    "tanh": "torch.tanh",
+    "asinh": "torch.asinh",
+    "acosh": "torch.acosh",
+    "atanh": "torch.atanh",
+    "sigmoid": "torch.sigmoid",
+    "softplus": "torch.nn.functional.softplus",
+    "erf": "torch.erf",
+    "erfc": "torch.erfc",
+    "erfinv": "torch.erfinv",
+    "lgamma": "torch.lgamma",
+    "digamma": "torch.digamma",
+    "abs": "torch.abs",
+    "sign": "torch.sign",
+    "floor": "torch.floor",
+    "ceil": "torch.ceil",
+    "round": "torch.round",
+    "where": "torch.where",
+    "max": "torch.maximum",
+    "min": "torch.minimum",
+    "clamp": "torch.clamp",
+    "sum": "torch.sum",
+    "mean": "torch.mean",
+    "amax": "torch.amax",
+    "logsumexp": "torch.logsumexp",
+}
+
+
+class _Translate(ast.NodeTransformer):
+    def __init__(
+        self, names: dict[str, str], wrap: str, torch: str, math: str, sizes: dict[str, str], tensors: frozenset[str]
+    ) -> None:
+        self.names = names
+        self.tensors = tensors
+        self.sizes = sizes
+        self.wrap = wrap
+        self.torch = torch
+        self.math = math
+
+    def _attr(self, dotted: str) -> ast.expr:
+        head, *rest = dotted.split(".")
+        node: ast.expr = ast.Name({"torch": self.torch}.get(head, head), ast.Load())
+        for part in rest:
+            node = ast.Attribute(node, part, ast.Load())
+        return node
+
+    def _tensor(self, node: ast.expr) -> ast.expr:
+        """Wrap a plain number as a tensor; anything using a spec name is one already."""
+        spec_names = set(self.names.values())
+        if any(isinstance(n, ast.Name) and n.id in spec_names for n in ast.walk(node)):
+            return node
+        return ast.Call(ast.Name(self.wrap, ast.Load()), [node], [])
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802
+        if node.id in self.names:
+            return ast.Name(self.names[node.id], ast.Load())
+        if node.id in self.sizes:  # a named dimension used as a number: its size
+            return ast.Call(ast.Name(self.wrap, ast.Load()), [ast.parse(self.sizes[node.id], mode="eval").body], [])
+        if node.id in ("pi", "inf"):
+            return ast.Attribute(ast.Name(self.math, ast.Load()), node.id, ast.Load())
+        if node.id in ("true", "True"):
+            return ast.Constant(True)
+        if node.id in ("false", "False"):
+            return ast.Constant(False)
+        raise ValueError(f"unknown name {node.id}")  # the formula parser already rejected these
+
+    def _holds_tensor(self, node: ast.expr) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in self.tensors for n in ast.walk(node))
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
+        assert isinstance(node.func, ast.Name)
+        name = node.func.id
+        holds = [self._holds_tensor(a) for a in node.args]
+        visited = [self.visit(a) for a in node.args]
+        args = [self._tensor(a) for a in visited]
+        if name == "where" and args[0] is not visited[0]:
+            # A condition of plain numbers (`0 > 1`): a bool tensor, not a float one.
+            args[0] = ast.Call(self._attr("torch.as_tensor"), [visited[0]], [])
+        if name in ("max", "min") and sum(holds) == 1:
+            return self._against_number(name, *((args[0], args[1]) if holds[0] else (args[1], args[0])))
+        if name == "heaviside":
+            # torch.heaviside has no derivative at all; this step has the zero one PyTorch's other steps have.
+            at_least_zero = ast.Compare(args[0], [ast.GtE()], [ast.Constant(0.0)])
+            one, zero = self._tensor(ast.Constant(1.0)), self._tensor(ast.Constant(0.0))
+            return ast.Call(self._attr("torch.where"), [at_least_zero, one, zero], [])
+        if name == "clamp":
+            return ast.Call(
+                self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])]
+            )
+        keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
+        return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)
+
+    def _against_number(self, name: str, value: ast.expr, bound: ast.expr) -> ast.expr:
+        """`max`/`min` of a tensor and a number: the tie goes to the number (Note [kink conventions]).
+
+        `F.threshold(v, c, c)` is `v` where `v > c`, else `c`, with relu's gradient (relu is
+        `threshold(v, 0, 0)`); `min(v, c)` is `-threshold(-v, -c, -c)`, exact in floating point.
+        """
+        if isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name) and bound.func.id == self.wrap:
+            bound = bound.args[0]  # a plain number needs no tensor
+        number: ast.expr = ast.Call(ast.Name("float", ast.Load()), [bound], [])
+        threshold = self._attr("torch.nn.functional.threshold")
+        if name == "max":
+            return ast.Call(threshold, [value, number, number], [])
+        negated = ast.UnaryOp(ast.USub(), number)
+        return ast.UnaryOp(ast.USub(), ast.Call(threshold, [ast.UnaryOp(ast.USub(), value), negated, negated], []))
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:  # noqa: N802
+        # `.T` of the formula language swaps the last two dimensions, batched or not: torch's `.mT`.
+        return ast.Attribute(self.visit(node.value), "mT", ast.Load())
+
+
+def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
+    """The syntax tree with every additive term that uses an absent name removed."""
+
+    def uses(n: ast.AST) -> bool:
+        return any(isinstance(sub, ast.Name) and sub.id in absent for sub in ast.walk(n))
+
+    if not uses(node):
+        return node
+    if isinstance(node, ast.Name):
+        return None  # the absent name itself
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        left, right = drop_names(node.left, absent), drop_names(node.right, absent)
+        if left is None and right is None:
+            return None
+        if right is None:
+            return left
+        if left is None:
+            return right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), right)
+        return ast.BinOp(left, node.op, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = drop_names(node.operand, absent)
+        return None if inner is None else ast.UnaryOp(node.op, inner)
+    children = [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
+    replaced = {id(child): drop_names(child, absent) for child in children}
+    if any(value is None for value in replaced.values()):
+        return None
+
+    class Swap(ast.NodeTransformer):
+        def generic_visit(self, n: ast.AST) -> ast.AST:
+            if id(n) in replaced and n is not node:
+                return replaced[id(n)]  # type: ignore[return-value]
+            return super().generic_visit(n)
+
+    return Swap().visit(node)  # type: ignore[no-any-return]
+
+
+def reference_expr(
+    formula: Formula,
+    names: dict[str, str],
+    wrap: str,
+    torch: str,
+    math: str,
+    absent: set[str] | None = None,
+    sizes: dict[str, str] | None = None,
+    *,
+    tensors: frozenset[str],
+) -> str | None:
+    """Plain torch source for a formula; None when every term uses an absent name.
+
+    `sizes` gives, for each named dimension, source text for its size (`q.shape[-1]`);
+    `tensors` the names that hold tensors (`opgen.formula.reader.holds_tensors`), which decide the tie rule of
+    `max` and `min`.
+    """
+    tree = parse_ast(formula)
+    if absent:
+        dropped = drop_names(tree, absent)
+        if dropped is None:
+            return None
+        tree = dropped
+    translator = _Translate(names, wrap, torch, math, sizes or {}, tensors)
+    translated = translator._tensor(translator.visit(tree))
+    return ast.unparse(ast.fix_missing_locations(translated))

@@ -1,0 +1,364 @@
+"""The kernel IR: SymPy nodes for PyTorch's native kernels, forward and backward.
+
+`lower` replaces a subformula that is exactly a PyTorch primitive by its node (`silu(u)`,
+`softplus_beta(u, beta)`, ...); differentiating a primitive gives `_Prime`, its derivative
+in the tensor argument; `backward_kernel` turns a gradient `g * prime(u)` into the node of
+PyTorch's backward kernel (`silu_backward(g, u)`), or `g * s * (1 - s)` of a saved sigmoid
+into `sigmoid_backward(g, s)`. The nodes hold no code: the torch printer prints each one with
+its `_print_<node>` method (opgen.emit.kernel_print), the docstring printer as its formula.
+
+Note [native backward kernels]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A primitive's backward kernel (`aten.silu_backward`, ...) does in one pass what the
+derivative formula does in four or five, each allocating a tensor. Some of these kernels
+have a derivative of their own in PyTorch (gelu, softplus, elu, sigmoid, tanh): backward
+calls them always, and double backward goes through PyTorch's formulas. The others (silu)
+are used only when autograd is not recording (`torch.is_grad_enabled()` is false in
+backward unless `create_graph=True`); when it is, backward uses the derivative formula,
+built from differentiable ops as Note [what backward may use] requires. A primitive may
+compute the unrecorded case in place instead of by its kernel (`backward_in_place`: mish,
+whose PyTorch kernels are slow on CPU, and logsigmoid, whose kernel needs a buffer; see
+opgen.emit.kernel_lines and Note [forward in place]).
+
+A kernel needs the incoming gradient, which the plan's factors leave out; so before the
+plan's common-subexpression elimination, `kernel_factors` writes out every derivative that
+cannot become a kernel (one shared between gradients, or one of several terms): the
+elimination then sees its parts like those of any formula, and a kernel's arguments too.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import sympy
+from sympy import Expr, S
+
+from opgen.formula import functions as fn
+from opgen.optimize.rewrite import logsigmoid, rewrite
+
+
+class _Primitive(sympy.Function):
+    """A PyTorch primitive: `args[0]` is the tensor, the others plain numbers.
+
+    A node of the formula, printed by the torch printer's `_print_<name>` (opgen.emit.kernel_print)
+    as the primitive's call; its gradient `g * prime(u)` becomes the node `backward(g, *args)`,
+    printed as PyTorch's backward kernel (Note [native backward kernels]).
+    """
+
+    is_real = True
+    backward_differentiable = False  # PyTorch's backward kernel has a derivative of its own
+    # Unrecorded backward works in place on its own temporaries instead of the kernel (opgen.emit.kernel_lines).
+    backward_in_place = False
+    fast = True  # fused mode leaves it alone: PyTorch's kernels are as quick as a compiled loop
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        raise NotImplementedError
+
+    @classmethod
+    def fused_form(cls, *args: Expr) -> Expr:
+        """The formula fused mode compiles (opgen.emit.fuse): the same function, cheap to fuse."""
+        return cls.elementary(*args)
+
+    @classmethod
+    def prime_form(cls, *args: Expr) -> Expr | None:
+        """The derivative alone as one call, where backward shares it between gradients; None: its formula."""
+        return None
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        if argindex == 1:
+            return _Prime(self.func.__name__, *self.args)  # type: ignore[no-any-return]
+        t = sympy.Dummy("t", real=True)
+        args = list(self.args)
+        args[argindex - 1] = t
+        return rewrite(sympy.diff(self.elementary(*args), t)).xreplace({t: self.args[argindex - 1]})  # type: ignore[no-any-return]
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        if all(a.is_number for a in self.args):
+            return self.elementary(*self.args).evalf(prec)  # type: ignore[no-any-return]
+        return None
+
+
+class silu(_Primitive):  # noqa: N801 - torch's names
+    nargs = 1
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * fn.sigmoid(args[0])  # type: ignore[no-any-return]
+
+
+class log_sigmoid(_Primitive):  # noqa: N801
+    """logsigmoid(u) (opgen.optimize.rewrite); its backward kernel needs a buffer forward would have to save."""
+
+    nargs = 1
+    backward_in_place = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return logsigmoid(args[0])  # type: ignore[no-any-return]
+
+
+class mish(_Primitive):  # noqa: N801
+    nargs = 1
+    backward_in_place = True  # PyTorch's mish kernels are slow on CPU
+    fast = False
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * sympy.tanh(fn.softplus(args[0]))  # type: ignore[no-any-return]
+
+    @classmethod
+    def fused_form(cls, *args: Expr) -> Expr:
+        """tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2) with s = sigmoid(u), exactly.
+
+        One sigmoid instead of softplus and tanh (tanh is ten times slower than sigmoid on
+        CPU), with no cancellation or overflow anywhere: s lies in [0, 1].
+        """
+        s = fn.sigmoid(args[0])
+        return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)  # type: ignore[no-any-return]
+
+
+class gelu(_Primitive):  # noqa: N801
+    fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
+    nargs = 1
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2  # type: ignore[no-any-return]
+
+
+class gelu_tanh(_Primitive):  # noqa: N801
+    """u (1 + tanh(z)) / 2 with z = sqrt(2/pi) (u + 0.044715 u**3), which is u sigmoid(2 z) exactly.
+
+    Forward (and fused mode) runs the sigmoid form: one sigmoid instead of tanh, ten times
+    slower on CPU, and no cancellation in 1 + tanh(z) for negative u. Backward keeps
+    PyTorch's kernel: the sigmoid form needs more temporaries than it saves time.
+    """
+
+    nargs = 1
+    backward_differentiable = True
+    fast = False
+    kappa = sympy.Rational("0.044715")
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u = args[0]
+        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))) / 2  # type: ignore[no-any-return]
+
+    @classmethod
+    def fused_form(cls, *args: Expr) -> Expr:
+        u = args[0]
+        return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))  # type: ignore[no-any-return]
+
+
+class softplus_beta(_Primitive):  # noqa: N801
+    """softplus(beta * u) / beta, as F.softplus(u, beta) (linear where beta * u > 20, as PyTorch)."""
+
+    nargs = 2
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return fn.softplus(args[1] * args[0]) / args[1]  # type: ignore[no-any-return]
+
+
+class elu(_Primitive):  # noqa: N801
+    fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
+    nargs = 2
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, alpha = args
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))  # type: ignore[no-any-return]
+
+
+class leaky_relu(_Primitive):  # noqa: N801
+    """where(u > 0, u, slope * u): the slope below 0 and at 0 itself, as PyTorch's kernels."""
+
+    nargs = 2
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, slope = args
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)  # type: ignore[no-any-return]
+
+
+class hardtanh(_Primitive):  # noqa: N801
+    """max(min(u, hi), lo): gradient 1 strictly between the bounds, 0 at them (F.hardtanh).
+
+    F.hardtanh refuses lo > hi, where the formula would be the constant lo: a clear error
+    for what is almost surely a mistake in the arguments.
+    """
+
+    nargs = 3
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        u, lo, hi = args
+        return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)  # type: ignore[no-any-return]
+
+
+class huber(_Primitive):  # noqa: N801
+    """The Huber function of a difference `d`, quadratic within delta of 0 and linear beyond.
+
+    PyTorch's kernels take an input and a target; the target here is a zero that costs no
+    memory (`expand_as`), so one kernel pass replaces three selects, each slow on CPU.
+    F.huber_loss refuses delta <= 0, where the formula would be linear everywhere: a clear
+    error for what is almost surely a mistake in the arguments.
+    """
+
+    nargs = 2
+    backward_differentiable = True
+
+    @classmethod
+    def prime_form(cls, *args: Expr) -> Expr | None:
+        """d itself within delta of 0, delta * sign(d) beyond: d clipped, with a zero gradient at the
+        clip points as the formula's (as F.hardtanh's)."""
+        return hardtanh(args[0], -args[1], args[1])
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        d, delta = args
+        quadratic, linear = d**2 / 2, delta * (sympy.Abs(d) - delta / 2)
+        return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)  # type: ignore[no-any-return]
+
+
+PRIMITIVES: dict[str, type[_Primitive]] = {
+    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu, leaky_relu, hardtanh, huber)
+}
+
+
+class _Prime(sympy.Function):
+    """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
+
+    is_real = True
+
+    def __new__(cls, name: str | sympy.Symbol, *args: Expr) -> Expr:
+        tag = name if isinstance(name, sympy.Symbol) else sympy.Symbol(name)
+        return super().__new__(cls, tag, *args)  # type: ignore[no-any-return]
+
+    @property
+    def primitive(self) -> type[_Primitive]:
+        return PRIMITIVES[str(self.args[0])]
+
+    def elementary(self, form: str = "elementary") -> Expr:
+        """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
+        t = sympy.Dummy("t", real=True)
+        args = [t, *self.args[2:]]
+        formula = getattr(self.primitive, form)(*args)
+        return rewrite(sympy.diff(formula, t)).xreplace({t: self.args[1]})  # type: ignore[no-any-return]
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        return self.elementary().evalf(prec)  # type: ignore[no-any-return]
+
+    @property
+    def free_symbols(self) -> set[sympy.Basic]:
+        return set().union(*(a.free_symbols for a in self.args[1:]))
+
+
+# -- backward kernels -----------------------------------------------------------------------------
+
+
+class KernelBackward(sympy.Function):
+    """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
+
+    is_real = True
+    primitive: ClassVar[type[_Primitive]]
+
+    def elementary(self) -> Expr:
+        g, *args = self.args
+        return g * _Prime(self.primitive.__name__, *args).elementary()  # type: ignore[no-any-return]
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+
+
+# `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
+BACKWARD: dict[type[_Primitive], type[KernelBackward]] = {
+    p: type(f"{name}_backward", (KernelBackward,), {"primitive": p}) for name, p in PRIMITIVES.items()
+}
+
+
+class OutputBackward(sympy.Function):
+    """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
+
+    is_real = True
+
+    def elementary(self) -> Expr:
+        raise NotImplementedError
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+
+
+class sigmoid_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, s = self.args
+        return g * s * (1 - s)  # type: ignore[no-any-return]
+
+
+class tanh_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, t = self.args
+        return g * (1 - t**2)  # type: ignore[no-any-return]
+
+
+def _factors(expr: Expr) -> tuple[Expr, ...]:
+    return expr.args if isinstance(expr, sympy.Mul) else (expr,)  # type: ignore[no-any-return]
+
+
+def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
+    """The kernel node computing the gradient `total` (`g * prime(u)`, ...), or None.
+
+    `tensors` are the symbols that hold tensors: an output kernel reads a saved tensor.
+    """
+    factors = _factors(total)
+    for k, factor in enumerate(factors):
+        rest = [f for i, f in enumerate(factors) if i != k]
+        for s in rest:
+            if s.is_Symbol and s in tensors and factor == 1 - s:
+                return sigmoid_backward(sympy.Mul(*[f for f in rest if f is not s]), s)
+        if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
+            other = factor.args[0] if factor.args[1] == S.One else factor.args[1]
+            base, power = (-other).as_base_exp()
+            if power == 2 and base.is_Symbol and base in tensors:
+                return tanh_backward(sympy.Mul(*rest), base)
+    primes = [f for f in factors if isinstance(f, _Prime)]
+    if len(primes) != 1:
+        return None
+    prime = primes[0]
+    return BACKWARD[prime.primitive](total / prime, *prime.args[1:])
+
+
+def written_out(expr: Expr) -> Expr:
+    """`expr` with each derivative of a primitive as its one-call form or its formula."""
+    return expr.replace(  # type: ignore[no-any-return]
+        lambda e: isinstance(e, _Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary()
+    )
+
+
+def kernel_factors(factors: list[list[Expr]]) -> list[list[Expr]]:
+    """The factors of each gradient's contributions, derivatives that cannot be kernels written out.
+
+    A derivative stays a node where it is a factor of the only contribution of its gradient
+    and appears nowhere else: there backward computes `g * prime(u)` by the kernel.
+    """
+    count: dict[Expr, int] = {}
+    for group in factors:
+        for factor in group:
+            for prime in factor.atoms(_Prime):
+                count[prime] = count.get(prime, 0) + 1
+    kept: set[Expr] = set()
+    for group in factors:
+        if len(group) == 1 and len(group[0].atoms(_Prime)) == 1:
+            kept |= {f for f in _factors(group[0]) if isinstance(f, _Prime) and count[f] == 1}
+    return [
+        [f.replace(lambda e: isinstance(e, _Prime) and e not in kept, written_out) for f in group] for group in factors
+    ]

@@ -1,0 +1,208 @@
+"""Lowering stage: SymPy formulas -> calls of PyTorch's native kernels where a formula is one.
+
+Receives a (rewritten) SymPy expression and the symbols of non-tensor inputs; returns the same
+value with every subformula that is exactly a PyTorch primitive replaced by a node that
+prints as that primitive's call: `x * sigmoid(x)` becomes `F.silu(x)`, `softplus(b*x)/b`
+becomes `F.softplus(x, b)`, and so on (`PRIMITIVES`). `derive` applies it after the stable
+rewrites and before differentiating, so a gradient holds the primitive's derivative as
+one node, which the emitter prints as PyTorch's own backward kernel (`opgen.emit.kernel_lines`).
+
+The primitives are nodes of the kernel IR (opgen.optimize.kernels, Note [native backward kernels]).
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy import Expr, S
+
+from opgen.formula import functions as fn
+from opgen.optimize.kernels import (
+    PRIMITIVES,
+    _Prime,
+    _Primitive,
+    elu,
+    gelu,
+    gelu_tanh,
+    hardtanh,
+    huber,
+    leaky_relu,
+    log_sigmoid,
+    mish,
+    silu,
+    softplus_beta,
+)
+from opgen.optimize.rewrite import logsigmoid
+
+__all__ = [
+    "PRIMITIVES",
+    "_Prime",
+    "_Primitive",
+    "elu",
+    "gelu",
+    "gelu_tanh",
+    "hardtanh",
+    "huber",
+    "leaky_relu",
+    "log_sigmoid",
+    "lower",
+    "mish",
+    "silu",
+    "softplus_beta",
+]
+
+
+# -- matching ------------------------------------------------------------------------------------
+
+
+def _split(node: Expr, part: Expr) -> Expr | None:
+    """`node / part` when `node` is a product holding `part`, else None."""
+    if isinstance(node, sympy.Mul) and part in node.args:
+        return node / part  # type: ignore[no-any-return]
+    return None
+
+
+def _match_silu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, fn.sigmoid) and _split(node, factor) == factor.args[0]:
+            return silu(factor.args[0])
+    return None
+
+
+def _match_mish(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, sympy.tanh) and isinstance(factor.args[0], fn.softplus):
+            u = factor.args[0].args[0]
+            if _split(node, factor) == u:
+                return mish(u)
+    return None
+
+
+def _match_gelu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for e in node.atoms(sympy.erf):
+        u = sympy.expand(e.args[0] * sympy.sqrt(2))
+        if _same(node, gelu.elementary(u)):
+            return gelu(u)
+    for t in node.atoms(sympy.tanh):
+        for u in sorted(_tensors(t, numbers), key=sympy.default_sort_key):
+            if _same(node, gelu_tanh.elementary(u)):
+                return gelu_tanh(u)
+    return None
+
+
+def _tensors(expr: sympy.Basic, numbers: frozenset[sympy.Symbol]) -> set[sympy.Basic]:
+    """The symbols of `expr` that may hold tensors: all but the non-tensor inputs."""
+    return expr.free_symbols - numbers
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return bool(a == b or sympy.expand(a - b) == 0)
+
+
+def _match_softplus(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, sympy.Mul):
+        return None
+    for factor in node.args:
+        if isinstance(factor, fn.softplus) and _tensors(factor, numbers):  # of a number: `math`, not a kernel
+            beta, u = factor.args[0].as_independent(*_tensors(factor, numbers), as_Add=False)
+            if beta != 1 and _split(node, factor) == 1 / beta:
+                return softplus_beta(u, beta)
+    return None
+
+
+def _match_elu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where):
+        return None
+    cond, u, other = node.args
+    if cond != sympy.StrictGreaterThan(u, 0) or not _tensors(u, numbers):
+        return None
+    alpha = _split(other, fn.expm1(u)) if isinstance(other, sympy.Mul) else (S.One if other == fn.expm1(u) else None)
+    if alpha is None or _tensors(alpha, numbers):
+        return None
+    return elu(u, alpha)
+
+
+def _match_leaky_relu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where):
+        return None
+    cond, u, other = node.args
+    if cond != sympy.StrictGreaterThan(u, 0) or not _tensors(u, numbers):
+        return None
+    slope = _split(other, u)
+    if slope is None or _tensors(slope, numbers):
+        return None
+    return leaky_relu(u, slope)
+
+
+def _bound(node: Expr, kind: type[sympy.Function], numbers: frozenset[sympy.Symbol]) -> tuple[Expr, Expr] | None:
+    """(operand, number) when `node` is `kind(operand, number)` in either order."""
+    if not isinstance(node, kind) or node.args[2] != 0:
+        return None
+    a, b = node.args[0], node.args[1]
+    if not _tensors(b, numbers):
+        return a, b
+    if not _tensors(a, numbers):
+        return b, a
+    return None
+
+
+def _match_hardtanh(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    """max(min(u, hi), lo) or min(max(u, lo), hi): the same function and gradient when lo < hi."""
+    for outer, inner in ((fn.maximum, fn.minimum), (fn.minimum, fn.maximum)):
+        found = _bound(node, outer, numbers)
+        inside = _bound(found[0], inner, numbers) if found else None
+        if found and inside and _tensors(inside[0], numbers):
+            lo, hi = (found[1], inside[1]) if outer is fn.maximum else (inside[1], found[1])
+            if (lo - hi).is_number and not (lo - hi).is_negative:
+                return None  # constant bounds the wrong way round: keep the formula's meaning
+            return hardtanh(inside[0], lo, hi)
+    return None
+
+
+def _match_huber(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    if not isinstance(node, fn.where) or not isinstance(node.args[0], sympy.StrictLessThan):
+        return None
+    size, delta = node.args[0].args
+    if not isinstance(size, sympy.Abs) or _tensors(delta, numbers) or (delta.is_number and not delta.is_positive):
+        return None
+    d = size.args[0]
+    return huber(d, delta) if _same(node, huber.elementary(d, delta)) else None
+
+
+def _match_log_sigmoid(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    return log_sigmoid(node.args[0]) if isinstance(node, logsigmoid) else None
+
+
+_MATCHERS = (
+    _match_silu,
+    _match_log_sigmoid,
+    _match_mish,
+    _match_gelu,
+    _match_softplus,
+    _match_elu,
+    _match_leaky_relu,
+    _match_hardtanh,
+    _match_huber,
+)
+
+
+def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
+    """`expr` with every subformula that is a PyTorch primitive replaced by it.
+
+    `numbers` are the symbols of the non-tensor inputs: a primitive's parameters
+    (softplus's beta, elu's alpha) must be made of these and constants.
+    """
+    if expr.is_Atom or not expr.args or not _tensors(expr, numbers):
+        return expr
+    args = tuple(lower(a, numbers) if isinstance(a, Expr) else a for a in expr.args)
+    node = expr.func(*args) if args != expr.args else expr
+    for match in _MATCHERS:
+        found = match(node, numbers)
+        if found is not None:
+            return found
+    return node  # type: ignore[no-any-return]

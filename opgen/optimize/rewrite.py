@@ -1,0 +1,275 @@
+"""Rewrite stage: SymPy formulas -> the same values, computed without overflow or cancellation.
+
+Receives a SymPy expression (a forward formula, before it is differentiated, or a derived
+gradient); returns an expression equal to it wherever the original is defined, built from
+functions PyTorch evaluates stably: `log(1 + u)` becomes `log1p(u)`, `1 / (1 + exp(-u))`
+becomes `sigmoid(u)`, and so on (Note [stable rewrites]). `derive` applies it to every formula
+before differentiating, so the gradients come from the stable functions' own derivatives
+(d softplus = sigmoid, never `exp(u) / (1 + exp(u))`), and again to every gradient.
+
+Note [stable rewrites]
+~~~~~~~~~~~~~~~~~~~~~~
+Each rule is an exact identity over the reals (tests/test_rewrite.py checks every one at
+50 significant digits, and its derivative too), never an approximation:
+
+    log(1 + u)              -> log1p(u)
+    exp(u) - 1              -> expm1(u)
+    log(1 + exp(u))         -> softplus(u)
+    (1 + exp(-u))**-k       -> sigmoid(u)**k
+    exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
+    log(1 / u)              -> -log(u)
+    log(sigmoid(u))         -> logsigmoid(u)
+    -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
+    log(exp(a) + exp(b))    -> logaddexp(a, b)
+    sqrt(a**2 + b**2)       -> hypot(a, b)
+    sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
+    u * sign(u)             -> abs(u)
+    u**a * u**b             -> u**(a + b)              (SymPy's d u**g = g * u**g / u:
+                                                        0/0 at u = 0, u**(g - 1) is not)
+
+Gradients are also put over a common denominator (`sympy.together`) where that makes them
+shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
+
+The results only widen where a formula is finite: `sinc(0)` is 1 where `sin(0)/0` was
+undefined; elsewhere the values agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import sympy
+from sympy import Expr, S
+
+from opgen.derive.gradients import Derived
+from opgen.formula import functions as fn
+
+MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
+
+
+class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
+    """log(sigmoid(u)) = -softplus(-u)."""
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return fn.sigmoid(-self.args[0])
+
+    def _as_elementary(self) -> Expr:
+        return -sympy.log(1 + sympy.exp(-self.args[0]))
+
+
+class sinc(fn._Elementwise):  # noqa: N801
+    """The normalised sinc, sin(pi u) / (pi u), with sinc(0) = 1 (as torch.sinc)."""
+
+    # Finite everywhere, but its derivative divides by its argument: inside a `where` branch
+    # not taken near 0 it needs the same guard as `1/u` (Note [double where] in opgen/derive/guard.py).
+    guard_domain = ((0,), S.One)
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        u = self.args[0]
+        # torch.sinc's own gradient: 0 at u = 0, where the quotient below is 0/0; the
+        # divisor is guarded too, so that the derivative of this one stays finite there
+        # (Note [double where] in opgen/derive/guard.py).
+        at_zero = sympy.Eq(u, 0)
+        return fn.where(at_zero, S.Zero, (sympy.cos(sympy.pi * u) - self) / fn.where(at_zero, S.One, u))
+
+    def _as_elementary(self) -> Expr:
+        u = self.args[0]
+        return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
+
+
+class _Binary(sympy.Function):
+    """A function of two arguments; the torch printer prints it as `torch.<name>` (opgen.emit.kernel_print)."""
+
+    nargs = 2
+    is_real = True
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        if all(a.is_number for a in self.args):
+            return self._as_elementary().evalf(prec)  # type: ignore[no-any-return]
+        return None
+
+    def _as_elementary(self) -> Expr:
+        raise NotImplementedError
+
+
+class logaddexp(_Binary):  # noqa: N801
+    """log(exp(a) + exp(b))."""
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        a, b = self.args
+        return fn.sigmoid(a - b) if argindex == 1 else fn.sigmoid(b - a)
+
+    def _as_elementary(self) -> Expr:
+        a, b = self.args
+        return sympy.log(sympy.exp(a) + sympy.exp(b))
+
+
+class hypot(_Binary):  # noqa: N801
+    """sqrt(a**2 + b**2)."""
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return self.args[argindex - 1] / self
+
+    def _as_elementary(self) -> Expr:
+        a, b = self.args
+        return sympy.sqrt(a**2 + b**2)
+
+
+def _is_exp(expr: sympy.Basic) -> bool:
+    return isinstance(expr, sympy.exp) or (isinstance(expr, sympy.Pow) and expr.base == S.Exp1)
+
+
+def _exp_arg(expr: sympy.Basic) -> Expr:
+    return expr.args[0] if isinstance(expr, sympy.exp) else expr.exp  # type: ignore[no-any-return]
+
+
+def _one_plus(expr: sympy.Basic) -> Expr | None:
+    """`u` when `expr` is `1 + u`, else None."""
+    if isinstance(expr, sympy.Add) and S.One in expr.args:
+        return sympy.Add(*[a for a in expr.args if a != S.One] or [S.Zero])  # type: ignore[no-any-return]
+    return None
+
+
+def _squared(expr: sympy.Basic) -> Expr | None:
+    if isinstance(expr, sympy.Pow) and expr.exp == 2:
+        return expr.base  # type: ignore[no-any-return]
+    return None
+
+
+def _log(node: sympy.log) -> Expr | None:
+    arg = node.args[0]
+    if isinstance(arg, sympy.Pow) and arg.exp == -1:
+        return -sympy.log(arg.base)
+    if isinstance(arg, fn.sigmoid):
+        return logsigmoid(arg.args[0])
+    if isinstance(arg, sympy.Add) and len(arg.args) == 2 and all(_is_exp(a) for a in arg.args):
+        a, b = sorted((_exp_arg(t) for t in arg.args), key=sympy.default_sort_key)
+        return logaddexp(a, b)
+    rest = _one_plus(arg)
+    if rest is not None:
+        return fn.softplus(_exp_arg(rest)) if _is_exp(rest) else fn.log1p(rest)
+    return None
+
+
+def _add(node: sympy.Add) -> Expr | None:
+    """`c*exp(u) - c + rest` -> `c*expm1(u) + rest` (SymPy distributes `2*(exp(u) - 1)`)."""
+    constants = [a for a in node.args if a.is_Number]
+    if not constants:
+        return None
+    for term in sorted(node.args, key=sympy.default_sort_key):
+        coeff, rest = term.as_coeff_Mul()
+        if _is_exp(rest) and coeff == -constants[0]:
+            others = [a for a in node.args if a is not term and a is not constants[0]]
+            return sympy.Add(coeff * fn.expm1(_exp_arg(rest)), *others)  # type: ignore[no-any-return]
+    return None
+
+
+def _pow(node: sympy.Pow) -> Expr | None:
+    base, exponent = node.args
+    if exponent.is_Integer and exponent < 0:
+        rest = _one_plus(base)
+        if rest is not None and _is_exp(rest):
+            return fn.sigmoid(-_exp_arg(rest)) ** (-exponent)  # type: ignore[no-any-return]
+    if exponent == S.Half and isinstance(base, sympy.Add) and len(base.args) == 2:
+        a, b = (_squared(t) for t in base.args)
+        if a is not None and b is not None:
+            return hypot(a, b)
+    return None
+
+
+def _same_base(factors: list[Expr]) -> Expr | None:
+    """u**a * u**b -> u**(a + b): SymPy keeps `u**g / u` apart when `g` is a symbol."""
+    exponents: dict[Expr, list[Expr]] = {}
+    for factor in factors:
+        base, power = factor.as_base_exp()
+        exponents.setdefault(base, []).append(power)
+    if all(len(powers) == 1 for powers in exponents.values()):
+        return None
+    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))  # type: ignore[no-any-return]
+
+
+def _mul(node: sympy.Mul) -> Expr | None:
+    factors = list(node.args)
+    combined = _same_base(factors)
+    if combined is not None:
+        return combined
+    # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
+    for k, factor in enumerate(factors):
+        if not _is_exp(factor):
+            continue
+        u = _exp_arg(factor)
+        for j, other in enumerate(factors):
+            base, power = other.as_base_exp()
+            if isinstance(base, fn.sigmoid) and power.is_Integer and power >= 1 and base.args[0] == -u:
+                rest = [f for i, f in enumerate(factors) if i not in (k, j)]
+                return sympy.Mul(fn.sigmoid(u), base ** (power - 1), *rest)  # type: ignore[no-any-return]
+    # u * sign(u) = abs(u)
+    for factor in factors:
+        if isinstance(factor, (sympy.sign, fn.sign)) and factor.args[0] in factors:
+            rest = [f for f in factors if f is not factor]
+            rest.remove(factor.args[0])
+            return sympy.Mul(sympy.Abs(factor.args[0]), *rest)  # type: ignore[no-any-return]
+    # -c * softplus(-u) = c * logsigmoid(u)
+    coeff, terms = node.as_coeff_mul()
+    if coeff.is_negative:
+        for k, term in enumerate(terms):
+            if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
+                rest = [t for i, t in enumerate(terms) if i != k]
+                return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)  # type: ignore[no-any-return]
+    # sin(a) / a * q = sinc(a / pi) * q
+    for factor in factors:
+        if isinstance(factor, sympy.sin):
+            a = factor.args[0]
+            rest = node * a / factor
+            if _divides_by(node, a) and not _divides_by(rest, a):
+                return sinc(a / sympy.pi) * rest  # type: ignore[no-any-return]
+    return None
+
+
+def _divides_by(expr: sympy.Basic, a: Expr) -> bool:
+    return any(p.exp.is_negative and p.base.free_symbols & a.free_symbols for p in expr.atoms(sympy.Pow))
+
+
+_RULES = {sympy.log: _log, sympy.Add: _add, sympy.Pow: _pow, sympy.Mul: _mul}
+
+
+def _once(expr: sympy.Basic) -> sympy.Basic:
+    if expr.is_Atom or not expr.args:
+        return expr
+    args = tuple(_once(a) for a in expr.args)
+    node = expr.func(*args) if args != expr.args else expr
+    rule = _RULES.get(type(node))  # type: ignore[call-overload]
+    if rule is not None:
+        replaced = rule(node)
+        if replaced is not None:
+            return replaced
+    return node
+
+
+def rewrite(expr: Expr) -> Expr:
+    """`expr` with every stable rewrite applied, until none applies (Note [stable rewrites])."""
+    for _ in range(MAX_PASSES):
+        rewritten = _once(expr)
+        if rewritten == expr:
+            break
+        expr = rewritten  # type: ignore[assignment]
+    return expr
+
+
+def _shorter(expr: Expr) -> Expr:
+    together = sympy.together(expr)
+    return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr  # type: ignore[no-any-return]
+
+
+def rewrite_gradients(derived: Derived) -> Derived:
+    """`derived` with every gradient factor rewritten (the forward was rewritten before `derive`)."""
+    variants = []
+    for variant in derived.variants:
+        gradients = tuple(
+            replace(
+                g, contributions=tuple(replace(c, factor=rewrite(_shorter(rewrite(c.factor)))) for c in g.contributions)
+            )
+            for g in variant.gradients
+        )
+        variants.append(replace(variant, gradients=gradients))
+    return replace(derived, variants=tuple(variants))

@@ -1,0 +1,262 @@
+"""Save-versus-recompute: which tensors backward reads, chosen by the spec's policy.
+
+Receives `Derived` (after the rewrites and the lowering) and a policy; returns `Derived`
+whose gradients read the op's outputs instead of recomputing them where the policy says
+so. `plan` then saves exactly the inputs and outputs the gradients use.
+
+Two ways to write each gradient are weighed: as derived (from the inputs), and with every
+recomputation of an output replaced by the output itself -- the output's formula where it
+appears whole (`sigmoid(x)` -> `y`), or a costly call the output holds linearly
+(`y = x - tanh(x)` gives `tanh(x) -> x - y`). The second is never slower; it may save more.
+
+Note [save policies]
+~~~~~~~~~~~~~~~~~~~~
+- `balanced` (the default): least memory among the ways whose estimated time is within
+  10% of the fastest;
+- `memory`: least memory, then least time;
+- `speed`: least time, then least memory.
+Memory counts the tensors saved for backward; time is a cost model of the forward and
+backward formulas, each distinct subexpression counted once (as CSE will leave it), with
+weights from measurements of 1M-element float32 kernels on one CPU thread (`COST`).
+
+Note [hidden outputs]
+~~~~~~~~~~~~~~~~~~~~~
+A third way saves an intermediate that forward computes anyway (`tanh(x)` in `x - tanh(x)`)
+as a residual (JAX `custom_vjp`'s `(out, residuals)`): the Function returns it after the
+spec's outputs and the functional drops it; backward reads it from `ctx.saved_tensors` like
+any output, and since it is an output of the Function, autograd differentiates through it
+for double backward (its own gradient term `grad_saved * d tanh(x)/dx` is part of backward).
+It is never stashed on `ctx`, and never added to the `Spec`: `choose_saved` returns the
+residuals beside `Derived`, and `plan` carries them to the emitters. It is offered when it
+frees backward from every input, for elementwise ops with one variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import sympy
+from sympy import Expr
+
+from opgen.derive.gradients import Contribution, Derived, Symbols, Variant
+from opgen.formula import functions as fn
+from opgen.formula.kinds import is_tensor_valued
+from opgen.spec.model import POLICIES
+
+
+@dataclass(frozen=True)
+class Residual:
+    """An intermediate forward returns for backward only (Note [hidden outputs])."""
+
+    name: str  # the Function's extra output; no spec name takes it
+    expr: Expr  # what forward computes, in terms of the inputs
+    symbol: sympy.Symbol  # how the gradients read it
+    grad: sympy.Symbol  # its incoming gradient in backward
+
+
+SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
+
+# Relative time of one elementwise kernel (an add or multiply is 1).
+COST: dict[type, float] = {
+    fn.sigmoid: 2,
+    sympy.exp: 6,
+    sympy.log: 6,
+    fn.log1p: 6,
+    fn.expm1: 6,
+    sympy.sin: 6,
+    sympy.cos: 6,
+    sympy.tan: 6,
+    sympy.atan: 6,
+    sympy.erf: 10,
+    sympy.erfc: 10,
+    fn.softplus: 10,
+    sympy.tanh: 20,
+    sympy.sinh: 10,
+    sympy.cosh: 10,
+}
+DEFAULT_COST = 1.0
+CALL_COST = 3.0  # functions without an entry (where, native kernels, ...)
+
+
+def cost(exprs: list[Expr]) -> float:
+    """Estimated time of evaluating `exprs` once, sharing common subexpressions."""
+    seen: set[sympy.Basic] = set()
+    total = 0.0
+    for expr in exprs:
+        for node in sympy.preorder_traversal(expr):
+            if node.is_Atom or node in seen or not isinstance(node, Expr):
+                continue
+            seen.add(node)
+            if isinstance(node, sympy.Function):
+                total += COST.get(type(node), CALL_COST)
+            else:
+                total += DEFAULT_COST * max(1, len(node.args) - 1)
+    return total
+
+
+def _saved(exprs: list[Expr], symbols: Symbols, residuals: tuple[Residual, ...] = ()) -> int:
+    tensors = set(symbols.tensor_inputs) | set(symbols.outputs.values()) | {r.symbol for r in residuals}
+    return len(set().union(*(e.free_symbols for e in exprs)) & tensors) if exprs else 0
+
+
+def _costly_calls(factors: list[Expr], symbols: Symbols) -> set[Expr]:
+    """The costly tensor-valued calls of `factors`; a call of plain numbers is a `math` call on a
+    number (Note [numbers and tensors]), never worth saving or taking from an output."""
+    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    return {c for c in calls if is_tensor_valued(c, symbols.tensors)}
+
+
+def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> dict[Expr, Expr]:
+    """What in `factors` each differentiable output can stand in for (module docstring)."""
+    swap: dict[Expr, Expr] = {}
+    calls = _costly_calls(factors, symbols)
+    for name, expr in variant.inlined:
+        if name not in symbols.grads:
+            continue  # a non-differentiable output is a constant to double backward: never a stand-in
+        output = symbols.outputs[name]
+        if not expr.is_Atom:
+            swap[expr] = output
+        # Only calls on the output's spine of sums and products can be held linearly: one walk
+        # finds them, so a deep chain of calls costs no rebuilding of the formula per call.
+        for call in sorted(calls & _spine(expr), key=sympy.default_sort_key):
+            parts = _linear(expr, call)
+            if parts is not None and parts[0] != 0:
+                coeff, rest = parts
+                swap.setdefault(call, (output - rest) / coeff)
+    return swap
+
+
+def _spine(expr: Expr) -> set[Expr]:
+    """The nodes reached from `expr` through sums and products only."""
+    found = {expr}
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        for arg in expr.args:
+            found |= _spine(arg)
+    return found
+
+
+def _linear(expr: Expr, call: Expr) -> tuple[Expr, Expr] | None:
+    """`(c, rest)` when `expr` is `c * call + rest`, `c` a number and `rest` free of `call`; else None.
+
+    Read off the sums and products that lead to `call`, not by differentiating: `call` inside
+    any other node (`floor(call)`, whose derivative is 0 almost everywhere) is not linear.
+    """
+    if expr == call:
+        return sympy.S.One, sympy.S.Zero
+    if not expr.has(call):
+        return sympy.S.Zero, expr
+    if isinstance(expr, sympy.Add):
+        parts = [_linear(term, call) for term in expr.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*(p[0] for p in parts if p)), sympy.Add(*(p[1] for p in parts if p))
+    if isinstance(expr, sympy.Mul):
+        inner = [f for f in expr.args if f.has(call)]
+        numbers = [f for f in expr.args if not f.has(call)]
+        if len(inner) != 1 or not all(f.is_number for f in numbers):
+            return None
+        part = _linear(inner[0], call)
+        scale = sympy.Mul(*numbers)
+        return None if part is None else (scale * part[0], scale * part[1])
+    return None
+
+
+def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
+    """Costly calls that forward computes anyway and whose saving frees backward from the inputs.
+
+    Only for elementwise specs with one variant and derived gradients, whose outputs all
+    carry gradients, and not in fused mode (Note [hidden outputs]).
+    """
+    spec = derived.spec
+    if len(derived.variants) != 1 or spec.gradients or not all(o.differentiable for o in spec.outputs):
+        return []
+    if spec.optimize.fuse:
+        return []  # fused backward takes saved inputs and outputs, not a second incoming gradient
+    if not all(i.type.dims is None for i in spec.tensor_inputs):
+        return []
+    calls = _costly_calls(factors, derived.symbols)
+    # Forward computes the call once, as the residual, where an output's own formula has it
+    # (the residual takes its place there), and never inside a `let`, which computes it already.
+    calls = {c for c in calls if any(e.has(c) and e != c for _, e in derived.full.outputs)}
+    lets: dict[sympy.Symbol, Expr] = {}
+    for name, expr in derived.full.lets:
+        lets[derived.symbols.lets[name]] = expr.xreplace(lets)
+    calls = {c for c in calls if not any(e.has(c) for e in lets.values())}
+    return sorted(calls, key=sympy.default_sort_key)
+
+
+def _hide(derived: Derived, calls: list[Expr]) -> tuple[Derived, tuple[Residual, ...]]:
+    """`derived` whose gradients read each of `calls` as a residual, and the residuals."""
+    spec, symbols, variant = derived.spec, derived.symbols, derived.full
+    taken = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
+    residuals = []
+    for call in calls:
+        name = f"saved_{type(call).__name__}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        residuals.append(Residual(name, call, sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True)))
+    swap: dict[Expr, Expr] = {r.expr: r.symbol for r in residuals}
+    gradients = []
+    for gradient in variant.gradients:
+        x = symbols.inputs[gradient.input]
+        contributions = [replace(c, factor=c.factor.xreplace(swap)) for c in gradient.contributions]
+        for residual in residuals:
+            factor = sympy.diff(residual.expr, x).xreplace(swap)
+            if factor != 0:
+                contributions.append(Contribution(residual.name, factor))
+        gradients.append(replace(gradient, contributions=tuple(contributions)))
+    outputs = tuple((name, expr.xreplace(swap)) for name, expr in variant.outputs)
+    variant = replace(variant, outputs=outputs, gradients=tuple(gradients))
+    return replace(derived, variants=(variant,)), tuple(residuals)
+
+
+def _best(ways: list[tuple[float, int, int]], policy: str) -> int:
+    """The index of the way `policy` prefers among (time, tensors saved, index)."""
+    if policy == "speed":
+        return min(ways, key=lambda w: (w[0], w[1]))[2]
+    if policy == "memory":
+        return min(ways, key=lambda w: (w[1], w[0]))[2]
+    fastest = min(w[0] for w in ways)
+    return min((w for w in ways if w[0] <= SLACK * fastest), key=lambda w: (w[1], w[0]))[2]
+
+
+def _choose(derived: Derived, variant: Variant, policy: str) -> Variant | tuple[Derived, tuple[Residual, ...]]:
+    symbols = derived.symbols
+    forward = cost([e for _, e in variant.inlined])
+    factors = [c.factor for g in variant.gradients for c in g.contributions]
+    swap = _recomputations(variant, symbols, factors)
+    replaced = [f.xreplace(swap) for f in factors]
+    ways = [(forward + cost(factors), _saved(factors, symbols), 0)]
+    if replaced != factors:
+        ways.append((forward + cost(replaced), _saved(replaced, symbols), 1))
+    calls = _hidden_calls(derived, factors)
+    hidden = _hide(derived, calls) if calls else None
+    if hidden is not None:
+        hidden_factors = [c.factor for g in hidden[0].full.gradients for c in g.contributions]
+        if not any(f.free_symbols & set(symbols.tensor_inputs) for f in hidden_factors):
+            ways.append((forward + cost(hidden_factors), _saved(hidden_factors, symbols, hidden[1]), 2))
+    best = _best(ways, policy)
+    if best == 2:
+        assert hidden is not None
+        return hidden
+    if best == 0:
+        return variant
+    gradients = tuple(
+        replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
+        for g in variant.gradients
+    )
+    return replace(variant, gradients=gradients)
+
+
+def choose_saved(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]]:
+    """`derived` with each variant's gradients written as `policy` prefers (Note [save policies]),
+    and the residuals those gradients read (Note [hidden outputs])."""
+    assert policy in POLICIES, policy
+    variants = []
+    for variant in derived.variants:
+        chosen = _choose(derived, variant, policy)
+        if isinstance(chosen, tuple):
+            return chosen  # residuals: a one-variant op
+        variants.append(chosen)
+    return replace(derived, variants=tuple(variants)), ()

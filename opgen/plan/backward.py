@@ -1,0 +1,295 @@
+"""Plan stage: `Derived` -> what backward computes, in which order, from what it saved.
+
+Receives `Derived` and the residuals `opgen.optimize.save` chose; returns a `Plan`: common
+subexpressions of the gradient factors (`sympy.cse(order='canonical')`, so output does not
+depend on the machine), which temporaries each input's gradient needs (so work is gated on
+`needs_input_grad`), which inputs, outputs and residuals `setup_context` must save, which
+non-tensor values and shapes it keeps on `ctx`, and how forward returns each output. Every
+decision is made here, before anything prints; the emitters only print the plan.
+
+Note [what backward may use]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Backward is built only from saved inputs and outputs and plain numbers, with differentiable
+torch ops, so autograd can differentiate it again (double backward). No tensor is ever
+stored on `ctx` as an attribute; only non-tensor inputs and shapes are.
+
+Note [gradient shapes]
+~~~~~~~~~~~~~~~~~~~~~~
+A gradient returned from backward has exactly its input's shape, whatever the formula:
+- broadcast inputs: the gradient is summed back to the input's shape (`reduce`);
+- outputs of different shapes (`y: x`, `u: x + z` with `z` larger than `x`): each output's
+  contribution is summed on its own (`separate`), since adding them first would broadcast
+  the smaller one and count it once per row of the larger;
+- an override that may not span its input (`w: 2 * grad * x` has `x`'s shape, `x: z` may
+  have fewer dimensions than `x`): broadcast to the input's shape, then summed to it
+  (`expand` and `reduce`); the generated tests fit the override's value the same way;
+- a zero gradient: zeros of the input's shape, which may be larger than the output's
+  (`y: x + 0 * z`), or None where backward may return None (Note [what backward may use]).
+
+Note [outputs that alias]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Each output of the Function is its own tensor, as each output of plain autograd of the
+formula has its own `requires_grad` and gradient path. An output whose value is an input,
+or the tensor an earlier output already returns (`b: a`, `o: l1` with `l1: l0`, `l0: x`),
+is returned as a new view of it: `src.view_as(src)` when differentiable (autograd then
+records this Function for it, and saving the input stays legal), `src.detach()` when not
+(`mark_non_differentiable` of a view of an input would leave it requiring grad).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
+from opgen.formula.tensor import has_tensor_ops, is_dim_size
+from opgen.optimize.kernels import kernel_factors
+from opgen.optimize.save import Residual
+
+
+@dataclass(frozen=True)
+class Temp:
+    symbol: sympy.Symbol
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class GradPlan:
+    input: str
+    index: int  # position in the op's inputs (needs_input_grad, return tuple)
+    contributions: tuple[Contribution, ...]  # factors after CSE; empty: a zero gradient
+    overridden: bool
+    reduce: bool  # sum back to the input's shape (it may have been broadcast)
+    expand: bool = False  # expand to the input's shape (a reduction left a dimension out)
+    separate: bool = False  # sum each contribution to the input's shape on its own
+
+
+@dataclass(frozen=True)
+class TempGroup:
+    """Temporaries needed by exactly the gradients of `users`."""
+
+    users: tuple[str, ...]
+    temps: tuple[Temp, ...]
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    absent: tuple[str, ...]
+    groups: tuple[TempGroup, ...]
+    grads: tuple[GradPlan, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    derived: Derived
+    saved: tuple[str, ...]  # inputs then outputs, as given to save_for_backward
+    ctx_values: tuple[str, ...]  # non-tensor inputs backward reads
+    shapes: tuple[str, ...]  # inputs whose shape backward needs and that are not saved
+    backward: tuple[BackwardPlan, ...]  # one per variant, same order as derived.variants
+    gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
+    temps: frozenset[sympy.Symbol]  # every temporary symbol
+    dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
+    aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
+    residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
+    varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
+
+    @property
+    def returned(self) -> tuple[str, ...]:
+        """What the Function returns: the spec's outputs, then the residuals."""
+        return (*(o.name for o in self.derived.spec.outputs), *(r.name for r in self.residuals))
+
+    @property
+    def incoming(self) -> dict[str, sympy.Symbol]:
+        """The incoming gradient of each differentiable output and of each residual."""
+        return self.derived.symbols.grads | {r.name: r.grad for r in self.residuals}
+
+
+def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
+    return sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True)
+
+
+def _inline_conditions(
+    replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
+) -> tuple[list[Temp], list[Expr]]:
+    """Put boolean temporaries back where they are used.
+
+    A condition kept as its own variable would be a bool tensor; the printer takes the
+    dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    """
+    temps: list[Temp] = []
+    inline: dict[sympy.Symbol, sympy.Basic] = {}
+    for symbol, expr in replacements:
+        expr = expr.xreplace(inline)
+        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+            inline[symbol] = expr
+        else:
+            temps.append(Temp(symbol, expr))
+    return temps, [e.xreplace(inline) for e in exprs]
+
+
+def _plan_variant(
+    derived: Derived, variant: Variant, index_of: dict[str, int], residuals: tuple[Residual, ...]
+) -> BackwardPlan:
+    factors: list[Expr] = []
+    owners: list[str] = []
+    # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
+    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients])
+    for gradient, ready in zip(variant.gradients, kernel_ready, strict=True):
+        factors += ready
+        owners += [gradient.input] * len(ready)
+    replacements, reduced = sympy.cse(factors, symbols=_temp_symbols(), order="canonical")
+    temps, reduced = _inline_conditions(replacements, reduced)
+    # Which gradients use each temporary, directly or through a later temporary.
+    users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
+    for expr, owner in zip(reduced, owners, strict=True):
+        for symbol in expr.free_symbols & users.keys():
+            users[symbol].add(owner)
+    for temp in reversed(temps):
+        for symbol in temp.expr.free_symbols & users.keys():
+            users[symbol] |= users[temp.symbol]
+    order = [g.input for g in variant.gradients]
+    groups: list[TempGroup] = []
+    for temp in temps:
+        key = tuple(sorted(users[temp.symbol], key=order.index))
+        if groups and groups[-1].users == key:
+            groups[-1] = TempGroup(key, (*groups[-1].temps, temp))
+        else:
+            groups.append(TempGroup(key, (temp,)))
+    present_tensors = [i for i in derived.spec.tensor_inputs if i.name not in variant.absent]
+    may_broadcast = len(present_tensors) > 1
+    grads = []
+    position = 0
+    for gradient in variant.gradients:
+        contributions = []
+        for contribution in gradient.contributions:
+            contributions.append(Contribution(contribution.output, reduced[position]))
+            position += 1
+        grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
+        grads.append(grad)
+    return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
+
+
+def _grad_plan(
+    derived: Derived,
+    variant: Variant,
+    gradient: Gradient,
+    contributions: tuple[Contribution, ...],
+    index_of: dict[str, int],
+    may_broadcast: bool,
+    residuals: tuple[Residual, ...],
+) -> GradPlan:
+    """How one input's gradient is fitted to the input's shape (Note [gradient shapes])."""
+    index = index_of[gradient.input]
+    if gradient.fit is not None:
+        fit = gradient.fit
+        return GradPlan(gradient.input, index, contributions, False, fit.sum_to_size, fit.expand)
+    widen = gradient.overridden and not _covers(derived, variant, gradient.input, gradient.contributions)
+    separate = may_broadcast and len(_input_sets(derived, variant, contributions, residuals)) > 1
+    return GradPlan(
+        input=gradient.input,
+        index=index,
+        contributions=contributions,
+        overridden=gradient.overridden,
+        reduce=may_broadcast or widen,
+        expand=widen,
+        separate=separate,
+    )
+
+
+def _input_sets(
+    derived: Derived, variant: Variant, contributions: tuple[Contribution, ...], residuals: tuple[Residual, ...]
+) -> set[frozenset]:
+    """The distinct sets of Tensor inputs of the outputs and residuals the contributions come through."""
+    inlined = dict(variant.inlined) | {r.name: r.expr for r in residuals}
+    tensors = frozenset(derived.symbols.tensor_inputs)
+    return {frozenset(inlined[c.output].free_symbols & tensors) for c in contributions if c.output is not None}
+
+
+def _covers(derived: Derived, variant: Variant, name: str, contributions: tuple[Contribution, ...]) -> bool:
+    """Whether an elementwise gradient has at least its input's shape: it uses the input, or the
+    incoming gradient of an output that uses it elementwise (and so broadcasts to its shape)."""
+    symbols = derived.symbols
+    x = symbols.inputs[name]
+    inlined = dict(variant.inlined)
+    wide = {symbols.grads[o] for o in symbols.grads if x in inlined[o].free_symbols and not has_tensor_ops(inlined[o])}
+    return all(
+        not has_tensor_ops(c.factor) and bool(c.factor.free_symbols & ({x} | wide))
+        for c in contributions
+        if c.output is None
+    )
+
+
+def aliasing_outputs(derived: Derived, variant: Variant) -> frozenset[str]:
+    """The outputs whose value is a tensor forward already has (Note [outputs that alias])."""
+    symbols = derived.symbols
+    bare = {symbols.lets[n]: e for n, e in variant.lets if isinstance(e, sympy.Symbol)}
+    bare |= {symbols.outputs[n]: e for n, e in variant.outputs if isinstance(e, sympy.Symbol)}
+
+    def root(symbol: sympy.Symbol) -> sympy.Symbol:
+        while symbol in bare:
+            symbol = bare[symbol]
+        return symbol
+
+    taken = set(symbols.tensor_inputs)
+    aliases = set()
+    for name, expr in variant.outputs:
+        source = root(expr) if isinstance(expr, sympy.Symbol) else symbols.outputs[name]
+        if source in taken:
+            aliases.add(name)
+        taken.add(source)
+    return frozenset(aliases)
+
+
+def same_gradients_in_every_variant(derived: Derived) -> bool:
+    """Whether each variant's gradients are the all-present ones minus those of its None inputs."""
+    full = derived.full.gradients
+    return all(
+        variant.gradients == tuple(g for g in full if g.input not in variant.absent) for variant in derived.variants
+    )
+
+
+def _varies(derived: Derived, backward: tuple[BackwardPlan, ...]) -> bool:
+    """Whether backward needs a branch per variant (else the all-present body serves every one:
+    a None input needs no gradient, `needs_input_grad` is False for it)."""
+    if same_gradients_in_every_variant(derived):
+        return False
+    last = backward[-1]
+    return any((bp.groups, bp.grads) != (last.groups, last.grads) for bp in backward)
+
+
+def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
+    spec = derived.spec
+    index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
+    backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
+    used: set[sympy.Symbol] = set()
+    for bp in backward:
+        for group in bp.groups:
+            for temp in group.temps:
+                used |= temp.expr.free_symbols
+        for grad in bp.grads:
+            for contribution in grad.contributions:
+                used |= contribution.factor.free_symbols
+    symbols = derived.symbols
+    varies = _varies(derived, backward)
+    # A backward that branches on which `Tensor?` inputs were None saves them (None costs nothing).
+    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
+    saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
+    saved += [r.name for r in residuals if r.symbol in used]
+    ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
+    shapes = tuple(
+        sorted(
+            {g.input for bp in backward for g in bp.grads if (g.reduce or g.expand) and g.input not in saved},
+            key=index_of.__getitem__,
+        )
+    )
+    differentiable = [o for o in spec.outputs if o.differentiable] + list(residuals)
+    # Gradients through tensor operations take every incoming gradient materialized.
+    gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
+    temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
+    dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
+    aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
+    return Plan(
+        derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases, residuals, varies
+    )

@@ -1,0 +1,141 @@
+"""Parse stage, `tests:` section: raw YAML -> `TestConfig` (domains, shapes, values, points, native op).
+
+Receives the `tests:` node and the spec's inputs; returns the `TestConfig` the test emitter
+follows, recording every located problem in `problems`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+from opgen.errors import Loc, Problems, SpecError
+from opgen.spec.load import Raw, RawList, RawMap, RawScalar
+from opgen.spec.model import Input, Scalar, TestConfig
+from opgen.spec.native import NATIVE_OPS
+from opgen.spec.parse_common import check_keys, int_list, need_map, number, scalar_default, suggest
+
+TEST_KEYS = ("domain", "shapes", "values", "gradgrad", "points", "native")
+
+
+def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -> TestConfig:
+    mapping = need_map(node, "tests")
+    check_keys(mapping, TEST_KEYS, "tests", problems)
+    by_name = {i.name: i for i in spec_inputs}
+    dims = {d for i in spec_inputs if i.type.dims for d in i.type.dims}
+    domain = _each(mapping.get("domain"), "tests.domain", problems, lambda *entry: _domain(by_name, *entry))
+    shapes = _each(mapping.get("shapes"), "tests.shapes", problems, lambda *entry: _shape(by_name, dims, *entry))
+    values = _each(mapping.get("values"), "tests.values", problems, lambda *entry: _value(by_name, *entry))
+    gradgrad = True
+    if (node_ := mapping.get("gradgrad")) is not None:
+        if not isinstance(node_, RawScalar) or not isinstance(node_.value, bool):
+            problems.add(SpecError(node_.loc, "tests.gradgrad must be true or false"))
+        else:
+            gradgrad = node_.value
+    points = _parse_points(mapping.get("points"), by_name, problems)
+    native = _parse_native(mapping.get("native"), spec_inputs, problems)
+    return TestConfig(domain, shapes, values, gradgrad, points, native)
+
+
+T = TypeVar("T")
+
+
+def _each(node: Raw | None, what: str, problems: Problems, read: Callable[[str, Loc, Raw], T]) -> tuple[T, ...]:
+    """`read(name, loc, value)` of every entry of the mapping `node` (absent: none), each problem recorded."""
+    if node is None:
+        return ()
+    found = []
+    for name, loc, value in need_map(node, what).entries:
+        with problems.collect():
+            found.append(read(name, loc, value))
+    return tuple(found)
+
+
+def _domain(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple[str, float, float]:
+    if name not in by_name or not by_name[name].is_tensor:
+        raise SpecError(loc, f"tests.domain: '{name}' is not a Tensor input")
+    if not isinstance(value, RawList) or len(value.items) != 2:
+        raise SpecError(value.loc, f"tests.domain.{name} must be [low, high]")
+    low, high = (number(v, f"tests.domain.{name}", finite=True) for v in value.items)
+    if not low < high:
+        raise SpecError(value.loc, f"tests.domain.{name}: low ({low}) must be below high ({high})")
+    return (name, low, high)
+
+
+def _shape(by_name: dict[str, Input], dims: set[str], name: str, loc: Loc, value: Raw) -> tuple[str, tuple[int, ...]]:
+    if name in dims:
+        if (
+            not isinstance(value, RawScalar)
+            or isinstance(value.value, bool)
+            or not isinstance(value.value, int)
+            or value.value < 1
+        ):
+            raise SpecError(value.loc, f"tests.shapes.{name}: a dimension size must be a positive whole number")
+        return (name, (value.value,))
+    if name in by_name and by_name[name].is_tensor:
+        return (name, int_list(value, f"tests.shapes.{name}"))
+    raise SpecError(loc, f"tests.shapes: '{name}' is neither a Tensor input nor a named dimension")
+
+
+def _value(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple[str, Scalar]:
+    if name not in by_name or by_name[name].is_tensor:
+        raise SpecError(loc, f"tests.values: '{name}' is not a float, int or bool input")
+    kind = by_name[name].type.kind
+    if not isinstance(value, RawScalar):
+        raise SpecError(value.loc, f"tests.values.{name} must be a {kind}")
+    sample = scalar_default(kind, str(value.value), value.loc)
+    if isinstance(sample, float) and math.isnan(sample):
+        raise SpecError(value.loc, f"tests.values.{name} is NaN; the generated tests need a number to compare")
+    return (name, sample)
+
+
+Points = tuple[tuple[str, tuple[float, ...]], ...]
+
+
+def _parse_points(node: Raw | None, by_name: dict[str, Input], problems: Problems) -> Points:
+    """`tests.points`: `input: [values]`, lists of one length, read row by row."""
+    if node is None:
+        return ()
+    if not isinstance(node, RawMap):
+        problems.add(SpecError(node.loc, "tests.points must be a mapping `input: [values]`"))
+        return ()
+    points: list[tuple[str, tuple[float, ...]]] = []
+    for name, loc, value in node.entries:
+        with problems.collect():
+            if name not in by_name or not by_name[name].is_tensor:
+                raise SpecError(loc, f"tests.points: '{name}' is not a Tensor input")
+            if not isinstance(value, RawList) or not value.items:
+                example = "e.g. [-1.0, 0.0, 1.0]"
+                raise SpecError(value.loc, f"tests.points.{name} must be a non-empty list of numbers, {example}")
+            row = tuple(number(v, f"tests.points.{name}") for v in value.items)
+            if points and len(row) != len(points[0][1]):
+                first, count = points[0][0], len(points[0][1])
+                raise SpecError(
+                    value.loc,
+                    f"tests.points.{name} has {len(row)} value(s) but tests.points.{first} has {count};"
+                    " the lists are read row by row, so they must have one length",
+                )
+            points.append((name, row))
+    return tuple(points)
+
+
+def _parse_native(node: Raw | None, inputs: tuple[Input, ...], problems: Problems) -> str | None:
+    """`tests.native`: the name of a PyTorch op (`opgen.spec.native`) taking the spec's inputs in order."""
+    if node is None:
+        return None
+    with problems.collect():
+        if not isinstance(node, RawScalar) or not isinstance(node.value, str):
+            raise SpecError(node.loc, "tests.native must be the name of a PyTorch op, e.g. hardtanh")
+        op = NATIVE_OPS.get(node.value)
+        if op is None:
+            hint = suggest(node.value, tuple(sorted(NATIVE_OPS)))
+            raise SpecError(node.loc, f"tests.native: unknown op '{node.value}'{hint}")
+        if op.arity != len(inputs):
+            raise SpecError(
+                node.loc,
+                f"tests.native: {node.value} takes {op.arity} arguments (the spec's inputs, in order),"
+                f" but this spec has {len(inputs)} input{'s' if len(inputs) != 1 else ''}",
+            )
+        return node.value
+    return None
