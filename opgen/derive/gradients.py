@@ -22,8 +22,9 @@ from opgen import limits
 from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.formula import tensor
-from opgen.formula.read import Formulas, Symbols, dimension_names
+from opgen.formula import tensor, written
+from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
+from opgen.formula.reader import parse_ast
 from opgen.spec.model import Spec
 
 __all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]
@@ -56,6 +57,9 @@ class Variant:
     outputs: tuple[tuple[str, Expr], ...]  # in terms of inputs, lets and earlier outputs
     inlined: tuple[tuple[str, Expr], ...]  # outputs in terms of inputs only
     gradients: tuple[Gradient, ...]  # one per present Tensor input, in input order
+    # Outputs whose simplified formula lost some of its shape as written, with the pieces it
+    # lost: forward expands them (Note [shapes as written] in opgen.formula.written).
+    expand: tuple[tuple[str, tuple[written.Piece, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,26 @@ def _variant(formulas: Formulas, absent_names: tuple[str, ...], shapes: dict[sym
     lets = tuple((n, forward[n]) for n in (let.name for let in spec.lets) if n in needed)
     outputs = tuple((o.name, forward[o.name]) for o in spec.outputs)
     inlined_outputs = tuple((o.name, inlined[symbols.outputs[o.name]]) for o in spec.outputs)
-    return Variant(absent_names, lets, outputs, inlined_outputs, tuple(gradients))
+    walk = walk_as_written(spec, symbols, shapes, frozenset(absent))
+    expand = _expansions(spec, symbols, list(formulas.definitions), inlined, walk)
+    return Variant(absent_names, lets, outputs, inlined_outputs, tuple(gradients), expand)
+
+
+def _expansions(
+    spec: Spec, symbols: Symbols, order: list[str], inlined: dict[sympy.Symbol, Expr], walk: written.Walk
+) -> tuple[tuple[str, tuple[written.Piece, ...]], ...]:
+    """The outputs of one variant whose simplified formula misses pieces of its shape as written."""
+    defined = {**symbols.lets, **symbols.outputs}
+    formulas = {let.name: let.formula for let in spec.lets} | {o.name: o.formula for o in spec.outputs}
+    found = []
+    for name in order:
+        pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formulas[name]))
+        if name in symbols.outputs and pieces:
+            missing = written.uncovered(inlined[defined[name]], pieces, walk.shapes)
+            if missing:
+                found.append((name, missing))
+    rank = {o.name: k for k, o in enumerate(spec.outputs)}
+    return tuple(sorted(found, key=lambda item: rank[item[0]]))
 
 
 def _forward(

@@ -16,6 +16,18 @@ dimensions `...` may be carried further: every rule is linear in the gradient an
 trailing dimensions (dims are counted from the end), and every gradient carries the output's
 whole batch, so summing the batch once at the input (`sum_to_size`, at run time, when inputs
 of different batch shapes were broadcast) gives the same result.
+
+Note [narrow gradients]
+~~~~~~~~~~~~~~~~~~~~~~~
+A gradient may reach a node with size 1 where the node has a full dimension: through a
+`keepdim=true` reduction (`mean(a @ b, dim=1, keepdim=true)`), or a reduction's `unsqueeze`.
+Elementwise rules broadcast it as torch would. `@` cannot: its gradient `g @ b.T` contracts
+`g`'s last dimension with `b`'s. A gradient constant along the last dimension M of `a @ b` is
+`g` of shape [N, 1] repeated, and `g.expand(N, M) @ b.T == g @ b.sum(-1, keepdim=True).T`;
+constant along N, `a.T @ g.expand(N, M) == a.sum(-2, keepdim=True).T @ g`: no expand, no
+sizes, and less work. What stays constant stays size 1 (`a`'s gradient [1, K] from a `g` of
+[1, M], `b`'s [K, 1] from [N, 1]) and broadcasts onward. PyTorch's softmax backward kernels
+want the full shape too, so a narrow gradient through a softmax takes its formula instead.
 """
 
 from __future__ import annotations
@@ -133,16 +145,19 @@ class _Vjp:
     def rule(self, node: Expr, grad: Expr) -> None:
         if isinstance(node, MatMul):
             a, b = node.args
-            self.push(a, MatMul(grad, Transpose(b)))
-            self.push(b, MatMul(Transpose(a), grad))
+            # Note [narrow gradients]: a gradient constant along M or N meets the other side summed.
+            narrow = self.narrow(grad, node)
+            self.push(a, MatMul(grad, Transpose(ReduceSum(b, S.NegativeOne, S.One) if -1 in narrow else b)))
+            self.push(b, MatMul(Transpose(ReduceSum(a, sympy.Integer(-2), S.One) if -2 in narrow else a), grad))
             return
         if isinstance(node, Transpose):
             self.push(node.args[0], Transpose(grad))
             return
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
-            backward = SoftmaxBackward if isinstance(node, Softmax) else LogSoftmaxBackward
-            self.push(a, backward(grad, node, dim))
+            backward = (SoftmaxBackward if isinstance(node, Softmax) else LogSoftmaxBackward)(grad, node, dim)
+            # PyTorch's backward kernels want the gradient in the output's full shape.
+            self.push(a, backward.elementary() if self.narrow(grad, node) else backward)
             return
         assert isinstance(node, ReductionBase), type(node)
         a, dim = node.operand, node.dim
@@ -161,6 +176,17 @@ class _Vjp:
             self.push(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One))
         else:
             raise AssertionError(type(node))
+
+    def narrow(self, grad: Expr, node: Expr) -> tuple[int, ...]:
+        """The trailing dims (from the end) where `grad` is 1 or missing and `node` is not (Note [narrow gradients])."""
+        have, want = self.shape(grad), self.shape(node)
+        assert have is not None and want is not None
+        have_dims, want_dims = split(have)[1], split(want)[1]
+        return tuple(
+            -k
+            for k in range(len(want_dims), 0, -1)
+            if want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1)
+        )
 
     def size(self, expr: Expr, dim: int) -> Expr:
         shape = self.shape(expr)

@@ -22,7 +22,8 @@ from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
 from opgen.emit.statements import assign
 from opgen.formula.kinds import with_definitions
-from opgen.formula.tensor import ShapeError, dim_size, is_dim_size, shape_of
+from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
+from opgen.formula.written import Piece
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan, Temp
 from opgen.spec import quote
 from opgen.spec.model import Spec
@@ -109,7 +110,10 @@ def make_names(plan: Plan) -> OpNames:
 def forward_dims(derived: Derived) -> list[str]:
     """Named dimensions whose size a forward formula uses as a number."""
     used = {s for v in derived.variants for _, e in (*v.lets, *v.outputs) for s in e.free_symbols if is_dim_size(s)}
-    return sorted(s.name.split(":", 1)[1] for s in used)
+    names = {s.name.split(":", 1)[1] for s in used}
+    for variant in derived.variants:  # the sizes of the shapes outputs are expanded to
+        names |= {str(d) for _, pieces in variant.expand for p in pieces if p.tensor is None for d in p.dims or ()}
+    return sorted(names - {"1", BATCH})
 
 
 def make_printer(
@@ -202,13 +206,42 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
         lines += assign(name, expr, printer, indent)
     for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
         lines += assign(residual.name, residual.expr, printer, indent)
+    expand = dict(variant.expand)  # Note [shapes as written] in opgen.written
     for name, expr in variant.outputs:
+        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
+            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
+            continue
         if name in aliases:  # Note [outputs that alias]
             text = printer.doprint_expr(expr)
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
             lines += assign(name, expr, printer, indent)
+        if name in expand:
+            lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
     return lines
+
+
+def _expanded(source: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> str:
+    """`source` expanded to its broadcast with the shapes of `pieces`."""
+    shapes = ", ".join([f"{source}.shape", *(_piece_shape(piece, printer) for piece in pieces)])
+    return f"{source}.expand({printer.torch}.broadcast_shapes({shapes}))"
+
+
+def _piece_shape(piece: Piece, printer: TorchPrinter) -> str:
+    """The run-time shape of a piece: a tensor's own, or a tensor operation's sizes after its batch."""
+    if piece.tensor is not None:
+        return f"{printer.doprint_expr(piece.tensor)}.shape"
+    assert piece.dims is not None
+    dims = [d for d in piece.dims if d != BATCH]
+    sizes = [str(d) if d == 1 else printer.doprint_expr(dim_size(str(d))) for d in dims]
+    if not piece.batch:
+        return f"({', '.join(sizes)},)" if len(sizes) == 1 else f"({', '.join(sizes)})"
+    texts = []
+    for source in piece.batch:  # its batch dimensions come from these inputs
+        own = len(printer.tensor_shapes[source] or ()) - 1  # its declared dimensions after `...`
+        batch = f"*{printer.doprint_expr(source)}.shape" + (f"[:-{own}]" if own else "")
+        texts.append(f"({', '.join([batch, *sizes])})" if sizes else f"({batch},)")
+    return ", ".join(texts)
 
 
 def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:

@@ -17,9 +17,9 @@ import sympy
 from sympy import Expr
 
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.formula import tensor
+from opgen.formula import tensor, written
 from opgen.formula.kinds import with_definitions
-from opgen.formula.reader import NUM, Scope, Value, holds_tensors, read_formula
+from opgen.formula.reader import NUM, Scope, Value, holds_tensors, parse_ast, read_formula
 from opgen.spec.model import Spec
 
 
@@ -148,6 +148,7 @@ def _read_definitions(
     defined = {**symbols.lets, **symbols.outputs}
     problems = Problems()
     definitions: dict[str, Expr] = {}
+    walk = walk_as_written(spec, symbols, shapes or {}, frozenset())
     formulas = {let.name: let.formula for let in spec.lets} | {o.name: o.formula for o in spec.outputs}
     for name in order or list(formulas):
         formula = formulas[name]
@@ -155,10 +156,21 @@ def _read_definitions(
             definitions[name] = read_formula(formula, scope, NUM)  # type: ignore[assignment]
             if shapes is not None:
                 definitions[name] = tensor.fuse_softmax(definitions[name])
-                shapes[defined[name]] = tensor.shape_of(definitions[name], shapes)
+                # The shape as written (Note [shapes as written]), which a simplified formula may lack.
+                pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formula))
+                as_written = written.broadcast_all(pieces or frozenset())
+                shapes[defined[name]] = tensor.broadcast(tensor.shape_of(definitions[name], shapes), as_written)
     if problems:
         raise _Many(problems)
     return definitions
+
+
+def walk_as_written(
+    spec: Spec, symbols: Symbols, shapes: dict[sympy.Symbol, tensor.Shape], absent: frozenset[sympy.Symbol]
+) -> written.Walk:
+    """A reader of the shapes the formulas broadcast to as written (Note [shapes as written])."""
+    names = {n: v.expr for n, v in forward_scope(spec, symbols).names.items()}
+    return written.Walk(names, frozenset(symbols.tensor_inputs), shapes, absent)
 
 
 class _Many(Exception):

@@ -204,7 +204,13 @@ def _input_sets(
     """The distinct sets of Tensor inputs of the outputs and residuals the contributions come through."""
     inlined = dict(variant.inlined) | {r.name: r.expr for r in residuals}
     tensors = frozenset(derived.symbols.tensor_inputs)
-    return {frozenset(inlined[c.output].free_symbols & tensors) for c in contributions if c.output is not None}
+    # An expanded output also has the shapes its simplified formula lost (Note [shapes as written]).
+    lost = {name: frozenset(p.tensor or p for p in pieces) for name, pieces in variant.expand}
+    return {
+        frozenset(inlined[c.output].free_symbols & tensors) | lost.get(c.output, frozenset())
+        for c in contributions
+        if c.output is not None
+    }
 
 
 def _covers(derived: Derived, variant: Variant, name: str, contributions: tuple[Contribution, ...]) -> bool:

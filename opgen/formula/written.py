@@ -1,0 +1,154 @@
+"""Shapes as written: what each formula broadcasts with before SymPy simplifies it.
+
+Receives the syntax tree of a `let` or output formula, what its names mean, the declared
+shapes and what the earlier formulas broadcast with; returns the formula's `Piece`s, whose
+broadcast is the formula's shape as written, for one variant (some `Tensor?` inputs None).
+`uncovered` tells which pieces a simplified formula no longer broadcasts with, so forward
+can expand the output to the shape torch gives the formula as written.
+
+Note [shapes as written]
+~~~~~~~~~~~~~~~~~~~~~~~~
+SymPy simplifies `where(c, x, x)` to `x`, `x + 0 * z` and `x + z - z` to `x`: the same
+values, but torch broadcasts the formula as written, so its result has the shape of `c`
+or `z` too when they are larger. The pieces are read from the formula text, as the tie
+rule reads which names hold tensors (Note [tensor-valued lets]): a Tensor input used
+elementwise is a piece with its own shape; a tensor operation (`@`, `.T`, a reduction) is
+a piece with the static shape it has as written, and the batch dimensions `...` of the
+inputs inside it. A `let` or output used in a formula brings its own pieces. A `Tensor?`
+input that is None removes the terms that use it (spec format section 2) and so their
+pieces, by the rule `opgen.derive.gradients.drop_terms` applies to the SymPy formula: a side of `+`
+or `-` goes alone, anything else goes whole. Forward then expands an output whose
+simplified formula misses a piece to `torch.broadcast_shapes` of its own shape and the
+missing pieces' shapes (nothing for outputs that miss none), and every shape the later
+stages read (the output's, its incoming gradient's) is the shape as written.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import sympy
+
+from opgen.formula import tensor
+from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One shape a formula broadcasts with: a tensor used elementwise, or a tensor operation."""
+
+    tensor: sympy.Symbol | None  # a Tensor input used elementwise (its own shape), else None
+    dims: Shape  # the static shape: declared (None: a plain Tensor), or of the tensor operation
+    batch: tuple[sympy.Symbol, ...] = ()  # the inputs whose batch dimensions `...` it has
+
+
+Pieces = frozenset[Piece]
+
+
+def sort_key(piece: Piece) -> tuple[str, str, tuple[str, ...]]:
+    return (piece.tensor.name if piece.tensor else "", str(piece.dims), tuple(s.name for s in piece.batch))
+
+
+class Walk:
+    """The pieces of formulas of one variant; `defined` gains each let's and output's as they are read."""
+
+    def __init__(
+        self,
+        names: dict[str, sympy.Basic],
+        inputs: frozenset[sympy.Symbol],
+        shapes: dict[sympy.Symbol, Shape],
+        absent: frozenset[sympy.Symbol],
+    ) -> None:
+        self.names = names
+        self.inputs = inputs  # the Tensor inputs
+        self.shapes = shapes
+        self.absent = absent
+        self.defined: dict[sympy.Basic, Pieces | None] = {}  # let/output symbol -> pieces, None if dropped
+
+    def pieces(self, node: ast.expr) -> Pieces | None:
+        """The pieces of `node`; None when the term is dropped (it uses an absent input)."""
+        if isinstance(node, ast.Name):
+            return self.name(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            kept = [p for p in (self.pieces(node.left), self.pieces(node.right)) if p is not None]
+            return frozenset().union(*kept) if kept else None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            return self.operation(node, [node.left, node.right])
+        if isinstance(node, ast.Attribute):
+            return self.operation(node, [node.value])
+        if isinstance(node, ast.Call) and node.keywords:  # a reduction
+            return self.operation(node, node.args[:1])
+        parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
+        if isinstance(node, ast.Call):
+            parts = [self.pieces(child) for child in node.args]
+        if any(p is None for p in parts):
+            return None
+        return frozenset().union(*parts)  # type: ignore[arg-type]
+
+    def name(self, name: str) -> Pieces | None:
+        symbol = self.names.get(name)
+        if symbol is None:
+            return frozenset()  # a constant such as pi or true
+        if symbol in self.absent:
+            return None
+        if symbol in self.defined:
+            return self.defined[symbol]
+        if symbol not in self.inputs:
+            return frozenset()  # a number input or a dimension's size
+        dims = self.shapes.get(symbol)  # type: ignore[call-overload]
+        return frozenset([Piece(symbol, dims, (symbol,) if dims and BATCH in dims else ())])
+
+    def operation(self, node: ast.expr, operands: list[ast.expr]) -> Pieces | None:
+        """A tensor operation: one piece with its static shape as written."""
+        parts = [self.pieces(operand) for operand in operands]
+        if any(p is None for p in parts):
+            return None
+        try:
+            shapes = [broadcast_all(p) for p in parts]  # type: ignore[arg-type]
+            dims = self.operation_shape(node, shapes)
+        except ShapeError:  # what is left of it after dropped terms no longer fits: SymPy's shape decides
+            return frozenset()
+        batch = tuple(sorted({s for p in parts for piece in p for s in piece.batch}, key=lambda s: s.name))  # type: ignore[union-attr]
+        return frozenset([Piece(None, dims, batch)])
+
+    def operation_shape(self, node: ast.expr, shapes: list[Shape]) -> Shape:
+        if isinstance(node, ast.BinOp):
+            return tensor.matmul_shape(shapes[0], shapes[1])
+        if isinstance(node, ast.Attribute):
+            return tensor.transpose_shape(shapes[0])
+        assert isinstance(node, ast.Call)
+        options = {kw.arg: kw.value for kw in node.keywords}
+        dim = ast.literal_eval(options["dim"])
+        keepdim = "keepdim" in options and ast.unparse(options["keepdim"]) in ("true", "True")
+        return tensor.reduce_shape(shapes[0], tensor.reduce_dim(shapes[0], dim, "reduction"), keepdim)
+
+
+def broadcast_all(pieces: Pieces) -> Shape:
+    """The static shape of the broadcast of `pieces` (None when one is a plain Tensor)."""
+    shape: Shape = ()
+    for piece in sorted(pieces, key=sort_key):
+        shape = tensor.broadcast(shape, piece.dims)
+    return shape
+
+
+def uncovered(expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shape]) -> tuple[Piece, ...]:
+    """The pieces whose shape `expr`, the simplified formula, may no longer have (Note [shapes as written])."""
+    dummies = {op: sympy.Dummy() for op in expr.atoms(TensorOp)}
+    elementwise = expr.xreplace(dummies).free_symbols
+    try:
+        own = tensor.shape_of(expr, shapes)
+    except ShapeError:
+        own = None
+    missing = []
+    for piece in sorted(pieces, key=sort_key):
+        if piece.tensor is not None and piece.tensor in elementwise:
+            continue
+        if own is not None and piece.dims is not None and set(piece.batch) <= expr.free_symbols:
+            try:
+                if tensor.broadcast(own, piece.dims) == own:
+                    continue
+            except ShapeError:
+                pass
+        missing.append(piece)
+    return tuple(missing)
