@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from opgen.derive.gradients import Derived, dimension_names
-from opgen.emit.op import public_names, size_sources
+from opgen.emit.forward import size_sources
+from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
 from opgen.formula.reader import holds_tensors, parse_ast
 from opgen.formula.reference import reference_expr
