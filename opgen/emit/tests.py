@@ -21,8 +21,8 @@ from opgen.derive.gradients import Derived, dimension_names
 from opgen.emit.forward import size_sources
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
-from opgen.formula.reader import holds_tensors, parse_ast
 from opgen.formula.reference import reference_expr
+from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
 from opgen.plan.extremes import applies, extreme_rows, places

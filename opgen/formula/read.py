@@ -19,7 +19,9 @@ from sympy import Expr
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import tensor, written
 from opgen.formula.kinds import with_definitions
-from opgen.formula.reader import NUM, Scope, Value, holds_tensors, parse_ast, read_formula
+from opgen.formula.reader import Scope, read_formula
+from opgen.formula.syntax import holds_tensors, parse_ast
+from opgen.formula.vocabulary import NUM, Value
 from opgen.spec.model import Spec
 
 
