@@ -51,4 +51,4 @@ def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
     inlined: dict[sympy.Basic, sympy.Basic] = {}
     for name, expr in derived.full.lets:
         inlined[derived.symbols.lets[name]] = expr.xreplace(inlined)
-    return {expr: symbol for symbol, expr in inlined.items() if not expr.is_Atom}  # type: ignore[misc]
+    return {expr: symbol for symbol, expr in inlined.items() if not expr.is_Atom}

@@ -80,7 +80,7 @@ class _Reader:
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
         expr = value.expr
-        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:  # type: ignore[attr-defined]
+        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:
             raise self.fail(node, f"the constant `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
         return value
 
@@ -88,7 +88,7 @@ class _Reader:
         value = self.read(node)
         if value.kind == BOOL:
             return fn.indicator(value.expr)  # a condition used as a number is 1 or 0
-        return value.expr  # type: ignore[return-value]
+        return value.expr
 
     def condition(self, node: ast.expr, what: str) -> sympy.Basic:
         value = self.read(node)
@@ -100,7 +100,7 @@ class _Reader:
         method = getattr(self, "read_" + type(node).__name__, None)
         if method is None:
             raise self.fail(node, f"{_describe(node)} is not allowed in a formula")
-        return method(node)  # type: ignore[no-any-return]
+        return method(node)
 
     def read_Constant(self, node: ast.Constant) -> Value:  # noqa: N802
         value = node.value

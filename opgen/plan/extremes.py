@@ -130,7 +130,7 @@ class _Printer(MpmathPrinter):
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # noqa: N802
         if expr.exp.is_number:
-            return super()._print_Pow(expr, rational=rational)  # type: ignore[no-any-return]
+            return super()._print_Pow(expr, rational=rational)
         return f"_power({self._print(expr.base)}, {self._print(expr.exp)})"
 
 
@@ -179,7 +179,7 @@ class _Compiled:
         self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
     def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
-        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())  # type: ignore[no-any-return]
+        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
