@@ -91,7 +91,8 @@ def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Deriv
 def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
     """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
     from opgen.derive.gradients import derive  # Note [stages imported on use]
-    from opgen.emit.op import emit_op, shape_checks
+    from opgen.emit.forward import shape_checks
+    from opgen.emit.op import emit_op
     from opgen.emit.printer import PrintError
     from opgen.emit.tests import emit_tests
     from opgen.formula.read import read

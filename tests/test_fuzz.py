@@ -38,11 +38,6 @@ SEED = os.environ.get("OPGEN_FUZZ_SEED")
 COLLECT = os.environ.get("OPGEN_FUZZ_COLLECT")
 
 
-def known(reason: str) -> pytest.MarkDecorator:
-    """Fails until the issue-8 fixes land (see the fuzz findings); remove the mark then."""
-    return pytest.mark.xfail(strict=False, reason=reason)
-
-
 def fuzz(ci_examples: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Hypothesis settings: CI's fixed examples, or OPGEN_FUZZ_EXAMPLES with OPGEN_FUZZ_SEED."""
 
@@ -144,7 +139,6 @@ def _formula_case(lab: Sandbox, case: Case) -> None:
     _property(lab, "formula", text, body)
 
 
-@known("the generated tests' extreme points evaluate acos outside its domain as complex (mpmath atan2 of an mpc)")
 @fuzz(ci_examples=40)
 @given(case=cases(dims=False))
 def test_random_elementwise_formulas_agree_with_autograd(lab: Sandbox, case: Case) -> None:

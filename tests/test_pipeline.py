@@ -13,7 +13,7 @@ import sympy
 from conftest import ROOT
 
 from opgen.derive.guard import guard_branches
-from opgen.emit.op import OpNames
+from opgen.emit.names import OpNames
 from opgen.errors import Problems
 from opgen.formula import functions as fn
 from opgen.pipeline import derive_spec

@@ -24,7 +24,7 @@ from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradi
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import tensor, written
 from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
-from opgen.formula.reader import parse_ast
+from opgen.formula.syntax import parse_ast
 from opgen.spec.model import Spec
 
 __all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]

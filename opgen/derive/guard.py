@@ -62,7 +62,7 @@ def guard_branches(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr:
     """`expr` with the restricted arguments of every `where` branch guarded by its condition."""
     if not expr.has(fn.where):
         return expr
-    return _guard(expr, tensors)  # type: ignore[return-value]
+    return _guard(expr, tensors)
 
 
 def _guard(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
@@ -121,7 +121,7 @@ def settle_indicators(expr: Expr) -> Expr:
     """
     if not expr.has(fn.where):
         return expr
-    return _settle(expr, {})  # type: ignore[return-value]
+    return _settle(expr, {})
 
 
 def _settle(expr: sympy.Basic, known: dict[sympy.Basic, sympy.Basic]) -> sympy.Basic:

@@ -213,7 +213,7 @@ def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
         if x not in node.free_symbols:
             continue
         if isinstance(node, TensorOp):
-            found.add(node)  # type: ignore[arg-type]
+            found.add(node)
             continue
         stack.extend(node.args)
     return found

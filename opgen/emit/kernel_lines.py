@@ -1,9 +1,10 @@
 """Emission of the native kernels: how `forward` and `backward` call a lowered primitive.
 
-Used by `opgen.emit.op`: `forward_printer` lets `Function.forward` print primitives as their
-in-place forms (Note [forward in place]); `backward_lines` writes a gradient whose kernel
-node (opgen.optimize.kernels) PyTorch can compute in one pass, with the formula for double backward
-where the kernel has no derivative (Note [native backward kernels] in opgen.optimize.kernels).
+Used by `opgen.emit.forward` and `opgen.emit.backward`: `forward_printer` lets `Function.forward`
+print primitives as their in-place forms (Note [forward in place]); `backward_lines` writes a
+gradient whose kernel node (opgen.optimize.kernels) PyTorch can compute in one pass, with the
+formula for double backward where the kernel has no derivative (Note [native backward kernels]
+in opgen.optimize.kernels).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opgen.spec import quote
-from opgen.spec.model import Module, Scalar, Spec
+from opgen.spec.model import Input, Module, Scalar, Spec
 from opgen.spec.names import Namer
 
 # Attributes an nn.Module already has; a spec name equal to one is kept under another name.
@@ -74,6 +74,35 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
     torch, math, `self` and the functional (none of them a spec name)."""
     assert spec.module is not None
     module = spec.module
+    attrs = _attributes(module, self_)
+    params = {p.name for p in module.parameters}
+    forward_inputs = [i for i in spec.inputs if i.name not in params and module.attribute_arg(i.name) is None]
+    call_args = [_call_arg(module, inp.name, attrs) for inp in spec.inputs]
+    repr_text = _repr_fstring([(f"{a.name}=", attrs.arg_repr[a.name]) for a in module.args])
+    doc = quote.docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
+    return ModuleContext(
+        module.name,
+        ", ".join([self_, *_defaults(module, math)]),
+        _init_body(module, torch, attrs),
+        _reset_body(module, torch, attrs),
+        ", ".join([self_, *_forward_params(forward_inputs, math)]),
+        f"{functional}({', '.join(call_args)})",
+        repr_text,
+        doc,
+    )
+
+
+@dataclass(frozen=True)
+class _Attributes:
+    """How the Module refers to its parameters and stored args (`self.weight`, `self._eps`)."""
+
+    self_: str
+    param_attr: dict[str, str]  # parameter -> attribute
+    arg_attr: dict[str, str]  # module arg stored as an attribute -> attribute
+    arg_repr: dict[str, str]  # module arg -> the expression of its value in `extra_repr`
+
+
+def _attributes(module: Module, self_: str) -> _Attributes:
     params = {p.name: p for p in module.parameters}
     attrs = Namer(MODULE_ATTRIBUTES)
     param_attr = {p.name: attrs.fresh(p.name) for p in module.parameters}
@@ -87,17 +116,22 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
             continue
         arg_attr[arg.name] = attrs.fresh(arg.name if arg.name not in params else "_" + arg.name)
         arg_repr[arg.name] = f"{self_}.{arg_attr[arg.name]}"
+    return _Attributes(self_, param_attr, arg_attr, arg_repr)
+
+
+def _init_body(module: Module, torch: str, attrs: _Attributes) -> list[str]:
+    self_ = attrs.self_
     # Not `super().__init__()`: the op's own name or a module arg may be `super`.
     init: list[str] = [f"{torch}.nn.Module.__init__({self_})"]
     for arg in module.args:
-        if arg.name in arg_attr:
-            init.append(f"{self_}.{arg_attr[arg.name]} = {arg.name}")
+        if arg.name in attrs.arg_attr:
+            init.append(f"{self_}.{attrs.arg_attr[arg.name]} = {arg.name}")
     for p in module.parameters:
         shape = ", ".join(str(s) for s in p.shape)
         create = f"{torch}.nn.Parameter({torch}.empty({shape}))"
         if len(p.shape) == 0:
             create = f"{torch}.nn.Parameter({torch}.empty(()))"
-        attr = param_attr[p.name]
+        attr = attrs.param_attr[p.name]
         if p.when:
             init += [
                 f"if {p.when}:",
@@ -109,16 +143,25 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
             init.append(f"{self_}.{attr} = {create}")
     if module.parameters:
         init.append(f"{self_}.reset_parameters()")
+    return init
+
+
+def _reset_body(module: Module, torch: str, attrs: _Attributes) -> list[str]:
     reset: list[str] = []
     for p in module.parameters:
-        call = _init_call(torch, f"{self_}.{param_attr[p.name]}", p.init.kind, p.init.args)
+        attr = f"{attrs.self_}.{attrs.param_attr[p.name]}"
+        call = _init_call(torch, attr, p.init.kind, p.init.args)
         if p.when:
-            reset += [f"if {self_}.{param_attr[p.name]} is not None:", f"    {call}"]
+            reset += [f"if {attr} is not None:", f"    {call}"]
         else:
             reset.append(call)
     if not reset:
         reset.append("pass  # no parameters")
-    forward_inputs = [i for i in spec.inputs if i.name not in params and module.attribute_arg(i.name) is None]
+    return reset
+
+
+def _forward_params(forward_inputs: list[Input], math: str) -> list[str]:
+    """The Module's forward parameters; trailing ones with a default (or `Tensor?`) keep it."""
     forward_params = []
     trailing = True
     for inp in reversed(forward_inputs):
@@ -129,26 +172,17 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
             trailing = False
             forward_params.append(inp.name)
     forward_params.reverse()
-    call_args = []
-    for inp in spec.inputs:
-        if inp.name in params:
-            call_args.append(f"{self_}.{param_attr[inp.name]}")
-        elif (source := module.attribute_arg(inp.name)) is not None:
-            call_args.append(arg_repr[source] if source not in arg_attr else f"{self_}.{arg_attr[source]}")
-        else:
-            call_args.append(inp.name)
-    repr_text = _repr_fstring([(f"{a.name}=", arg_repr[a.name]) for a in module.args])
-    doc = quote.docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
-    return ModuleContext(
-        module.name,
-        ", ".join([self_, *_defaults(module, math)]),
-        init,
-        reset,
-        ", ".join([self_, *forward_params]),
-        f"{functional}({', '.join(call_args)})",
-        repr_text,
-        doc,
-    )
+    return forward_params
+
+
+def _call_arg(module: Module, name: str, attrs: _Attributes) -> str:
+    """What the Module passes the functional for input `name`: a parameter, a stored arg or its own."""
+    if name in attrs.param_attr:
+        return f"{attrs.self_}.{attrs.param_attr[name]}"
+    source = module.attribute_arg(name)
+    if source is None:
+        return name
+    return attrs.arg_repr[source] if source not in attrs.arg_attr else f"{attrs.self_}.{attrs.arg_attr[source]}"
 
 
 def _repr_fstring(parts: list[tuple[str, str]]) -> str:

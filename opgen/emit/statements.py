@@ -21,6 +21,7 @@ from opgen.formula.kinds import with_definitions
 from opgen.spec.names import Namer
 
 LINE_LENGTH = 120
+Lines = list[str]
 
 
 class _Temporaries:
@@ -101,3 +102,34 @@ def _largest_part(expr: sympy.Basic, printer: TorchPrinter) -> sympy.Basic | Non
     if not sized:
         return None
     return max(sized, key=lambda s: (s[0], s[1]))[2]
+
+
+def indent_lines(lines: Lines, level: int = 1) -> Lines:
+    """`lines` indented `level` deep; empty lines stay empty."""
+    return [("    " * level + line) if line else line for line in lines]
+
+
+def _variant_condition(absent: tuple[str, ...], optional: list[str], is_none: dict[str, str]) -> str:
+    return " and ".join(f"{is_none[n]}" if n in absent else f"not {is_none[n]}" for n in optional)
+
+
+def variant_branches(
+    bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], is_none: dict[str, str]
+) -> Lines:
+    """One `if` branch per variant; no branch when every variant has the same body."""
+    if all(body == bodies[-1][1] for _, body in bodies):
+        return bodies[-1][1]
+    lines: Lines = []
+    for i, (absent, body) in enumerate(bodies):
+        if i == len(bodies) - 1:
+            lines.append("else:")
+        else:
+            keyword = "if" if i == 0 else "elif"
+            lines.append(f"{keyword} {_variant_condition(absent, optional, is_none)}:")
+        lines += indent_lines(body)
+    return lines
+
+
+def unpack(targets: list[str]) -> str:
+    """The target of a tuple assignment: `(x,)` for one name."""
+    return f"({targets[0]},)" if len(targets) == 1 else ", ".join(targets)

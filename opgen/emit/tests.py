@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import ast
 import math as math_module
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from opgen.derive.gradients import Derived, dimension_names
-from opgen.emit.op import public_names, size_sources
+from opgen.emit.forward import size_sources
+from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
-from opgen.formula.reader import holds_tensors, parse_ast
+from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error
 from opgen.formula.reference import reference_expr
+from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
 from opgen.plan.extremes import applies, extreme_rows, places
@@ -30,69 +31,8 @@ from opgen.spec.model import SAMPLE_VALUES, Formula, Scalar, Spec
 from opgen.spec.names import Namer
 from opgen.spec.native import NATIVE_OPS
 
-DEFAULT_SHAPE = (3, 4)
-DEFAULT_DIM = {0: 3, 1: 4, 2: 5, 3: 2}
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
 LINE_LENGTH = 120  # ruff's, as the project sets it
-BATCH_SHAPE = (2,)  # batch dimensions `...` of the batched samples
-
-
-def _shape_error(spec: Spec) -> dict[str, object] | None:
-    """A wrong shape for one input, which the functional must reject at call time.
-
-    Preferably a named dimension that an earlier input fixed, given another size (the inner
-    dimensions of `@` disagree); else a rank that the declaration does not allow.
-    """
-    shapes = _sample_shapes(spec, False)
-    seen: set[str] = set()
-    for k, inp in enumerate(spec.inputs):
-        if not inp.is_tensor or not inp.type.dims or inp.name in dict(spec.tests.shapes):
-            continue
-        named = [d for d in inp.type.dims if d != BATCH]
-        shared = [d for d in named if d in seen]
-        if shared:
-            wrong = list(shapes[inp.name])
-            position = len(wrong) - len(named) + named.index(shared[0])
-            wrong[position] += 1
-            return {
-                "name": inp.name,
-                "index": k,
-                "shape": wrong,
-                "match": _pattern(f"argument '{inp.name}' must have shape"),
-            }
-        seen.update(named)
-    for k, inp in enumerate(spec.inputs):
-        if inp.is_tensor and inp.type.dims:
-            batch = inp.type.dims[:1] == (BATCH,)
-            if batch and len(inp.type.dims) == 1:
-                continue
-            wrong = [] if batch else [2, *shapes[inp.name]]
-            return {
-                "name": inp.name,
-                "index": k,
-                "shape": wrong,
-                "match": _pattern(f"argument '{inp.name}' must have shape"),
-            }
-    return _broadcast_error(spec, shapes)
-
-
-def _broadcast_error(spec: Spec, shapes: dict[str, tuple[int, ...]]) -> dict[str, object] | None:
-    """Two inputs without named dimensions whose shapes cannot broadcast: the last one's last
-    dimension made one longer than another input's (which is longer than 1)."""
-    plain = [(k, i) for k, i in enumerate(spec.inputs) if i.is_tensor and i.type.dims is None]
-    if len(plain) < 2 or len(spec.tensor_inputs) != len(plain):
-        return None
-    k, last = plain[-1]
-    other = next((shapes[i.name] for _, i in plain[:-1] if shapes[i.name] and shapes[i.name][-1] > 1), None)
-    if other is None:
-        return None
-    wrong = [*shapes[last.name][:-1], other[-1] + 1] if shapes[last.name] else [other[-1] + 1]
-    return {"name": last.name, "index": k, "shape": wrong, "match": _pattern("do not broadcast together")}
-
-
-def _pattern(message: str) -> str:
-    """A string literal of the regular expression that matches `message` as it is."""
-    return quote.string(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", message))
 
 
 @dataclass(frozen=True)
@@ -151,67 +91,15 @@ def _reference(
     return ReferenceFunction(fname, params, converts, lines, returns)
 
 
-def dim_sizes(spec: Spec) -> dict[str, int]:
-    """The size each named dimension has in the sampled inputs."""
-    shapes = dict(spec.tests.shapes)
-    dims: dict[str, int] = {}
-    for inp in spec.tensor_inputs:
-        for dim in inp.type.dims or ():
-            if dim != BATCH and dim not in dims:
-                dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
-    return dims
-
-
-def _sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> dict[str, tuple[int, ...]]:
-    """Sample shapes; inputs with batch dimensions `...` get `batch` in front."""
-    shapes = dict(spec.tests.shapes)
-    result = {}
-    dims = dim_sizes(spec)
-    for inp in spec.tensor_inputs:
-        if inp.name in shapes:
-            result[inp.name] = shapes[inp.name]
-        elif inp.type.dims is not None:
-            front = batch if inp.type.dims[:1] == (BATCH,) else ()
-            result[inp.name] = front + tuple(dims[d] for d in inp.type.dims if d != BATCH)
-        else:
-            result[inp.name] = DEFAULT_SHAPE
-    if broadcast:
-        first = True
-        for inp in spec.tensor_inputs:
-            if inp.type.dims is None and inp.name not in shapes:
-                if not first:
-                    result[inp.name] = DEFAULT_SHAPE[1:]
-                first = False
-    return result
-
-
-def _parameter_sizes(spec: Spec) -> dict[str, int]:
-    """The int args that size a parameter, each with the size its input has in the samples.
-
-    `weight: {shape: [normalized_shape]}` for `weight: Tensor[D]` gives `normalized_shape`
-    the sample size of D, so the Module's parameters fit the sampled inputs as the
-    functional's arguments do; shapes align from the last dimension, as broadcasting does.
-    """
-    assert spec.module is not None
-    samples = _sample_shapes(spec, False)
-    sizes: dict[str, int] = {}
-    for param in spec.module.parameters:
-        sample = samples.get(param.name, ())
-        for entry, size in zip(reversed(param.shape), reversed(sample), strict=False):
-            if isinstance(entry, str):
-                sizes.setdefault(entry, size)
-    return sizes
-
-
 def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
     """Constructor arguments for the Module test, and the value each arg ends up with.
 
     An int arg named like a dimension (`in_features`) gets that dimension's sample size;
-    one that sizes a parameter, the size of the parameter's input (`_parameter_sizes`); an
+    one that sizes a parameter, the size of the parameter's input (`parameter_sizes`); an
     arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`).
     """
     assert spec.module is not None
-    values: dict[str, Scalar] = {**_parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
+    values: dict[str, Scalar] = {**parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
     for arg in spec.module.args:
@@ -333,6 +221,22 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
     return context, texts
 
 
+def _override_references(
+    spec: Spec, names: dict[str, str], grads_in: dict[str, str], t: str, torch: str, math: str
+) -> list[dict[str, str | None]]:
+    """Each gradient override as plain torch: the input it is for, the reference's parameters, its text."""
+    overrides = []
+    for override in spec.gradients:
+        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
+        if len(grads_in) == 1:
+            scope["grad"] = next(iter(grads_in.values()))
+        tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
+        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
+        params = ", ".join([*names.values(), *grads_in.values()])
+        overrides.append({"input": override.input, "params": params, "expr": text})
+    return overrides
+
+
 def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
     """The test file of `plan`'s op; `written` is the spec derived as written, the oracle of its
     float32 accuracy tests (Note [derived twice] in opgen/pipeline.py)."""
@@ -349,15 +253,7 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
     references = [_reference(spec, names, "reference", set(), t, torch, math)]
     for name in optional:
         references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math))
-    overrides = []
-    for override in spec.gradients:
-        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
-        if len(grads_in) == 1:
-            scope["grad"] = next(iter(grads_in.values()))
-        tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
-        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
-        params = ", ".join([*names.values(), *grads_in.values()])
-        overrides.append({"input": override.input, "params": params, "expr": text})
+    overrides = _override_references(spec, names, grads_in, t, torch, math)
     tensor_inputs = [i.name for i in spec.tensor_inputs]
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
@@ -379,10 +275,10 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
         references=references,
         overrides=overrides,
         scope=user,
-        shapes=_sample_shapes(spec, False),
-        broadcast_shapes=_sample_shapes(spec, True) if broadcast else None,
-        batched_shapes=_sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
-        shape_error=_shape_error(spec),
+        shapes=sample_shapes(spec, False),
+        broadcast_shapes=sample_shapes(spec, True) if broadcast else None,
+        batched_shapes=sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
+        shape_error=shape_error(spec),
         tensor_index=[index[n] for n in tensor_inputs],
         checked_index=[index[n] for n in tensor_inputs if spec.override(n) is None],
         outputs=[o.name for o in spec.outputs],

@@ -45,7 +45,7 @@ class _Elementwise(Function):
     def _eval_evalf(self, prec: int) -> Expr | None:
         arg = self.args[0]
         if arg.is_number:
-            return self._as_elementary().evalf(prec)  # type: ignore[no-any-return]
+            return self._as_elementary().evalf(prec)
         return None
 
     def _as_elementary(self) -> Expr:
@@ -191,7 +191,7 @@ class _Extremum(Function):
     @classmethod
     def eval(cls, a: Expr, b: Expr, both: Expr) -> Expr | None:
         if a.is_number and b.is_number:  # a substitution left plain numbers: compute it
-            return cls._number(a, b)  # type: ignore[no-any-return]
+            return cls._number(a, b)
         return None
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
@@ -220,7 +220,7 @@ class clamp(Function):  # noqa: N801
     @classmethod
     def eval(cls, x: Expr, lo: Expr, hi: Expr) -> Expr | None:
         if x.is_number and lo.is_number and hi.is_number:  # a constant (`clamp(2, 0, 1)`, `l - l` of a let)
-            return sympy.Min(sympy.Max(x, lo), hi)  # type: ignore[no-any-return]  # torch.clamp's: `hi` when lo > hi
+            return sympy.Min(sympy.Max(x, lo), hi)  # torch.clamp's: `hi` when lo > hi
         return None
 
     def _eval_is_extended_real(self) -> bool | None:

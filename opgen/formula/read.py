@@ -19,7 +19,9 @@ from sympy import Expr
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import tensor, written
 from opgen.formula.kinds import with_definitions
-from opgen.formula.reader import NUM, Scope, Value, holds_tensors, parse_ast, read_formula
+from opgen.formula.reader import Scope, read_formula
+from opgen.formula.syntax import holds_tensors, parse_ast
+from opgen.formula.vocabulary import NUM, Value
 from opgen.spec.model import Spec
 
 
@@ -85,7 +87,7 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
         names.setdefault(dim, Value(tensor.dim_size(dim), NUM))
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
     tensors = frozenset(names[n].expr for n in holds_tensors(spec))  # Note [tensor-valued lets]
-    return Scope(names, tensors, hint)  # type: ignore[arg-type]
+    return Scope(names, tensors, hint)
 
 
 def dimension_names(spec: Spec) -> list[str]:
@@ -153,7 +155,7 @@ def _read_definitions(
     for name in order or list(formulas):
         formula = formulas[name]
         with problems.collect(), located(formula.loc, f"formula of '{name}'"):
-            definitions[name] = read_formula(formula, scope, NUM)  # type: ignore[assignment]
+            definitions[name] = read_formula(formula, scope, NUM)
             if shapes is not None:
                 definitions[name] = tensor.fuse_softmax(definitions[name])
                 # The shape as written (Note [shapes as written]), which a simplified formula may lack.
@@ -237,7 +239,7 @@ def read(spec: Spec, problems: Problems) -> Formulas | None:
     before = len(problems.errors)
     for override in spec.gradients:
         with problems.collect(), located(override.formula.loc, f"gradient of '{override.input}'"):
-            overrides[override.input] = read_formula(override.formula, scope, NUM)  # type: ignore[assignment]
+            overrides[override.input] = read_formula(override.formula, scope, NUM)
     if len(problems.errors) > before:
         return None
     return Formulas(spec, symbols, definitions, overrides, _plain_numbers(symbols, definitions), shapes)

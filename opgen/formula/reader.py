@@ -1,16 +1,16 @@
 """Formula parser: formula text -> SymPy expression, through an explicit whitelist.
 
 Receives a `Formula` and a `Scope` (what each name means); returns a SymPy expression.
-The text is parsed with Python's `ast` and only the nodes and functions of the spec
-format (section 3) are turned into SymPy objects; anything else is a located error.
-Spec text is never `eval`-ed, `sympify`-ed or passed to `parse_expr`.
+The text is parsed with Python's `ast` (opgen.formula.syntax) and only the nodes and the
+functions of the spec format (section 3, opgen.formula.vocabulary) are turned into SymPy
+objects; anything else is a located error. Spec text is never `eval`-ed, `sympify`-ed or
+passed to `parse_expr`.
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
@@ -20,16 +20,18 @@ from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula import functions as fn
 from opgen.formula import tensor
-from opgen.spec.model import Formula, Spec
-
-# A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
-NUM, BOOL = "number", "condition"
-
-
-@dataclass(frozen=True)
-class Value:
-    expr: sympy.Basic
-    kind: str  # NUM or BOOL
+from opgen.formula.syntax import node_loc, parse_ast, short
+from opgen.formula.vocabulary import (
+    ALL_FUNCTIONS,
+    BOOL,
+    CONSTANTS,
+    FUNCTIONS,
+    NUM,
+    REDUCTIONS,
+    SPECIAL_FUNCTIONS,
+    Value,
+)
+from opgen.spec.model import Formula
 
 
 @dataclass(frozen=True)
@@ -44,58 +46,6 @@ class Scope:
     # yet and reduction dims stay as written (a first reading, only to order the formulas).
     shapes: dict[sympy.Symbol, tensor.Shape] | None = None
 
-
-def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
-    return 1, f
-
-
-FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
-    "exp": _elementwise(sympy.exp),
-    "log": _elementwise(sympy.log),
-    "log1p": _elementwise(fn.log1p),
-    "expm1": _elementwise(fn.expm1),
-    "sqrt": _elementwise(sympy.sqrt),
-    "rsqrt": _elementwise(lambda x: 1 / sympy.sqrt(x)),
-    "sin": _elementwise(sympy.sin),
-    "cos": _elementwise(sympy.cos),
-    "tan": _elementwise(sympy.tan),
-    "asin": _elementwise(sympy.asin),
-    "acos": _elementwise(sympy.acos),
-    "atan": _elementwise(sympy.atan),
-    "atan2": (2, sympy.atan2),
-    "sinh": _elementwise(sympy.sinh),
-    "cosh": _elementwise(sympy.cosh),
-    "tanh": _elementwise(sympy.tanh),
-    "asinh": _elementwise(sympy.asinh),
-    "acosh": _elementwise(sympy.acosh),
-    "atanh": _elementwise(sympy.atanh),
-    "sigmoid": _elementwise(fn.sigmoid),
-    "softplus": _elementwise(fn.softplus),
-    "erf": _elementwise(sympy.erf),
-    "erfc": _elementwise(sympy.erfc),
-    "erfinv": _elementwise(sympy.erfinv),
-    "lgamma": _elementwise(sympy.loggamma),
-    "digamma": _elementwise(lambda x: sympy.polygamma(0, x)),
-    "abs": _elementwise(sympy.Abs),
-    "sign": _elementwise(fn.sign),
-    "floor": _elementwise(fn.floor),
-    "ceil": _elementwise(fn.ceil),
-    "round": _elementwise(fn.round),
-    "heaviside": _elementwise(fn.heaviside),
-    "clamp": (3, fn.clamp),
-}
-SPECIAL_FUNCTIONS = ("where", "max", "min")
-REDUCTIONS = ("sum", "mean", "amax", "logsumexp")
-ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS]))
-
-CONSTANTS: dict[str, Value] = {
-    "pi": Value(sympy.pi, NUM),
-    "inf": Value(S.Infinity, NUM),
-    "true": Value(S.true, BOOL),
-    "false": Value(S.false, BOOL),
-    "True": Value(S.true, BOOL),
-    "False": Value(S.false, BOOL),
-}
 
 _COMPARE = {
     ast.Lt: sympy.StrictLessThan,
@@ -113,12 +63,7 @@ class _Reader:
         self.scope = scope
 
     def loc(self, node: ast.AST) -> Loc:
-        line = getattr(node, "lineno", 1)
-        col = getattr(node, "col_offset", 0)
-        base = self.formula.loc
-        if line == 1:
-            return Loc(base.file, base.line, base.col + col)
-        return Loc(base.file, base.line + line - 1, col + 1)
+        return node_loc(self.formula, node)
 
     def fail(self, node: ast.AST, message: str) -> SpecError:
         return SpecError(self.loc(node), f"in `{self.formula.text}`: {message}")
@@ -135,15 +80,15 @@ class _Reader:
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
         expr = value.expr
-        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:  # type: ignore[attr-defined]
-            raise self.fail(node, f"the constant `{_short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
+        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:
+            raise self.fail(node, f"the constant `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
         return value
 
     def number(self, node: ast.expr) -> Expr:
         value = self.read(node)
         if value.kind == BOOL:
             return fn.indicator(value.expr)  # a condition used as a number is 1 or 0
-        return value.expr  # type: ignore[return-value]
+        return value.expr
 
     def condition(self, node: ast.expr, what: str) -> sympy.Basic:
         value = self.read(node)
@@ -155,7 +100,7 @@ class _Reader:
         method = getattr(self, "read_" + type(node).__name__, None)
         if method is None:
             raise self.fail(node, f"{_describe(node)} is not allowed in a formula")
-        return method(node)  # type: ignore[no-any-return]
+        return method(node)
 
     def read_Constant(self, node: ast.Constant) -> Value:  # noqa: N802
         value = node.value
@@ -221,7 +166,7 @@ class _Reader:
         if isinstance(op, ast.Pow):
             bits = limits.power_bits(a, b) if a.is_number and b.is_number else 0.0
             if abs(bits) > limits.FLOAT64_BITS:
-                written = f"`{_short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
+                written = f"`{short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
                 raise self.fail(node, f"the constant {written}, outside float64 ({_SIZE_HINT})")
             return self.checked(node, Value(a**b, NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
@@ -363,58 +308,6 @@ def _float(value: float) -> Expr:
     return sympy.Rational(repr(value)) if len(repr(value)) <= 12 else sympy.Float(value, 17)
 
 
-def _text_loc(formula: Formula, index: int) -> Loc:
-    """Where character `index` of the formula's text is."""
-    base = formula.loc
-    before = formula.text[:index]
-    if "\n" not in before:
-        return Loc(base.file, base.line, base.col + index)
-    return Loc(base.file, base.line + before.count("\n"), len(before) - before.rfind("\n"))
-
-
-def parse_ast(formula: Formula) -> ast.expr:
-    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`."""
-    text = formula.text
-    for start, length in limits.digit_runs(text):
-        raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as error:
-        col = (error.offset or 1) - 1 + (len(text) - len(text.lstrip()))
-        loc = Loc(formula.loc.file, formula.loc.line, formula.loc.col + max(col, 0))
-        raise SpecError(loc, f"syntax error in `{text}`: {error.msg}") from None
-    except (RecursionError, MemoryError):
-        limit = limits.FORMULA_DEPTH
-        raise SpecError(
-            formula.loc, f"`{_short(text)}` is nested too deeply to read (the '{limit.name}' limit is {limit.value})"
-        ) from None
-    _check_size(tree.body, formula)
-    return tree.body
-
-
-def _check_size(tree: ast.expr, formula: Formula) -> None:
-    """Refuse a formula, as written, over the 'formula size' or 'formula depth' limit."""
-    reader = _Reader(formula, Scope({}, frozenset()))
-    count = 0
-    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, ast.expr):
-            count += 1
-            if depth > limits.FORMULA_DEPTH.value:
-                hint = "name parts of it with `let`"
-                raise limits.FORMULA_DEPTH.refuse(reader.loc(node), f"`{_short(formula.text)}` here", depth, hint)
-            depth += 1
-        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
-    if count > limits.FORMULA_NODES.value:
-        hint = "split it into several `let`s, or the op into several ops"
-        raise limits.FORMULA_NODES.refuse(formula.loc, f"`{_short(formula.text)}`", count, hint)
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def read_formula(formula: Formula, scope: Scope, want: str = NUM) -> sympy.Basic:
     """Turn formula text into SymPy; a condition where a number is wanted becomes 1/0."""
     reader = _Reader(formula, scope)
@@ -422,30 +315,3 @@ def read_formula(formula: Formula, scope: Scope, want: str = NUM) -> sympy.Basic
     if want == NUM:
         return reader.number(node)
     return reader.read(node).expr
-
-
-def holds_tensors(spec: Spec) -> frozenset[str]:
-    """The names that hold tensors: the Tensor inputs, and the lets and outputs whose formula names one.
-
-    Note [tensor-valued lets]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~
-    Whether an argument of `max`/`min` holds a tensor decides its tie rule (Note [kink
-    conventions] in opgen.formula.functions), and a let or output is a tensor when its formula
-    names one, as it is in plain torch: `max(a, b)` of lets `a = min(x, y)`, `b = min(x, z)`
-    splits the gradient at a tie as `torch.maximum` does, exactly as the same formula
-    written inline. Counting only the inputs made it a max against a number, with the
-    tie given to neither side: `do/dx` 0 where `x` is the smallest, instead of 1. The
-    test is on the formula text, not on what SymPy makes of it: `0 * x` is a tensor of
-    zeros, as in torch, though SymPy reads it as the number 0.
-    """
-    tensors = {i.name for i in spec.tensor_inputs}
-    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
-    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} for name, f in formulas}
-    grown = True
-    while grown:  # to a fixed point: a let may use one defined after it
-        grown = False
-        for name, used in uses.items():
-            if name not in tensors and used & tensors:
-                tensors.add(name)
-                grown = True
-    return frozenset(tensors)

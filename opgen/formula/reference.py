@@ -173,7 +173,7 @@ def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
                 return replaced[id(n)]  # type: ignore[return-value]
             return super().generic_visit(n)
 
-    return Swap().visit(node)  # type: ignore[no-any-return]
+    return Swap().visit(node)
 
 
 def reference_expr(

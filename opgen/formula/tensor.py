@@ -66,7 +66,7 @@ def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr
     coeff, body = operand.as_coeff_Mul()
     if coeff == 1 or body == 1:
         return None
-    return coeff * cls(body, *rest)  # type: ignore[no-any-return]
+    return coeff * cls(body, *rest)
 
 
 class _Linear(TensorOp):
@@ -89,7 +89,7 @@ class MatMul(TensorOp):
         cb, bb = b.as_coeff_Mul()
         if (ca == 1 and cb == 1) or ba == 1 or bb == 1:
             return None
-        return ca * cb * MatMul(ba, bb)  # type: ignore[no-any-return]
+        return ca * cb * MatMul(ba, bb)
 
 
 class Transpose(_Linear):
@@ -100,7 +100,7 @@ class Transpose(_Linear):
     @classmethod
     def eval(cls, a: Expr) -> Expr | None:
         if isinstance(a, Transpose):
-            return a.args[0]  # type: ignore[no-any-return]
+            return a.args[0]
         if isinstance(a, MatMul):
             # (a @ b).T == b.T @ a.T: the form a careful person writes for weight gradients.
             return MatMul(Transpose(a.args[1]), Transpose(a.args[0]))
@@ -115,7 +115,7 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
 
     @property
     def operand(self) -> Expr:
-        return self.args[0]  # type: ignore[no-any-return]
+        return self.args[0]
 
     @property
     def dim(self) -> int:
@@ -182,7 +182,7 @@ class SoftmaxBackward(TensorOp):
 
     def elementary(self) -> Expr:
         g, y, dim = self.args
-        return y * (g - ReduceSum(g * y, dim, S.One))  # type: ignore[no-any-return]
+        return y * (g - ReduceSum(g * y, dim, S.One))
 
 
 class LogSoftmaxBackward(TensorOp):
@@ -192,7 +192,7 @@ class LogSoftmaxBackward(TensorOp):
 
     def elementary(self) -> Expr:
         g, y, dim = self.args
-        return g - sympy.exp(y) * ReduceSum(g, dim, S.One)  # type: ignore[no-any-return]
+        return g - sympy.exp(y) * ReduceSum(g, dim, S.One)
 
 
 def _log_softmax_parts(expr: Expr) -> tuple[Expr, sympy.Integer] | None:

@@ -96,7 +96,7 @@ class Walk:
             return self.defined[symbol]
         if symbol not in self.inputs:
             return frozenset()  # a number input or a dimension's size
-        dims = self.shapes.get(symbol)  # type: ignore[call-overload]
+        dims = self.shapes.get(symbol)
         return frozenset([Piece(symbol, dims, (symbol,) if dims and BATCH in dims else ())])
 
     def operation(self, node: ast.expr, operands: list[ast.expr]) -> Pieces | None:

@@ -67,15 +67,15 @@ class _Primitive(sympy.Function):
 
     def fdiff(self, argindex: int = 1) -> Expr:
         if argindex == 1:
-            return _Prime(self.func.__name__, *self.args)  # type: ignore[no-any-return]
+            return _Prime(self.func.__name__, *self.args)
         t = sympy.Dummy("t", real=True)
         args = list(self.args)
         args[argindex - 1] = t
-        return rewrite(sympy.diff(self.elementary(*args), t)).xreplace({t: self.args[argindex - 1]})  # type: ignore[no-any-return]
+        return rewrite(sympy.diff(self.elementary(*args), t)).xreplace({t: self.args[argindex - 1]})
 
     def _eval_evalf(self, prec: int) -> Expr | None:
         if all(a.is_number for a in self.args):
-            return self.elementary(*self.args).evalf(prec)  # type: ignore[no-any-return]
+            return self.elementary(*self.args).evalf(prec)
         return None
 
 
@@ -84,7 +84,7 @@ class silu(_Primitive):  # noqa: N801 - torch's names
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * fn.sigmoid(args[0])  # type: ignore[no-any-return]
+        return args[0] * fn.sigmoid(args[0])
 
 
 class log_sigmoid(_Primitive):  # noqa: N801
@@ -95,7 +95,7 @@ class log_sigmoid(_Primitive):  # noqa: N801
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
-        return logsigmoid(args[0])  # type: ignore[no-any-return]
+        return logsigmoid(args[0])
 
 
 class mish(_Primitive):  # noqa: N801
@@ -105,7 +105,7 @@ class mish(_Primitive):  # noqa: N801
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * sympy.tanh(fn.softplus(args[0]))  # type: ignore[no-any-return]
+        return args[0] * sympy.tanh(fn.softplus(args[0]))
 
     @classmethod
     def fused_form(cls, *args: Expr) -> Expr:
@@ -115,7 +115,7 @@ class mish(_Primitive):  # noqa: N801
         CPU), with no cancellation or overflow anywhere: s lies in [0, 1].
         """
         s = fn.sigmoid(args[0])
-        return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)  # type: ignore[no-any-return]
+        return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)
 
 
 class gelu(_Primitive):  # noqa: N801
@@ -125,7 +125,7 @@ class gelu(_Primitive):  # noqa: N801
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2  # type: ignore[no-any-return]
+        return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2
 
 
 class gelu_tanh(_Primitive):  # noqa: N801
@@ -144,12 +144,12 @@ class gelu_tanh(_Primitive):  # noqa: N801
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         u = args[0]
-        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))) / 2  # type: ignore[no-any-return]
+        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))) / 2
 
     @classmethod
     def fused_form(cls, *args: Expr) -> Expr:
         u = args[0]
-        return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))  # type: ignore[no-any-return]
+        return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))
 
 
 class softplus_beta(_Primitive):  # noqa: N801
@@ -160,7 +160,7 @@ class softplus_beta(_Primitive):  # noqa: N801
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
-        return fn.softplus(args[1] * args[0]) / args[1]  # type: ignore[no-any-return]
+        return fn.softplus(args[1] * args[0]) / args[1]
 
 
 class elu(_Primitive):  # noqa: N801
@@ -171,7 +171,7 @@ class elu(_Primitive):  # noqa: N801
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         u, alpha = args
-        return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))  # type: ignore[no-any-return]
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))
 
 
 class leaky_relu(_Primitive):  # noqa: N801
@@ -183,7 +183,7 @@ class leaky_relu(_Primitive):  # noqa: N801
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         u, slope = args
-        return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)  # type: ignore[no-any-return]
+        return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)
 
 
 class hardtanh(_Primitive):  # noqa: N801
@@ -199,7 +199,7 @@ class hardtanh(_Primitive):  # noqa: N801
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
         u, lo, hi = args
-        return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)  # type: ignore[no-any-return]
+        return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)
 
 
 class huber(_Primitive):  # noqa: N801
@@ -224,7 +224,7 @@ class huber(_Primitive):  # noqa: N801
     def elementary(cls, *args: Expr) -> Expr:
         d, delta = args
         quadratic, linear = d**2 / 2, delta * (sympy.Abs(d) - delta / 2)
-        return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)  # type: ignore[no-any-return]
+        return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)
 
 
 PRIMITIVES: dict[str, type[_Primitive]] = {
@@ -239,7 +239,7 @@ class _Prime(sympy.Function):
 
     def __new__(cls, name: str | sympy.Symbol, *args: Expr) -> Expr:
         tag = name if isinstance(name, sympy.Symbol) else sympy.Symbol(name)
-        return super().__new__(cls, tag, *args)  # type: ignore[no-any-return]
+        return super().__new__(cls, tag, *args)
 
     @property
     def primitive(self) -> type[_Primitive]:
@@ -250,13 +250,13 @@ class _Prime(sympy.Function):
         t = sympy.Dummy("t", real=True)
         args = [t, *self.args[2:]]
         formula = getattr(self.primitive, form)(*args)
-        return rewrite(sympy.diff(formula, t)).xreplace({t: self.args[1]})  # type: ignore[no-any-return]
+        return rewrite(sympy.diff(formula, t)).xreplace({t: self.args[1]})
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
-        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+        return sympy.diff(self.elementary(), s)
 
     def _eval_evalf(self, prec: int) -> Expr | None:
-        return self.elementary().evalf(prec)  # type: ignore[no-any-return]
+        return self.elementary().evalf(prec)
 
     @property
     def free_symbols(self) -> set[sympy.Basic]:
@@ -274,10 +274,10 @@ class KernelBackward(sympy.Function):
 
     def elementary(self) -> Expr:
         g, *args = self.args
-        return g * _Prime(self.primitive.__name__, *args).elementary()  # type: ignore[no-any-return]
+        return g * _Prime(self.primitive.__name__, *args).elementary()
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
-        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+        return sympy.diff(self.elementary(), s)
 
 
 # `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
@@ -295,23 +295,23 @@ class OutputBackward(sympy.Function):
         raise NotImplementedError
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
-        return sympy.diff(self.elementary(), s)  # type: ignore[no-any-return]
+        return sympy.diff(self.elementary(), s)
 
 
 class sigmoid_backward(OutputBackward):  # noqa: N801
     def elementary(self) -> Expr:
         g, s = self.args
-        return g * s * (1 - s)  # type: ignore[no-any-return]
+        return g * s * (1 - s)
 
 
 class tanh_backward(OutputBackward):  # noqa: N801
     def elementary(self) -> Expr:
         g, t = self.args
-        return g * (1 - t**2)  # type: ignore[no-any-return]
+        return g * (1 - t**2)
 
 
 def _factors(expr: Expr) -> tuple[Expr, ...]:
-    return expr.args if isinstance(expr, sympy.Mul) else (expr,)  # type: ignore[no-any-return]
+    return expr.args if isinstance(expr, sympy.Mul) else (expr,)
 
 
 def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
@@ -339,7 +339,7 @@ def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | Non
 
 def written_out(expr: Expr) -> Expr:
     """`expr` with each derivative of a primitive as its one-call form or its formula."""
-    return expr.replace(  # type: ignore[no-any-return]
+    return expr.replace(
         lambda e: isinstance(e, _Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary()
     )
 

@@ -57,7 +57,7 @@ __all__ = [
 def _split(node: Expr, part: Expr) -> Expr | None:
     """`node / part` when `node` is a product holding `part`, else None."""
     if isinstance(node, sympy.Mul) and part in node.args:
-        return node / part  # type: ignore[no-any-return]
+        return node / part
     return None
 
 
@@ -205,4 +205,4 @@ def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
         found = match(node, numbers)
         if found is not None:
             return found
-    return node  # type: ignore[no-any-return]
+    return node

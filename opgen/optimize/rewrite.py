@@ -85,7 +85,7 @@ class _Binary(sympy.Function):
 
     def _eval_evalf(self, prec: int) -> Expr | None:
         if all(a.is_number for a in self.args):
-            return self._as_elementary().evalf(prec)  # type: ignore[no-any-return]
+            return self._as_elementary().evalf(prec)
         return None
 
     def _as_elementary(self) -> Expr:
@@ -120,19 +120,19 @@ def _is_exp(expr: sympy.Basic) -> bool:
 
 
 def _exp_arg(expr: sympy.Basic) -> Expr:
-    return expr.args[0] if isinstance(expr, sympy.exp) else expr.exp  # type: ignore[no-any-return]
+    return expr.args[0] if isinstance(expr, sympy.exp) else expr.exp
 
 
 def _one_plus(expr: sympy.Basic) -> Expr | None:
     """`u` when `expr` is `1 + u`, else None."""
     if isinstance(expr, sympy.Add) and S.One in expr.args:
-        return sympy.Add(*[a for a in expr.args if a != S.One] or [S.Zero])  # type: ignore[no-any-return]
+        return sympy.Add(*[a for a in expr.args if a != S.One] or [S.Zero])
     return None
 
 
 def _squared(expr: sympy.Basic) -> Expr | None:
     if isinstance(expr, sympy.Pow) and expr.exp == 2:
-        return expr.base  # type: ignore[no-any-return]
+        return expr.base
     return None
 
 
@@ -160,7 +160,7 @@ def _add(node: sympy.Add) -> Expr | None:
         coeff, rest = term.as_coeff_Mul()
         if _is_exp(rest) and coeff == -constants[0]:
             others = [a for a in node.args if a is not term and a is not constants[0]]
-            return sympy.Add(coeff * fn.expm1(_exp_arg(rest)), *others)  # type: ignore[no-any-return]
+            return sympy.Add(coeff * fn.expm1(_exp_arg(rest)), *others)
     return None
 
 
@@ -169,7 +169,7 @@ def _pow(node: sympy.Pow) -> Expr | None:
     if exponent.is_Integer and exponent < 0:
         rest = _one_plus(base)
         if rest is not None and _is_exp(rest):
-            return fn.sigmoid(-_exp_arg(rest)) ** (-exponent)  # type: ignore[no-any-return]
+            return fn.sigmoid(-_exp_arg(rest)) ** (-exponent)
     if exponent == S.Half and isinstance(base, sympy.Add) and len(base.args) == 2:
         a, b = (_squared(t) for t in base.args)
         if a is not None and b is not None:
@@ -185,7 +185,7 @@ def _same_base(factors: list[Expr]) -> Expr | None:
         exponents.setdefault(base, []).append(power)
     if all(len(powers) == 1 for powers in exponents.values()):
         return None
-    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))  # type: ignore[no-any-return]
+    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))
 
 
 def _mul(node: sympy.Mul) -> Expr | None:
@@ -202,27 +202,27 @@ def _mul(node: sympy.Mul) -> Expr | None:
             base, power = other.as_base_exp()
             if isinstance(base, fn.sigmoid) and power.is_Integer and power >= 1 and base.args[0] == -u:
                 rest = [f for i, f in enumerate(factors) if i not in (k, j)]
-                return sympy.Mul(fn.sigmoid(u), base ** (power - 1), *rest)  # type: ignore[no-any-return]
+                return sympy.Mul(fn.sigmoid(u), base ** (power - 1), *rest)
     # u * sign(u) = abs(u)
     for factor in factors:
         if isinstance(factor, (sympy.sign, fn.sign)) and factor.args[0] in factors:
             rest = [f for f in factors if f is not factor]
             rest.remove(factor.args[0])
-            return sympy.Mul(sympy.Abs(factor.args[0]), *rest)  # type: ignore[no-any-return]
+            return sympy.Mul(sympy.Abs(factor.args[0]), *rest)
     # -c * softplus(-u) = c * logsigmoid(u)
     coeff, terms = node.as_coeff_mul()
     if coeff.is_negative:
         for k, term in enumerate(terms):
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
-                return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)  # type: ignore[no-any-return]
+                return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
     # sin(a) / a * q = sinc(a / pi) * q
     for factor in factors:
         if isinstance(factor, sympy.sin):
             a = factor.args[0]
             rest = node * a / factor
             if _divides_by(node, a) and not _divides_by(rest, a):
-                return sinc(a / sympy.pi) * rest  # type: ignore[no-any-return]
+                return sinc(a / sympy.pi) * rest
     return None
 
 
@@ -238,7 +238,7 @@ def _once(expr: sympy.Basic) -> sympy.Basic:
         return expr
     args = tuple(_once(a) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
-    rule = _RULES.get(type(node))  # type: ignore[call-overload]
+    rule = _RULES.get(type(node))
     if rule is not None:
         replaced = rule(node)
         if replaced is not None:
@@ -252,13 +252,13 @@ def rewrite(expr: Expr) -> Expr:
         rewritten = _once(expr)
         if rewritten == expr:
             break
-        expr = rewritten  # type: ignore[assignment]
+        expr = rewritten
     return expr
 
 
 def _shorter(expr: Expr) -> Expr:
     together = sympy.together(expr)
-    return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr  # type: ignore[no-any-return]
+    return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr
 
 
 def rewrite_gradients(derived: Derived) -> Derived:

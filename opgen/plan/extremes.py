@@ -17,6 +17,7 @@ is None where it is not, or where the gradient is an override.
 
 from __future__ import annotations
 
+import inspect
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -104,13 +105,43 @@ def _bounded(function: Callable[..., Any]) -> Callable[..., Any]:
 
 _SIZE_BOUND = ("exp", "expm1", "sin", "cos", "tan", "sinh", "cosh", "tanh", "erf", "erfc", "loggamma", "polygamma")
 
+
+# Note [real rows]
+# ~~~~~~~~~~~~~~~~
+# A row's exact value is the formula evaluated over the real numbers, as the op computes it.
+# mpmath leaves the reals where a float formula gives NaN (`acos(2)`, `sqrt(-1)`, `(-8) ** 0.5`
+# are complex numbers to it), and carries on: `abs(acos(x))` at x = -1e4 is a finite real number
+# while the op gives NaN, and `atan2(acos(x), 1)` fails inside mpmath. So a row whose exact value
+# is not a finite real is not a row, wherever in the formula that happens: every function refuses
+# (`_NotReal`) an argument that is complex or NaN, and the value at the end must be a finite
+# real. `where` looks only at the branch it takes: the other may be undefined there (a guard).
+class _NotReal(ArithmeticError):
+    """A value of the formula left the real numbers (Note [real rows])."""
+
+
+def _real(value: Any) -> Any:
+    if isinstance(value, (mpmath.mpc, complex)) or (isinstance(value, mpmath.mpf) and mpmath.isnan(value)):
+        raise _NotReal
+    return value
+
+
+def _of_reals(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, refusing a complex or NaN argument (Note [real rows])."""
+
+    def call(*args: Any) -> Any:
+        for arg in args:
+            _real(arg)
+        return function(*args)
+
+    return call
+
+
 # mpmath versions of the formula language's functions that lambdify does not know.
-_MPMATH: dict[str, Any] = {
+_OWN: dict[str, Any] = {
     "sigmoid": _bounded(lambda u: 1 / (1 + mpmath.exp(-u))),
     "softplus": _bounded(lambda u: mpmath.log1p(mpmath.exp(u))),
     "log1p": mpmath.log1p,
     "expm1": _bounded(mpmath.expm1),
-    "where": lambda c, a, b: a if c else b,
     "sign": mpmath.sign,
     "floor": mpmath.floor,
     "ceil": mpmath.ceil,
@@ -123,6 +154,13 @@ _MPMATH: dict[str, Any] = {
     "_f32": lambda value: value if isinstance(value, bool) else mpmath.mpf(float32(float(value))),
     **{name: _bounded(getattr(mpmath, name)) for name in _SIZE_BOUND if name != "expm1"},
 }
+# Every function a formula can reach, mpmath's own included, over the reals only (Note [real rows]).
+_MPMATH: dict[str, Any] = {
+    **{name: _of_reals(f) for name, f in vars(mpmath).items() if not name.startswith("_") and inspect.isroutine(f)},
+    **{name: _of_reals(f) for name, f in (("abs", abs), ("max", max), ("min", min))},  # Python's, as printed
+    **{name: _of_reals(f) for name, f in _OWN.items()},
+    "where": lambda c, a, b: _real(a if c else b),
+}
 
 
 class _Printer(MpmathPrinter):
@@ -130,7 +168,7 @@ class _Printer(MpmathPrinter):
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # noqa: N802
         if expr.exp.is_number:
-            return super()._print_Pow(expr, rational=rational)  # type: ignore[no-any-return]
+            return super()._print_Pow(expr, rational=rational)
         return f"_power({self._print(expr.base)}, {self._print(expr.exp)})"
 
 
@@ -179,15 +217,15 @@ class _Compiled:
         self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
     def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
-        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())  # type: ignore[no-any-return]
+        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
     try:
         with mpmath.workdps(DIGITS):
             value = function(*args)
-    except (ZeroDivisionError, ValueError, TypeError, OverflowError):
-        return None  # a branch or function undefined here
+    except (ZeroDivisionError, ValueError, TypeError, OverflowError, _NotReal):
+        return None  # a branch or function undefined here, or not real (Note [real rows])
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
         return None
     result = float(value)
@@ -253,7 +291,7 @@ def _slope(total: Callable[..., Any], args: list[Any], k: int) -> float | None:
             if not all(agree):
                 return None
             value = float((left + right) / 2)
-    except (ZeroDivisionError, ValueError, TypeError, OverflowError):
+    except (ZeroDivisionError, ValueError, TypeError, OverflowError, _NotReal):
         return None
     if abs(value) < FLOAT32_TINY:
         return 0.0  # no float32 tells it from 0; what is left is the differences' rounding

@@ -134,7 +134,7 @@ def without_locations(value: T) -> T:
         return NOWHERE  # type: ignore[return-value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: without_locations(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return dataclasses.replace(value, **changes)  # type: ignore[return-value]
+        return dataclasses.replace(value, **changes)
     if isinstance(value, tuple):
         return tuple(without_locations(item) for item in value)  # type: ignore[return-value]
     return value

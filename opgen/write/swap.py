@@ -233,7 +233,7 @@ def _new_folder(parent: Path, name: str, kind: str) -> Path:
 # -- the switch --------------------------------------------------------------------------------------
 
 
-def _libc_renameat2():  # type: ignore[no-untyped-def]
+def _libc_renameat2():
     try:
         return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     except OSError:  # pragma: no cover

@@ -1,0 +1,131 @@
+"""The body of `Function.backward`: each input's gradient, gated on `ctx.needs_input_grad`.
+
+Temporaries the plan shares between gradients go before the first gradient that reads them;
+each gradient is fitted to its input's shape (Note [gradient shapes] in opgen.plan.backward).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from opgen.emit.kernel_lines import backward_lines
+from opgen.emit.names import OpNames, variant_printer
+from opgen.emit.printer import TorchPrinter
+from opgen.emit.statements import Lines, assign, indent_lines, unpack, variant_branches
+from opgen.plan.backward import BackwardPlan, GradPlan, Plan
+
+
+def _needs(names: OpNames, plan: Plan, inputs: tuple[str, ...]) -> str:
+    spec = plan.derived.spec
+    index = {i.name: k for k, i in enumerate(spec.inputs)}
+    return " or ".join(f"{names.ctx}.needs_input_grad[{index[n]}]" for n in inputs)
+
+
+def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    """`grad_<input> = ...`, fitted to the input's shape (Note [gradient shapes])."""
+    var = names.grads_out[grad.input]
+    first_grad = names.grads_in[next(iter(plan.incoming))]
+    lines: Lines = []
+    shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
+    if not grad.contributions:
+        if plan.gate_none or plan.derived.has_tensor_ops:
+            return [f"{var} = None  # {grad.input} has a zero gradient"]
+        if grad.reduce:  # the input's own shape: it may be larger than the output's (`x + 0 * z`)
+            return [f"{var} = {first_grad}.new_zeros({shape})"]
+        lines.append(f"{var} = {names.torch}.zeros_like({first_grad})")
+    elif grad.overridden or grad.contributions[0].output is None:
+        expr = grad.contributions[0].factor
+        text = printer.doprint_expr(expr)
+        if not printer.is_tensor(expr) and grad.overridden and grad.expand:
+            lines.append(f"{var} = {first_grad}.new_tensor({text})")  # the override's value at every element
+        elif not printer.is_tensor(expr):
+            lines.append(f"{var} = {names.torch}.full_like({first_grad}, {text})")
+        else:
+            lines += assign(var, expr, printer, _indent_of(plan, 3))
+    elif plan.gate_none:
+        return _gated_sum(plan, grad, names, printer, shape)
+    elif grad.separate:
+        terms = [plan.incoming[c.output] * c.factor for c in grad.contributions if c.output]
+        return [f"{var} = " + " + ".join(f"{printer._postfix(t)}.sum_to_size({shape})" for t in terms)]
+    else:
+        total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
+        if plan.derived.spec.optimize.lower:
+            lines += backward_lines(var, total, printer, _indent_of(plan, 3))
+        else:
+            lines += assign(var, total, printer, _indent_of(plan, 3))
+    if grad.expand and grad.reduce:
+        lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")
+    elif grad.expand:
+        lines.append(f"{var} = {var}.expand({shape})")
+    elif grad.reduce:
+        lines.append(f"{var} = {var}.sum_to_size({shape})")
+    return lines
+
+
+def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter, shape: str) -> Lines:
+    """The sum of the contributions whose incoming gradient is not None (`set_materialize_grads(False)`)."""
+    var = names.grads_out[grad.input]
+    lines: Lines = []
+    for k, contribution in enumerate(grad.contributions):
+        assert contribution.output is not None
+        incoming = names.grads_in[contribution.output]
+        product = plan.incoming[contribution.output] * contribution.factor
+        term = printer.doprint_expr(product)
+        if grad.separate:
+            term = f"{printer._postfix(product)}.sum_to_size({shape})"
+        lines.append(f"if {incoming} is not None:")
+        if k == 0:
+            lines.append(f"    {var} = {term}")
+        else:
+            lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
+    if grad.reduce and not grad.separate:
+        lines.append(f"if {var} is not None:")
+        lines.append(f"    {var} = {var}.sum_to_size({shape})")
+    return lines
+
+
+def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
+    return [line for t in temps for line in assign(names.temps[t.symbol], t.expr, printer, _indent_of(plan, 3))]
+
+
+def _indent_of(plan: Plan, level: int) -> int:
+    """The indentation of a statement `level` deep in a method, one more inside variant branches."""
+    return 4 * (level + (len(plan.derived.variants) > 1))
+
+
+def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    printer = variant_printer(printer, bp, names)
+    lines: Lines = []
+    placed: set[int] = set()
+    for grad in bp.grads:
+        # Temporaries shared by several gradients go before the first of them, gated on any.
+        for k, group in enumerate(bp.groups):
+            if k in placed or grad.input not in group.users or len(group.users) == 1:
+                continue
+            placed.add(k)
+            lines.append(f"if {_needs(names, plan, group.users)}:")
+            lines += indent_lines(_temp_lines(plan, group.temps, names, printer))
+        own = [t for g in bp.groups if g.users == (grad.input,) for t in g.temps]
+        body = _temp_lines(plan, tuple(own), names, printer) + _grad_lines(plan, grad, names, printer)
+        lines.append(f"if {_needs(names, plan, (grad.input,))}:")
+        lines += indent_lines(body)
+    return lines
+
+
+def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
+    spec = plan.derived.spec
+    lines: Lines = []
+    if plan.saved:
+        lines.append(f"{unpack(list(plan.saved))} = {names.ctx}.saved_tensors")
+    for name in plan.ctx_values:
+        lines.append(f"{name} = {names.ctx}.{names.ctx_attrs[name]}")
+    grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
+    lines.append(" = ".join([*grad_vars, "None"]))
+    optional = [i.name for i in spec.tensor_inputs if i.type.optional]
+    is_none = {n: f"{n} is None" for n in optional}
+    variants = plan.backward if plan.varies else plan.backward[-1:]  # Plan.varies
+    bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in variants]
+    lines += variant_branches(bodies, optional, is_none)
+    returned = [names.grads_out[i.name] if i.is_tensor else "None" for i in spec.inputs]
+    lines.append(f"return {', '.join(returned)}")
+    return lines

@@ -1,0 +1,54 @@
+"""The docstring of an op's functional: the forward formulas and the derived gradients."""
+
+from __future__ import annotations
+
+import sympy
+
+from opgen.derive.gradients import Derived, dimension_names
+from opgen.emit.display import display_lines
+from opgen.emit.names import OpNames
+from opgen.formula.tensor import dim_size
+from opgen.plan.backward import Plan
+
+DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
+
+
+def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
+    """The forward formulas and the derived gradients, for docstrings."""
+    spec = derived.spec
+    symbols = derived.symbols
+    table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
+    table |= {r.symbol: r.name for r in plan.residuals}
+    single = len(plan.incoming) == 1
+    table |= {s: ("grad" if single else f"grad_{o}") for o, s in plan.incoming.items()}
+    table |= {dim_size(d): d for d in dimension_names(spec)}
+    lines = ["Forward:"]
+    full = derived.full
+    residuals = [(r.name, r.expr) for r in plan.residuals]
+    for name, expr in [*full.lets, *residuals, *full.outputs]:
+        lines += display_lines(f"    {name}", expr, table, DOC_WIDTH)
+    lines.append("")
+    lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
+    lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
+    for gradient in full.gradients:
+        if not gradient.contributions:
+            lines.append(f"    grad_{gradient.input} = 0")
+            continue
+        total = sum(
+            ((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
+            sympy.S.Zero,
+        )
+        if gradient.fit is not None:
+            total = total.xreplace(lets)
+        mark = "  (override)" if gradient.overridden else ""
+        lines += display_lines(f"    grad_{gradient.input}", total, table, DOC_WIDTH - len(mark))
+        lines[-1] += mark
+    return lines
+
+
+def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
+    """Each `let` of the all-present variant, in terms of inputs only -> its symbol (for docstrings)."""
+    inlined: dict[sympy.Basic, sympy.Basic] = {}
+    for name, expr in derived.full.lets:
+        inlined[derived.symbols.lets[name]] = expr.xreplace(inlined)
+    return {expr: symbol for symbol, expr in inlined.items() if not expr.is_Atom}

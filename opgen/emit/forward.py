@@ -1,0 +1,155 @@
+"""The bodies of `Function.forward` and `Function.setup_context`, and the call-time shape checks.
+
+`forward_body` computes the lets, the residuals (opgen.optimize.save) and the outputs of each
+variant, expanded to the shape their formula has as written; `setup_body` saves what backward
+reads (tensors, non-tensor inputs, shapes, named dimension sizes).
+"""
+
+from __future__ import annotations
+
+from opgen.derive.gradients import Variant
+from opgen.emit.kernel_lines import forward_printer
+from opgen.emit.names import OpNames, make_printer
+from opgen.emit.printer import TorchPrinter
+from opgen.emit.statements import Lines, assign, unpack, variant_branches
+from opgen.formula.tensor import BATCH, dim_size
+from opgen.formula.written import Piece
+from opgen.plan.backward import Plan
+from opgen.spec.model import Spec
+
+
+def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliases: frozenset[str]) -> Lines:
+    differentiable = {o.name for o in plan.derived.spec.outputs if o.differentiable}
+    lines = []
+    indent = 4 * (2 + (len(plan.derived.variants) > 1))
+    for name, expr in variant.lets:
+        lines += assign(name, expr, printer, indent)
+    for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
+        lines += assign(residual.name, residual.expr, printer, indent)
+    expand = dict(variant.expand)  # Note [shapes as written] in opgen.written
+    for name, expr in variant.outputs:
+        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
+            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
+            continue
+        if name in aliases:  # Note [outputs that alias]
+            text = printer.doprint_expr(expr)
+            lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
+        else:
+            lines += assign(name, expr, printer, indent)
+        if name in expand:
+            lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
+    return lines
+
+
+def _expanded(source: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> str:
+    """`source` expanded to its broadcast with the shapes of `pieces`."""
+    shapes = ", ".join([f"{source}.shape", *(_piece_shape(piece, printer) for piece in pieces)])
+    return f"{source}.expand({printer.torch}.broadcast_shapes({shapes}))"
+
+
+def _piece_shape(piece: Piece, printer: TorchPrinter) -> str:
+    """The run-time shape of a piece: a tensor's own, or a tensor operation's sizes after its batch."""
+    if piece.tensor is not None:
+        return f"{printer.doprint_expr(piece.tensor)}.shape"
+    assert piece.dims is not None
+    dims = [d for d in piece.dims if d != BATCH]
+    sizes = [str(d) if d == 1 else printer.doprint_expr(dim_size(str(d))) for d in dims]
+    if not piece.batch:
+        return f"({', '.join(sizes)},)" if len(sizes) == 1 else f"({', '.join(sizes)})"
+    texts = []
+    for source in piece.batch:  # its batch dimensions come from these inputs
+        own = len(printer.tensor_shapes[source] or ()) - 1  # its declared dimensions after `...`
+        batch = f"*{printer.doprint_expr(source)}.shape" + (f"[:-{own}]" if own else "")
+        texts.append(f"({', '.join([batch, *sizes])})" if sizes else f"({batch},)")
+    return ", ".join(texts)
+
+
+def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
+    derived = plan.derived
+    optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
+    is_none = {n: f"{n} is None" for n in optional}
+    sizes = size_sources(derived.spec, tuple(names.size_locals))
+    lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
+    printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
+    printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
+    bodies = [
+        (v.absent, _forward_variant(plan, v, printer, aliases))
+        for v, aliases in zip(derived.variants, plan.aliases, strict=True)
+    ]
+    lines += variant_branches(bodies, optional, is_none)
+    lines.append(f"return {', '.join(plan.returned)}")
+    return lines
+
+
+def setup_body(plan: Plan, names: OpNames) -> Lines:
+    spec = plan.derived.spec
+    ctx = names.ctx
+    lines = []
+    sizes = size_sources(spec, plan.dim_sizes)
+    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
+    if plan.varies:
+        needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
+    if needed_inputs & {i.name for i in spec.inputs}:
+        targets = [i.name if i.name in needed_inputs else "_" for i in spec.inputs]
+        lines.append(f"{unpack(targets)} = {names.inputs}")
+    outputs = list(plan.returned)
+    needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
+    if needed_outputs & set(outputs):
+        if len(outputs) == 1:
+            lines.append(f"{outputs[0]} = {names.output}")
+        else:
+            lines.append(f"{', '.join(o if o in needed_outputs else '_' for o in outputs)} = {names.output}")
+    if plan.saved:
+        lines.append(f"{ctx}.save_for_backward({', '.join(plan.saved)})")
+    for name in plan.ctx_values:
+        lines.append(f"{ctx}.{names.ctx_attrs[name]} = {name}")
+    optional = {i.name for i in spec.tensor_inputs if i.type.optional}
+    for name in plan.shapes:
+        shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
+        lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
+    for dim, where in sizes.items():
+        lines.append(f"{ctx}.{names.size_attrs[dim]} = {_size_text(spec, *where)}")
+    if plan.varies:
+        for inp in spec.tensor_inputs:
+            if inp.type.optional and inp.name not in plan.saved:
+                raise AssertionError("optional inputs are saved when backward depends on them")
+    non_differentiable = [o.name for o in spec.outputs if not o.differentiable]
+    if non_differentiable:
+        lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
+    if plan.gate_none:
+        lines.append(f"{ctx}.set_materialize_grads(False)")
+    if not lines:
+        lines.append("pass")
+    return lines
+
+
+def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """For each named dimension, an input that has it (not a `Tensor?` if possible) and where, from the end."""
+    sources: dict[str, tuple[str, int]] = {}
+    inputs = sorted(spec.tensor_inputs, key=lambda i: i.type.optional)  # stable: spec order otherwise
+    for dim in dims:
+        for inp in inputs:
+            if inp.type.dims and dim in inp.type.dims:
+                sources[dim] = (inp.name, inp.type.dims.index(dim) - len(inp.type.dims))
+                break
+    return sources
+
+
+def _size_text(spec: Spec, source: str, index: int) -> str:
+    """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks)."""
+    inp = spec.input(source)
+    text = f"{source}.shape[{index}]"
+    return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text
+
+
+def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...] | None]]:
+    """The Tensor inputs the functional checks at call time, with their named dimensions.
+
+    Inputs with named dimensions are checked against them; when an op has several Tensor
+    inputs, every one is checked to be a tensor, and those without names (None) to broadcast
+    together, so a mistake names the argument instead of surfacing inside forward.
+    """
+    tensors = spec.tensor_inputs
+    if len(tensors) < 2 and all(i.type.dims is None for i in tensors):
+        return []
+    return [(i.name, i.type.dims) for i in tensors]

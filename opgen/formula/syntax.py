@@ -1,0 +1,103 @@
+"""Formula text -> its Python syntax tree, within the limits (opgen.limits); no meaning yet.
+
+`parse_ast` parses a formula's text with Python's `ast` (never `eval`) and refuses, located, a
+syntax error, a number with too many digits, a formula too large or nested too deeply;
+`holds_tensors` reads the trees of a spec for the names that hold tensors. The tree is turned
+into SymPy, node by node through a whitelist, by opgen.formula.reader.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from opgen import limits
+from opgen.errors import Loc, SpecError
+from opgen.spec.model import Formula, Spec
+
+
+def node_loc(formula: Formula, node: ast.AST) -> Loc:
+    """Where a node of the formula's syntax tree is in the spec file."""
+    line = getattr(node, "lineno", 1)
+    col = getattr(node, "col_offset", 0)
+    base = formula.loc
+    if line == 1:
+        return Loc(base.file, base.line, base.col + col)
+    return Loc(base.file, base.line + line - 1, col + 1)
+
+
+def _text_loc(formula: Formula, index: int) -> Loc:
+    """Where character `index` of the formula's text is."""
+    base = formula.loc
+    before = formula.text[:index]
+    if "\n" not in before:
+        return Loc(base.file, base.line, base.col + index)
+    return Loc(base.file, base.line + before.count("\n"), len(before) - before.rfind("\n"))
+
+
+def parse_ast(formula: Formula) -> ast.expr:
+    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`."""
+    text = formula.text
+    for start, length in limits.digit_runs(text):
+        raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as error:
+        col = (error.offset or 1) - 1 + (len(text) - len(text.lstrip()))
+        loc = Loc(formula.loc.file, formula.loc.line, formula.loc.col + max(col, 0))
+        raise SpecError(loc, f"syntax error in `{text}`: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        limit = limits.FORMULA_DEPTH
+        raise SpecError(
+            formula.loc, f"`{short(text)}` is nested too deeply to read (the '{limit.name}' limit is {limit.value})"
+        ) from None
+    _check_size(tree.body, formula)
+    return tree.body
+
+
+def _check_size(tree: ast.expr, formula: Formula) -> None:
+    """Refuse a formula, as written, over the 'formula size' or 'formula depth' limit."""
+    count = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, ast.expr):
+            count += 1
+            if depth > limits.FORMULA_DEPTH.value:
+                hint = "name parts of it with `let`"
+                raise limits.FORMULA_DEPTH.refuse(node_loc(formula, node), f"`{short(formula.text)}` here", depth, hint)
+            depth += 1
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+    if count > limits.FORMULA_NODES.value:
+        hint = "split it into several `let`s, or the op into several ops"
+        raise limits.FORMULA_NODES.refuse(formula.loc, f"`{short(formula.text)}`", count, hint)
+
+
+def short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def holds_tensors(spec: Spec) -> frozenset[str]:
+    """The names that hold tensors: the Tensor inputs, and the lets and outputs whose formula names one.
+
+    Note [tensor-valued lets]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~
+    Whether an argument of `max`/`min` holds a tensor decides its tie rule (Note [kink
+    conventions] in opgen.formula.functions), and a let or output is a tensor when its formula
+    names one, as it is in plain torch: `max(a, b)` of lets `a = min(x, y)`, `b = min(x, z)`
+    splits the gradient at a tie as `torch.maximum` does, exactly as the same formula
+    written inline. Counting only the inputs made it a max against a number, with the
+    tie given to neither side: `do/dx` 0 where `x` is the smallest, instead of 1. The
+    test is on the formula text, not on what SymPy makes of it: `0 * x` is a tensor of
+    zeros, as in torch, though SymPy reads it as the number 0.
+    """
+    tensors = {i.name for i in spec.tensor_inputs}
+    formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
+    uses = {name: {n.id for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Name)} for name, f in formulas}
+    grown = True
+    while grown:  # to a fixed point: a let may use one defined after it
+        grown = False
+        for name, used in uses.items():
+            if name not in tensors and used & tensors:
+                tensors.add(name)
+                grown = True
+    return frozenset(tensors)

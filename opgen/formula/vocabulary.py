@@ -1,0 +1,85 @@
+"""The words of the formula language: its functions, constants and the kinds of value.
+
+What a name in a formula may be besides the spec's own names (spec format, section 3):
+`FUNCTIONS` maps each elementwise function to its arity and SymPy builder; `where`, `max`,
+`min` and the reductions are read by opgen.formula.reader itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen.formula import functions as fn
+
+# A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
+NUM, BOOL = "number", "condition"
+
+
+@dataclass(frozen=True)
+class Value:
+    expr: sympy.Basic
+    kind: str  # NUM or BOOL
+
+
+def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
+    return 1, f
+
+
+FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
+    "exp": _elementwise(sympy.exp),
+    "log": _elementwise(sympy.log),
+    "log1p": _elementwise(fn.log1p),
+    "expm1": _elementwise(fn.expm1),
+    "sqrt": _elementwise(sympy.sqrt),
+    "rsqrt": _elementwise(lambda x: 1 / sympy.sqrt(x)),
+    "sin": _elementwise(sympy.sin),
+    "cos": _elementwise(sympy.cos),
+    "tan": _elementwise(sympy.tan),
+    "asin": _elementwise(sympy.asin),
+    "acos": _elementwise(sympy.acos),
+    "atan": _elementwise(sympy.atan),
+    "atan2": (2, sympy.atan2),
+    "sinh": _elementwise(sympy.sinh),
+    "cosh": _elementwise(sympy.cosh),
+    "tanh": _elementwise(sympy.tanh),
+    "asinh": _elementwise(sympy.asinh),
+    "acosh": _elementwise(sympy.acosh),
+    "atanh": _elementwise(sympy.atanh),
+    "sigmoid": _elementwise(fn.sigmoid),
+    "softplus": _elementwise(fn.softplus),
+    "erf": _elementwise(sympy.erf),
+    "erfc": _elementwise(sympy.erfc),
+    "erfinv": _elementwise(sympy.erfinv),
+    "lgamma": _elementwise(sympy.loggamma),
+    "digamma": _elementwise(lambda x: sympy.polygamma(0, x)),
+    "abs": _elementwise(sympy.Abs),
+    "sign": _elementwise(fn.sign),
+    "floor": _elementwise(fn.floor),
+    "ceil": _elementwise(fn.ceil),
+    "round": _elementwise(fn.round),
+    "heaviside": _elementwise(fn.heaviside),
+    "clamp": (3, fn.clamp),
+}
+
+
+SPECIAL_FUNCTIONS = ("where", "max", "min")
+
+
+REDUCTIONS = ("sum", "mean", "amax", "logsumexp")
+
+
+ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS]))
+
+
+CONSTANTS: dict[str, Value] = {
+    "pi": Value(sympy.pi, NUM),
+    "inf": Value(S.Infinity, NUM),
+    "true": Value(S.true, BOOL),
+    "false": Value(S.false, BOOL),
+    "True": Value(S.true, BOOL),
+    "False": Value(S.false, BOOL),
+}
