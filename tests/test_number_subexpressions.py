@@ -402,6 +402,30 @@ MORE = {
         lambda x, a: x - math.tanh(a) + torch.tanh(x) * math.erf(a),
         lambda: [rand(3, 4), 0.5],
     ),
+    # A factor that vanishes once multiplied out: x's gradient is a zero tensor, not the number 0.
+    "vanishing_factor": Case(
+        """
+        inputs:
+          x: Tensor
+          a: Tensor
+        outputs:
+          y: (a < a) * x + a
+        """,
+        lambda x, a: (a < a) * x + a,
+        lambda: [rand(3, 4), rand(4)],
+    ),
+    "vanishing_factor_of_two_outputs": Case(
+        """
+        inputs:
+          x: Tensor
+          a: Tensor
+        outputs:
+          y: (a < a) * x + a
+          z: (x > x) * a + sin(x)
+        """,
+        lambda x, a: ((a < a) * x + a, (x > x) * a + torch.sin(x)),
+        lambda: [rand(3, 4), rand(4)],
+    ),
     # A bool is a number (0 or 1) in formulas; torch refuses `tensor - True`.
     "bool_subtracted": Case(
         """

@@ -164,8 +164,12 @@ def _plan_variant(
     for gradient in variant.gradients:
         contributions = []
         for contribution in gradient.contributions:
-            contributions.append(Contribution(contribution.output, reduced[position]))
+            factor = reduced[position]
             position += 1
+            if factor != 0 or gradient.overridden or contribution.output is None:
+                contributions.append(Contribution(contribution.output, factor))
+            # else a factor that vanished once written out (`(a < a) * x`): no term, and with none
+            # left the gradient is a zero tensor of the input's shape (Note [gradient shapes]).
         grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
         grads.append(grad)
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
