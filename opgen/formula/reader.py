@@ -109,8 +109,8 @@ class _Reader:
         if isinstance(value, int):
             return Value(sympy.Integer(value), NUM)
         if isinstance(value, float):
-            if math.isinf(value):
-                return Value(S.Infinity, NUM)
+            if math.isinf(value):  # only a literal beyond float64 reads as inf: `inf` is a name
+                raise self.fail(node, "this number is beyond float64's range (about 1.8e308); write `inf` for infinity")
             return Value(_float(value), NUM)
         raise self.fail(node, f"the constant {value!r} is not a number")
 
