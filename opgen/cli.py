@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opgen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (
         ("generate", "write the package OUT from the specs"),
@@ -64,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
             help=f"how long to wait for another opgen run writing OUT (default {write.swap.LOCK_WAIT:g})",
         )
     return parser
+
+
+def _version() -> str:
+    """opgen's installed version (the source tree's when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("opgen")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _error(message: str) -> int:

@@ -145,6 +145,14 @@ def test_help_lists_both_commands():
     assert "generate" in result.stdout and "check" in result.stdout
 
 
+def test_version_is_the_installed_distributions():
+    from importlib import metadata
+
+    result = subprocess.run([sys.executable, "-m", "opgen", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"opgen {metadata.version('opgen')}"
+
+
 def test_user_templates_override_ours_file_by_file(run_cli, tmp_path):
     specs = tmp_path / "specs"
     write_spec(specs)
