@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check opgen tests benchmarks
-.venv/bin/ruff format --check opgen tests benchmarks
+.venv/bin/ruff check opgen tests benchmarks generated
+.venv/bin/ruff format --check opgen tests benchmarks generated
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -p no:warnings

@@ -27,18 +27,119 @@ def _ruff() -> list[str]:
     return [found]
 
 
-def _op_files(folder: Path) -> list[str]:
-    return [str(folder / "__init__.py"), *sorted(str(p) for p in (folder / "ops").glob("*.py"))]
-
-
-def test_generated_ops_are_ruff_formatted_and_clean():
-    """With the project's configuration (line length 120): nothing to reformat, nothing to report."""
-    files = _op_files(GENERATED)
+def _ruff_clean(paths: list[Path]) -> None:
+    """`ruff format --check` and `ruff check` with the project's configuration (line length 120) pass."""
     config = ["--config", str(ROOT / "pyproject.toml")]
+    files = [str(p) for p in paths]
     formatted = subprocess.run([*_ruff(), "format", *config, "--check", "--diff", *files], capture_output=True)
-    assert formatted.returncode == 0, formatted.stdout.decode()[-3000:]
+    assert formatted.returncode == 0, formatted.stdout.decode()[-4000:]
     checked = subprocess.run([*_ruff(), "check", *config, "--no-cache", *files], capture_output=True)
-    assert checked.returncode == 0, checked.stdout.decode()[-3000:]
+    assert checked.returncode == 0, checked.stdout.decode()[-4000:]
+
+
+def test_generated_package_is_ruff_formatted_and_clean():
+    """Every generated file, the tests and shape checks included: nothing to reformat, nothing to report."""
+    files = sorted(GENERATED.rglob("*.py"))
+    assert len(files) > 70 and any(f.parent.name == "tests" for f in files)
+    _ruff_clean(files)
+
+
+# Specs a user might write that ours do not: long names and formulas, many inputs, constants far
+# from 1 and exact constants (`pi`, roots), optional inputs, a gradient override, a module.
+UNUSUAL_SPECS = {
+    "long_formula": """\
+name: long_formula
+inputs:
+  first_input_tensor: Tensor
+  second_input_tensor: Tensor
+  alpha_coefficient: float = 0.7
+outputs:
+  result_output: first_input_tensor * tanh(softplus(second_input_tensor * alpha_coefficient)) + (first_input_tensor
+    - second_input_tensor)**2 * sigmoid(first_input_tensor * second_input_tensor + 0.044715 * first_input_tensor**3)
+    - log1p(exp(-abs(first_input_tensor + second_input_tensor))) / (1 + first_input_tensor**2 + second_input_tensor**2)
+  clipped_output_with_a_long_name: max(min(first_input_tensor * second_input_tensor, alpha_coefficient * 1.5e+3),
+    -alpha_coefficient * 2.5E+3) + where(first_input_tensor > second_input_tensor, first_input_tensor,
+    second_input_tensor)
+""",
+    "constants": """\
+name: constants
+inputs:
+  x: Tensor
+outputs:
+  y: 1.2e16 * x + 1e-20 * x**2 + 3.0e-7 * sin(pi * x) + 2.5E+3 * exp(-x**2 / (2 * pi)) + sqrt(2 / pi) * x
+    - (pi * x)**2 / 3 + sqrt(3) / pi * x**3
+tests:
+  domain: {x: [-1, 1]}
+  gradgrad: false  # finite differences of 1.2e16 * x cannot resolve the second derivative
+""",
+    "many_inputs": """\
+name: many_inputs
+inputs:
+  input_number_one: Tensor
+  input_number_two: Tensor
+  input_number_three: Tensor
+  input_number_four: Tensor
+  input_number_five: Tensor
+  input_number_six: Tensor
+  scale_parameter_one: float = 1.5
+  scale_parameter_two: float = 2.5
+outputs:
+  output_value: input_number_one * input_number_two + input_number_three * scale_parameter_one + input_number_four
+    * input_number_five * input_number_six * scale_parameter_two
+module:
+  name: ManyInputsModule
+  args:
+    scale_parameter_one: float = 1.5
+    scale_parameter_two: float = 2.5
+  parameters:
+    input_number_six: {shape: [4], init: normal(0, 1)}
+""",
+    "optional_many": """\
+name: optional_many
+inputs:
+  a_rather_long_input_name: Tensor
+  another_rather_long_input_name: Tensor?
+  yet_another_long_input_name: Tensor?
+outputs:
+  first_output_with_long_name: a_rather_long_input_name * another_rather_long_input_name + yet_another_long_input_name
+    + a_rather_long_input_name
+  second_output_with_long_name: a_rather_long_input_name**2 + yet_another_long_input_name * 1.0e-12
+gradients:
+  a_rather_long_input_name: grad_first_output_with_long_name * a_rather_long_input_name + 2
+    * a_rather_long_input_name * grad_second_output_with_long_name
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def unusual_package(tmp_path_factory):
+    from opgen.emit.render import Renderer
+    from opgen.pipeline import build
+
+    folder = tmp_path_factory.mktemp("unusual")
+    for name, text in UNUSUAL_SPECS.items():
+        (folder / f"{name}.yaml").write_text(text)
+    result = build([str(folder / f"{name}.yaml") for name in UNUSUAL_SPECS], Renderer())
+    assert not result.problems, result.problems.report()
+    for path, content in result.files.items():
+        (folder / "unusual_ops" / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "unusual_ops" / path).write_text(content)
+    return folder / "unusual_ops"
+
+
+def test_tests_generated_from_unusual_specs_are_ruff_clean(unusual_package):
+    """Long reference formulas, signatures, shape tables and native calls are laid out as ruff would."""
+    _ruff_clean(sorted((unusual_package / "tests").glob("*.py")) + [unusual_package / "ops" / "constants.py"])
+
+
+def test_tests_generated_from_unusual_specs_pass(unusual_package):
+    """The laid-out tests (temporaries, wrapped calls) still test the op, and pass."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", str(unusual_package)],
+        capture_output=True,
+        cwd=unusual_package.parent,
+    )
+    assert done.returncode == 0, done.stdout.decode()[-4000:]
 
 
 @pytest.mark.parametrize(
@@ -146,3 +247,62 @@ def test_no_grad_is_a_printer_setting():
     assert plain.doprint_expr(kernels.mish(x)) == "torch.nn.functional.mish(x)"
     assert ".mul_(" in in_place.doprint_expr(kernels.mish(x))
     assert "no_grad" in TorchPrinter._default_settings
+
+
+@pytest.mark.parametrize(
+    "constant, text",
+    [
+        (-(sympy.pi**2) / 3, "-(math.pi**2) / 3"),
+        (2 * sympy.sqrt(2 / sympy.pi), "2 * math.sqrt(2 / math.pi)"),
+        (sympy.sqrt(3) / sympy.pi, "math.sqrt(3) / math.pi"),
+        (sympy.pi**2 / 6, "math.pi**2 / 6"),
+        (sympy.E**2 / 7, "math.exp(2) / 7"),
+        (sympy.Rational(3, 2) * sympy.pi, "3 * math.pi / 2"),
+    ],
+)
+def test_exact_constants_print_as_expressions_of_their_value(constant, text):
+    """Note [constants as written]: the expression, not its value, and Python's float64 of it
+    within one unit in the last place of the exact value."""
+    import math
+
+    x = sympy.Symbol("x", real=True)
+    printed = TorchPrinter({x: "x"}, frozenset({x})).doprint_expr(constant * x)
+    assert printed == f"{text} * x"
+    value = eval(text, {"math": math})  # our own printed text, not spec text
+    exact = float(constant.evalf(30))
+    assert abs(value - exact) <= math.ulp(exact)
+
+
+def test_sinc_gradient_has_no_dead_branch_and_its_docstring_no_guard():
+    source = (GENERATED / "ops" / "sinc.py").read_text(encoding="utf-8")
+    backward = source.split("def backward")[1].split("def sinc")[0]
+    assert "== 0" not in backward, backward  # `where(w == 0, ...)` of the guarded `w`: never true
+    doc = source.split("Gradients:")[1]
+    assert doc.count("where(") == 1 and "1.6449" not in source and "3.2898" not in source, doc
+    assert "math.pi**2 / 6 * x**2" in source
+
+
+def test_guarded_equality_folds_only_when_both_branches_agree():
+    from opgen.formula import functions as fn
+    from opgen.optimize.rewrite import rewrite
+
+    x = sympy.Symbol("x", real=True)
+    guarded = fn.where(sympy.Abs(x) >= sympy.Rational(1, 10000), x, 1)
+    assert rewrite(fn.where(sympy.Eq(guarded, 0), 0, x)) == x
+    assert rewrite(fn.where(sympy.Ne(guarded, 0), x, 0)) == x
+    open_guard = fn.where(x > -1, x, 1)  # x == 0 is possible where x > -1
+    assert rewrite(fn.where(sympy.Eq(open_guard, 0), 0, x)) != x
+    assert rewrite(fn.where(sympy.Eq(fn.where(x > 1, x, 0), 0), 0, x)) != x  # the safe value is 0
+
+
+def test_sinc_gradients_match_torch_sinc_at_and_near_zero():
+    from conftest import import_package  # noqa: F811
+
+    op = import_package(GENERATED.parent, "generated").ops.sinc.sinc
+    x = torch.tensor([0.0, 1e-300, 5e-5, -1e-4, 1e-4, 2e-4, 0.5, -2.0], dtype=torch.float64, requires_grad=True)
+    (got,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad(torch.sinc(x).sum(), x, create_graph=True)
+    torch.testing.assert_close(got, want)
+    second, native = torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0]
+    native[:2] = -(torch.pi**2) / 3  # torch.sinc's own second derivative is NaN at 0; its limit
+    torch.testing.assert_close(second, native)

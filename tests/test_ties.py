@@ -28,7 +28,8 @@ from spec_ops import build_ops
 
 import opgen.emit.tests
 from opgen.errors import Problems
-from opgen.formula.reference import reference_expr
+from opgen.formula.python_source import source as python_source
+from opgen.formula.reference import reference_tree
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
 from opgen.spec.parse import parse_spec
@@ -56,7 +57,7 @@ def plain_torch(spec: Spec):
     tensors = tensor_valued(spec)
     lines = [f"{name} = T({name})" for name in (i.name for i in spec.inputs if not i.is_tensor)]
     for name, formula in [(x.name, x.formula) for x in spec.lets] + [(o.name, o.formula) for o in spec.outputs]:
-        lines.append(f"{name} = {reference_expr(formula, names, 'T', 'torch', 'math', tensors=tensors)}")
+        lines.append(f"{name} = {python_source(reference_tree(formula, names, 'T', 'torch', 'math', tensors=tensors))}")
     outputs = ", ".join(o.name for o in spec.outputs)
     source = f"def reference({', '.join(i.name for i in spec.inputs)}):\n"
     source += "".join(f"    {line}\n" for line in lines) + f"    return ({outputs},)\n"

@@ -34,6 +34,6 @@ def safe_sqrt(x):
         y = where(x > 0, sqrt(x), 0)
 
     Gradients:
-        grad_x = grad*where(x > 0, 1/(2*sqrt(where(x > 0, x, 1))), 0)
+        grad_x = grad*where(x > 0, 1/(2*sqrt(x)), 0)
     """
     return SafeSqrtFunction.apply(x)

@@ -11,7 +11,7 @@ class SincFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = torch.where(torch.abs(x) < 0.0001, 1 - 1.6449340668482264 * x**2, torch.sinc(x))
+        y = torch.where(torch.abs(x) < 0.0001, 1 - math.pi**2 / 6 * x**2, torch.sinc(x))
         return y
 
     @staticmethod
@@ -26,9 +26,8 @@ class SincFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             tmp0 = torch.abs(x)
             tmp1 = torch.where(tmp0 >= 0.0001, x, 1)
-            grad_x_t2 = (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / torch.where(tmp1 == 0, 1, tmp1)
-            grad_x_t1 = torch.where(tmp1 == 0, 0, grad_x_t2)
-            grad_x_t0 = torch.where(tmp0 < 0.0001, -3.289868133696453 * x, grad_x_t1)
+            grad_x_t1 = (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / tmp1
+            grad_x_t0 = torch.where(tmp0 < 0.0001, -(math.pi**2) / 3 * x, grad_x_t1)
             grad_x = grad_y * grad_x_t0
         return grad_x
 
@@ -41,8 +40,6 @@ def sinc(x):
         y = where(abs(x) < 0.0001, 1 - pi**2*x**2/6, sinc(x))
 
     Gradients:
-        grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, where(where(abs(x) >= 0.0001, x, 1) == 0, 0,
-            (cos(pi*where(abs(x) >= 0.0001, x, 1)) - sinc(where(abs(x) >= 0.0001, x, 1)))/where(where(abs(x) >= 0.0001,
-            x, 1) == 0, 1, where(abs(x) >= 0.0001, x, 1))))
+        grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, (cos(pi*x) - sinc(x))/x)
     """
     return SincFunction.apply(x)

@@ -46,7 +46,7 @@ def sample_inputs(shapes=SHAPES, seed=0):
 
 def native(logits, target):
     """PyTorch's own op, which the first output must match, gradients included."""
-    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction='none')
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="none")
 
 
 def test_forward_and_backward_match_reference():
@@ -139,9 +139,9 @@ EXTREMES = [
     ("target", 10000.0, (-29996.951412648425,), -3.0, "high"),
 ]
 PLACES = {
-    "middle": {"logits": 0.0, "target": 0.5},
-    "low": {"logits": -3.0, "target": 0.0},
     "high": {"logits": 3.0, "target": 1.0},
+    "low": {"logits": -3.0, "target": 0.0},
+    "middle": {"logits": 0.0, "target": 0.5},
 }
 
 

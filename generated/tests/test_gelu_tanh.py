@@ -21,7 +21,7 @@ SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, re
 
 def reference(x):
     """The spec's formulas in plain torch."""
-    y = 0.5 * x * (1 + torch.tanh(torch.sqrt(T(2 / math.pi)) * (x + 0.044715 * x ** 3)))
+    y = 0.5 * x * (1 + torch.tanh(torch.sqrt(T(2 / math.pi)) * (x + 0.044715 * x**3)))
     return {"y": y}
 
 
@@ -45,7 +45,7 @@ def sample_inputs(shapes=SHAPES, seed=0):
 
 def native(x):
     """PyTorch's own op, which the first output must match, gradients included."""
-    return torch.nn.functional.gelu(x, approximate='tanh')
+    return torch.nn.functional.gelu(x, approximate="tanh")
 
 
 def test_forward_and_backward_match_reference():

@@ -24,7 +24,9 @@ def reference(x, min_val, max_val):
     """The spec's formulas in plain torch."""
     min_val = T(min_val)
     max_val = T(max_val)
-    y = torch.nn.functional.threshold(-torch.nn.functional.threshold(-x, -float(max_val), -float(max_val)), float(min_val), float(min_val))
+    y = torch.nn.functional.threshold(
+        -torch.nn.functional.threshold(-x, -float(max_val), -float(max_val)), float(min_val), float(min_val)
+    )
     return {"y": y}
 
 

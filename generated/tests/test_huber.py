@@ -29,7 +29,7 @@ def reference(input, target, delta):
     """The spec's formulas in plain torch."""
     delta = T(delta)
     diff = input - target
-    loss = torch.where(torch.abs(diff) < delta, 0.5 * diff ** 2, delta * (torch.abs(diff) - 0.5 * delta))
+    loss = torch.where(torch.abs(diff) < delta, 0.5 * diff**2, delta * (torch.abs(diff) - 0.5 * delta))
     return {"diff": diff, "loss": loss}
 
 
@@ -65,7 +65,7 @@ def point_inputs():
 
 def native(input, target, delta):
     """PyTorch's own op, which the first output must match, gradients included."""
-    return torch.nn.functional.huber_loss(input, target, reduction='none', delta=delta)
+    return torch.nn.functional.huber_loss(input, target, reduction="none", delta=delta)
 
 
 def test_forward_and_backward_match_reference():
@@ -169,9 +169,9 @@ EXTREMES = [
     ("target", 10000.0, (14994.375,), 1.5, "high"),
 ]
 PLACES = {
-    "middle": {"input": 0.0, "target": 0.0},
-    "low": {"input": -3.0, "target": -3.0},
     "high": {"input": 3.0, "target": 3.0},
+    "low": {"input": -3.0, "target": -3.0},
+    "middle": {"input": 0.0, "target": 0.0},
 }
 
 

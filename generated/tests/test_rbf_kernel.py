@@ -24,7 +24,9 @@ OTHER_VALUES = {"gamma": 0.35}  # away from their defaults and VALUES
 def reference(x, y, gamma):
     """The spec's formulas in plain torch."""
     gamma = T(gamma)
-    squared_distance = torch.sum(x * x, dim=-1, keepdim=True) + torch.sum(y * y, dim=-1, keepdim=True).mT - 2 * (x @ y.mT)
+    squared_distance = (
+        torch.sum(x * x, dim=-1, keepdim=True) + torch.sum(y * y, dim=-1, keepdim=True).mT - 2 * (x @ y.mT)
+    )
     k = torch.exp(-gamma * squared_distance)
     return {"squared_distance": squared_distance, "k": k}
 

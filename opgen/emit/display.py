@@ -98,8 +98,24 @@ def _formulas(expr: sympy.Basic) -> sympy.Basic:
     return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary(*e.args))
 
 
+def _unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:
+    """`expr` with each `where` whose condition holds where it stands as the branch it takes:
+    `where(abs(x) < 0.0001, p, q(where(abs(x) >= 0.0001, x, 1)))` shows as `... q(x)`. A reader
+    sees the formula; its guards (Note [double where] in opgen/derive/guard.py) are in the code."""
+    if not expr.has(fn.where):
+        return expr
+    if isinstance(expr, fn.where):
+        cond, a, b = expr.args
+        if cond in known:
+            return _unguarded(a, known)
+        if sympy.Not(cond) in known:
+            return _unguarded(b, known)
+        return fn.where(cond, _unguarded(a, known | {cond}), _unguarded(b, known | {sympy.Not(cond)}))
+    return expr.func(*(_unguarded(arg, known) for arg in expr.args))
+
+
 def display(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
-    return str(DisplayPrinter(names).doprint(_formulas(expr)))
+    return str(DisplayPrinter(names).doprint(_unguarded(_formulas(expr))))
 
 
 def display_lines(target: str, expr: sympy.Basic, names: dict[sympy.Symbol, str], width: int) -> list[str]:

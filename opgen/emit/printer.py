@@ -11,7 +11,6 @@ chosen by the emitter so that no spec name can shadow them.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import sympy
@@ -21,28 +20,11 @@ from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
 from opgen.emit.kernel_print import KernelPrinting
+from opgen.emit.number_print import NumberPrinting, decimal, is_exact_constant, power
 from opgen.emit.tensor_print import TensorPrinting
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
-
-
-def _sigmoid_of_number(u: Expr) -> Expr:
-    """sigmoid(u) with `math.exp` of a non-positive argument only: it never overflows."""
-    e = sympy.exp(-sympy.Abs(u))
-    return fn.where(sympy.GreaterThan(u, 0), 1 / (1 + e), e / (1 + e))
-
-
-def _softplus_of_number(u: Expr) -> Expr:
-    """softplus(u) = max(u, 0) + log1p(exp(-|u|)): no overflow, no cancellation."""
-    return fn.where(sympy.StrictGreaterThan(u, 0), u, S.Zero) + fn.log1p(sympy.exp(-sympy.Abs(u)))
-
-
-def _sign_of_number(u: Expr) -> Expr:
-    return fn.where(sympy.StrictGreaterThan(u, 0), S.One, fn.where(sympy.StrictLessThan(u, 0), S.NegativeOne, S.Zero))
-
-
-# Functions of a number that `math` lacks, as formulas of what it has.
-_NUMBER_FORMULAS = {"sigmoid": _sigmoid_of_number, "softplus": _softplus_of_number, "sign": _sign_of_number}
+from opgen.spec.quote import float_literal
 
 # SymPy class -> (torch function, math function or None: see `_number_function`)
 _UNARY: dict[type, tuple[str, str | None]] = {
@@ -78,33 +60,12 @@ _UNARY: dict[type, tuple[str, str | None]] = {
 
 PREC_NEG = PRECEDENCE["Mul"] + 1  # an operand of unary minus: a power or an atom
 
-# Note [spacing]
-# ~~~~~~~~~~~~~~
-# Generated code is what `ruff format` (Black's style) would write, so the printer spaces
-# binary operators (`a * b`, `a / b`) and leaves `**` unspaced only between simple operands
-# (names, attribute chains, number literals, each with an optional unary minus): `x**2`,
-# `math.pi**2`, but `(a + b) ** 2` and `f(x) ** 2`. A negated power is parenthesized,
-# `-(x**2)`, as ruff writes it. The test `test_generated_code_is_ruff_formatted` checks all.
-_SIMPLE_OPERAND = re.compile(r"-?(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*|\d+(?:\.\d*)?(?:e[-+]?\d+)?)")
-
-
-def power(base: str, exponent: str) -> str:
-    """`base**exponent`, spaced as ruff formats it (Note [spacing])."""
-    simple = _SIMPLE_OPERAND.fullmatch(base) and _SIMPLE_OPERAND.fullmatch(exponent)
-    return f"{base}**{exponent}" if simple else f"{base} ** {exponent}"
-
-
-def _decimal(value: sympy.Rational) -> str | None:
-    """A fraction as a float literal when that is the same number or short, else None (`p / q`)."""
-    text = repr(float(value))
-    return text if sympy.Rational(text) == value or len(text) <= 12 else None
-
 
 class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
+class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
     """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
 
     Settings (`_default_settings`): `no_grad` prints code autograd never records, where
@@ -174,42 +135,11 @@ class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
         except KeyError:
             raise PrintError(f"no name for symbol {expr}") from None
 
-    def _print_Integer(self, expr: sympy.Integer) -> str:
-        return str(int(expr))
-
-    def _print_Rational(self, expr: sympy.Rational) -> str:
-        decimal = _decimal(expr)
-        return decimal if decimal is not None else f"{expr.p} / {expr.q}"
-
-    def _print_Float(self, expr: sympy.Float) -> str:
-        return repr(float(expr))
-
-    def _print_Half(self, expr: Expr) -> str:
-        return "0.5"
-
-    def _print_Infinity(self, expr: Expr) -> str:
-        return f"{self.math}.inf"
-
-    def _print_NegativeInfinity(self, expr: Expr) -> str:
-        return f"-{self.math}.inf"
-
-    def _print_Exp1(self, expr: Expr) -> str:
-        return repr(float(sympy.E))
-
-    def _print_Pi(self, expr: Expr) -> str:
-        return f"{self.math}.pi"
-
     def _print_BooleanTrue(self, expr: Expr) -> str:
         return "True"
 
     def _print_BooleanFalse(self, expr: Expr) -> str:
         return "False"
-
-    def _print_number(self, expr: Expr) -> str:
-        value = expr.evalf(17)
-        if not value.is_Float:  # no value SymPy can compute: print it as Python
-            return str(super()._print(expr))
-        return repr(float(value))
 
     def doprint_expr(self, expr: sympy.Basic) -> str:
         return str(self._print(expr))
@@ -238,11 +168,16 @@ class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
             body = self.parenthesize(rest, precedence(expr), strict=True)
             if coeff == 1:
                 return self._negate(rest) if sign else body
+            # torch takes Python ints as int64: a fraction of larger ones is its float (`1e-20 * x`)
+            small = isinstance(coeff, sympy.Rational) and max(abs(coeff.p), coeff.q) < 2**53
+            if isinstance(coeff, sympy.Rational) and not small:
+                return f"{sign}{float_literal(float(coeff))} * {body}"
             if isinstance(coeff, sympy.Rational) and coeff.p == 1:
                 return f"{self._negate(rest) if sign else body} / {coeff.q}"
             if isinstance(coeff, sympy.Rational) and len(self._print(coeff)) > 12:
                 return f"{sign}{coeff.p} * {body} / {coeff.q}"
-            # `math.pi` as it is, any other constant as its value
+            if not coeff.is_Rational and not coeff.is_NumberSymbol and is_exact_constant(coeff):
+                return f"{self._print_constant(-coeff if sign else coeff)} * {body}"  # Note [constants as written]
             text = self._print(coeff) if coeff.is_Rational or coeff.is_NumberSymbol else self._print_number(coeff)
             return f"{sign}{text} * {body}"
         return self._product(expr)
@@ -313,7 +248,7 @@ class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
         if exp == -1:
             return f"1 / {self.parenthesize(base, prec)}"
         # A fraction as exponent is a quotient: `x**(1 / 3)`, never `x**1/3`.
-        literal = exp.is_Integer or exp.is_Float or (exp.is_Rational and _decimal(exp) is not None)
+        literal = exp.is_Integer or exp.is_Float or (exp.is_Rational and decimal(exp) is not None)
         exponent = self._print(exp) if literal else f"({self._print(exp)})"
         return power(self.parenthesize(base, prec), exponent)
 
@@ -325,17 +260,6 @@ class TorchPrinter(KernelPrinting, TensorPrinting, CodePrinter):
         if math_name is None:
             return self._number_function(torch_name, arg)
         return f"{self.math}.{math_name}({self._print(arg)})"
-
-    def _number_function(self, name: str, *args: sympy.Basic) -> str:
-        """A function `math` lacks, of numbers: a formula of `math` functions where one is exact,
-        else PyTorch's own function of a float64 scalar tensor, back as a Python float."""
-        if name in _NUMBER_FORMULAS:
-            formula = _NUMBER_FORMULAS[name](*args)
-            text = self._print(formula)
-            return f"({text})" if isinstance(formula, (sympy.Add, sympy.Mul, sympy.Pow)) else text
-        *extra, arg = args
-        scalar = f"{self.torch}.tensor({self._print(arg)}, dtype={self.torch}.float64)"
-        return f"{self.torch}.{name}({''.join(self._print(e) + ', ' for e in extra)}{scalar}).item()"
 
     def _print_Function(self, expr: sympy.Basic) -> str:
         rule = _UNARY.get(type(expr))

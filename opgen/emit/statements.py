@@ -3,7 +3,7 @@
 Note [short lines]
 ~~~~~~~~~~~~~~~~~~
 Generated code passes `ruff format --check` at line length 120 without running ruff: the
-printer spaces as ruff does (Note [spacing] in opgen.emit.printer), and no statement is longer
+printer spaces as ruff does (Note [spacing] in opgen.emit.number_print), and no statement is longer
 than ruff would leave on one line. A formula whose assignment would pass the line length
 at its indentation is cut: its largest parts become named temporaries (`grad_x_t0 = ...`)
 until the rest fits. Conditions stay inline (a bool

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import ast
 import math as math_module
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from opgen.derive.gradients import Derived, dimension_names
+from opgen.emit import layout
 from opgen.emit.forward import size_sources
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
 from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error
-from opgen.formula.reference import reference_expr
+from opgen.formula.python_source import fitted
+from opgen.formula.reference import reference_tree
 from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
@@ -32,16 +35,27 @@ from opgen.spec.names import Namer
 from opgen.spec.native import NATIVE_OPS
 
 DEFAULT_ARG = {"float": 0.5, "int": 4, "bool": True}
-LINE_LENGTH = 120  # ruff's, as the project sets it
 
 
 @dataclass(frozen=True)
 class ReferenceFunction:
     name: str
-    params: str
+    signature: str  # `def name(params):`, laid out
     converts: list[str]  # non-tensor inputs made tensors
     lines: list[str]
-    returns: str
+    returns: str  # `return {...}`, laid out
+
+
+def _temporaries(namer: Namer) -> Callable[[str], str]:
+    """`fresh(stem)`: `stem_t0`, `stem_t1`, ..., none taken in the module (a copy of `namer`)."""
+    local = Namer(namer.taken)
+    counts: dict[str, int] = {}
+
+    def fresh(stem: str) -> str:
+        counts[stem] = counts.get(stem, -1) + 1
+        return local.fresh(f"{stem}_t{counts[stem]}")
+
+    return fresh
 
 
 def _size_texts(spec: Spec, names: dict[str, str]) -> dict[str, str]:
@@ -71,24 +85,25 @@ def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Fo
 
 
 def _reference(
-    spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str
+    spec: Spec, names: dict[str, str], fname: str, absent: set[str], t: str, torch: str, math: str, namer: Namer
 ) -> ReferenceFunction:
     formulas = [(let.name, let.formula) for let in spec.lets] + [(o.name, o.formula) for o in spec.outputs]
     lines = []
     gone = set(absent)
+    fresh = _temporaries(namer)
     for name, formula in _dependency_order(formulas):
-        text = reference_expr(
+        tree = reference_tree(
             formula, names, t, torch, math, gone, _size_texts(spec, names), tensors=holds_tensors(spec)
         )
-        if text is None:
+        if tree is None:
             gone.add(name)
             continue
-        lines.append(f"{names[name]} = {text}")
+        lines += fitted(f"{names[name]} = ", tree, 4, fresh, math)
     kept = [n for n, _ in formulas if n not in gone]
-    params = ", ".join(names[i.name] for i in spec.inputs)
+    signature = layout.call(f"def {fname}", [names[i.name] for i in spec.inputs], 0, ":")
     converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
-    returns = "{" + ", ".join(f"{quote.string(n)}: {names[n]}" for n in kept) + "}"
-    return ReferenceFunction(fname, params, converts, lines, returns)
+    returns = layout.collection("return ", [f"{quote.string(n)}: {names[n]}" for n in kept], "{}", 4)
+    return ReferenceFunction(fname, signature, converts, lines, returns)
 
 
 def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
@@ -170,15 +185,9 @@ def _values(spec: Spec, math: str) -> tuple[str, str] | None:
     return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
 
 
-def _assigned(name: str, value: dict[str, Any], math: str, comment: str = "") -> str:
-    """`NAME = {...}` as ruff formats it at line length 120: on one line when it fits, else one
-    entry a line."""
-    tail = f"  # {comment}" if comment else ""
-    line = f"{name} = {quote.literal(value, math)}{tail}"
-    if len(line) <= LINE_LENGTH:
-        return line
-    entries = "".join(f"    {quote.string(k)}: {quote.literal(v, math)},\n" for k, v in value.items())
-    return f"{name} = {{\n{entries}}}{tail}"
+def _assigned(name: str, value: quote.Literal, math: str, comment: str = "") -> str:
+    """`NAME = {...}` as ruff formats it at line length 120 (`opgen.emit.layout.literal`)."""
+    return layout.literal(f"{name} = ", value, 0, f"  # {comment}" if comment else "", math)
 
 
 def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, object], list[str]]:
@@ -200,7 +209,7 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
             f"({shown})",
             "None" if slope is None else quote.number(slope),
         ]
-        extremes.append("(" + ", ".join([*row, quote.string(at)]) + ")")
+        extremes.append(layout.collection("", [*row, quote.string(at)], "()", 4, ","))
     module_args, module_arg_values = _module_args(spec, math) if spec.module else ([], {})
     points_dict = {n: list(v) for n, v in spec.tests.points}
     points = _assigned("POINTS", points_dict, math, "kinks and edges of the formulas, read row by row")
@@ -222,18 +231,26 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
 
 
 def _override_references(
-    spec: Spec, names: dict[str, str], grads_in: dict[str, str], t: str, torch: str, math: str
-) -> list[dict[str, str | None]]:
-    """Each gradient override as plain torch: the input it is for, the reference's parameters, its text."""
+    spec: Spec, names: dict[str, str], grads_in: dict[str, str], t: str, torch: str, math: str, namer: Namer
+) -> list[dict[str, Any]]:
+    """Each gradient override as plain torch: the input it is for, the reference's signature, its lines."""
     overrides = []
     for override in spec.gradients:
         scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
         if len(grads_in) == 1:
             scope["grad"] = next(iter(grads_in.values()))
         tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
-        text = reference_expr(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
-        params = ", ".join([*names.values(), *grads_in.values()])
-        overrides.append({"input": override.input, "params": params, "expr": text})
+        tree = reference_tree(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
+        assert tree is not None
+        returned = ast.Call(ast.Name(t, ast.Load()), [tree], [])
+        params = [*names.values(), *grads_in.values()]
+        overrides.append(
+            {
+                "input": override.input,
+                "signature": layout.call(f"def reference_grad_{override.input}", params, 0, ":"),
+                "lines": fitted("return ", returned, 4, _temporaries(namer), math),
+            }
+        )
     return overrides
 
 
@@ -250,19 +267,20 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
     api = _import_names(public_names(spec), namer, reserved)
     names = {n: n for n in user}
     grads_in = {o.name: namer.fresh(f"grad_{o.name}") for o in spec.outputs if o.differentiable}
-    references = [_reference(spec, names, "reference", set(), t, torch, math)]
+    references = [_reference(spec, names, "reference", set(), t, torch, math, namer)]
     for name in optional:
-        references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math))
-    overrides = _override_references(spec, names, grads_in, t, torch, math)
+        references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math, namer))
+    overrides = _override_references(spec, names, grads_in, t, torch, math, namer)
     tensor_inputs = [i.name for i in spec.tensor_inputs]
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
     numbers, number_texts = _numbers(spec, math, written)
-    texts = [line for ref in references for line in ref.lines] + [str(o["expr"]) for o in overrides]
+    texts = [line for ref in references for line in ref.lines] + [line for o in overrides for line in o["lines"]]
     texts += number_texts
     return renderer.render(
         "test_op.py.j2",
+        **_laid_out(spec, plan, api, [name for name, alias in sorted(api.items())], torch, namer),
         uses_math=quote.uses_math(texts, math),
         spec=spec,
         source_comment=quote.comment(spec.source),
@@ -271,7 +289,6 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
         T=t,
         check=check,
         api=api,
-        imports=[name if alias == name else f"{name} as {alias}" for name, alias in sorted(api.items())],
         references=references,
         overrides=overrides,
         scope=user,
@@ -288,6 +305,54 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
         residuals=[r.name for r in plan.residuals],
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
-        native=NATIVE_OPS[spec.tests.native].call([i.name for i in spec.inputs], torch) if spec.tests.native else None,
         **numbers,
     )
+
+
+def _laid_out(
+    spec: Spec, plan: Plan, api: dict[str, str], public: list[str], torch: str, namer: Namer
+) -> dict[str, Any]:
+    """The test module's lines that grow with the spec's names, laid out as ruff would (`opgen.emit.layout`)."""
+    imports = [name if api[name] == name else f"{name} as {api[name]}" for name in public]
+    flat = "from .. import " + ", ".join(imports)
+    shapes = {
+        "shapes_line": _assigned("SHAPES", _lists(sample_shapes(spec, False)), ""),
+        "broadcast_line": _assigned("BROADCAST_SHAPES", _lists(sample_shapes(spec, True)), ""),
+        "batched_line": _assigned(
+            "BATCHED_SHAPES", _lists(sample_shapes(spec, False, BATCH_SHAPE)), "", "with batch dimensions for `...`"
+        ),
+    }
+    inputs = [i.name for i in spec.inputs]
+    user = inputs + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
+    native = None
+    if spec.tests.native:
+        call = ast.parse(NATIVE_OPS[spec.tests.native].call(inputs, torch), mode="eval").body  # opgen's own text
+        native = {
+            "signature": layout.call("def native", inputs, 0, ":"),
+            "lines": fitted("return ", call, 4, _temporaries(namer)),
+        }
+    return {
+        **shapes,
+        "import_line": flat
+        if len(flat) <= layout.LINE_LENGTH
+        else layout.collection("from .. import ", imports, "()", 0),
+        "saved_line": _assigned(
+            "SAVED", list(plan.saved), "", "what backward reads, as opgen's plan chose: inputs, outputs, residuals"
+        ),
+        "residuals_line": _assigned(
+            "RESIDUALS",
+            [r.name for r in plan.residuals],
+            "",
+            "what Function.apply returns after the outputs, for backward alone",
+        ),
+        "op_lists": {
+            "inputs": layout.literal("inputs=", inputs, 4, ","),
+            "outputs": layout.literal("outputs=", [o.name for o in spec.outputs], 4, ","),
+            "scope": layout.literal("scope=", user, 4, ","),
+        },
+        "native": native,
+    }
+
+
+def _lists(shapes: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    return {name: list(shape) for name, shape in shapes.items()}

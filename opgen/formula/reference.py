@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from opgen.formula.reader import parse_ast
+from opgen.formula.syntax import parse_ast
 from opgen.spec.model import Formula
 
 TORCH_FUNCTIONS = {
@@ -176,7 +176,7 @@ def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
     return Swap().visit(node)
 
 
-def reference_expr(
+def reference_tree(
     formula: Formula,
     names: dict[str, str],
     wrap: str,
@@ -186,12 +186,12 @@ def reference_expr(
     sizes: dict[str, str] | None = None,
     *,
     tensors: frozenset[str],
-) -> str | None:
-    """Plain torch source for a formula; None when every term uses an absent name.
+) -> ast.expr | None:
+    """The plain torch syntax tree of a formula; None when every term uses an absent name.
 
     `sizes` gives, for each named dimension, source text for its size (`q.shape[-1]`);
-    `tensors` the names that hold tensors (`opgen.formula.reader.holds_tensors`), which decide the tie rule of
-    `max` and `min`.
+    `tensors` the names that hold tensors (`opgen.formula.syntax.holds_tensors`), which decide the tie rule of
+    `max` and `min`. `opgen.formula.python_source` prints it.
     """
     tree = parse_ast(formula)
     if absent:
@@ -200,5 +200,4 @@ def reference_expr(
             return None
         tree = dropped
     translator = _Translate(names, wrap, torch, math, sizes or {}, tensors)
-    translated = translator._tensor(translator.visit(tree))
-    return ast.unparse(ast.fix_missing_locations(translated))
+    return ast.fix_missing_locations(translator._tensor(translator.visit(tree)))

@@ -26,6 +26,8 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     u * sign(u)             -> abs(u)
     u**a * u**b             -> u**(a + b)              (SymPy's d u**g = g * u**g / u:
                                                         0/0 at u = 0, u**(g - 1) is not)
+    where(c, u, s) == k     -> false (or true)          (both branches agree: Note
+                                                        [conditions of guarded values])
 
 Gradients are also put over a common denominator (`sympy.together`) where that makes them
 shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
@@ -230,7 +232,49 @@ def _divides_by(expr: sympy.Basic, a: Expr) -> bool:
     return any(p.exp.is_negative and p.base.free_symbols & a.free_symbols for p in expr.atoms(sympy.Pow))
 
 
-_RULES = {sympy.log: _log, sympy.Add: _add, sympy.Pow: _pow, sympy.Mul: _mul}
+def _branch_value(relation: sympy.Basic, cond: sympy.Basic) -> sympy.Basic:
+    """`relation` (`u == k` or `u != k`) where `cond` holds: a truth value when SymPy evaluates it,
+    or when `u == k` would make `cond` false."""
+    if relation in (S.true, S.false):
+        return relation
+    lhs, rhs = relation.args
+    if not rhs.is_number or lhs.is_number:
+        return relation
+    if cond.xreplace({lhs: rhs}) is S.false:  # `u == k` cannot hold where `cond` does
+        return S.false if isinstance(relation, sympy.Eq) else S.true
+    return relation
+
+
+def _equality(node: sympy.Basic) -> sympy.Basic | None:
+    """`where(c, a, b) == k`, the same truth value in both branches -> that value.
+
+    Note [conditions of guarded values]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A guard (Note [double where] in opgen/derive/guard.py) makes a value `w = where(c, u, safe)`;
+    a function of it may test `w == 0` (sinc's derivative does). Where `c` holds, `w` is `u`,
+    and `u == 0` cannot hold if `c` becomes false with `u` 0 (`abs(x) >= 0.0001`); elsewhere `w`
+    is `safe`, a number. When both branches give the same truth value, so does the test, and
+    the `where` it decides has a dead branch: it goes.
+    """
+    lhs, rhs = node.args
+    if isinstance(rhs, fn.where) and not isinstance(lhs, fn.where):
+        lhs, rhs = rhs, lhs
+    if not isinstance(lhs, fn.where) or not rhs.is_number:
+        return None
+    cond, a, b = lhs.args
+    taken = _branch_value(node.func(a, rhs), cond)
+    other = _branch_value(node.func(b, rhs), sympy.Not(cond))
+    return taken if taken == other and taken in (S.true, S.false) else None
+
+
+_RULES = {
+    sympy.log: _log,
+    sympy.Add: _add,
+    sympy.Pow: _pow,
+    sympy.Mul: _mul,
+    sympy.Eq: _equality,
+    sympy.Ne: _equality,
+}
 
 
 def _once(expr: sympy.Basic) -> sympy.Basic:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opgen.spec import quote
+
 
 @dataclass(frozen=True)
 class NativeOp:
     function: str  # dotted path, starting with `torch`
     positional: int  # how many spec inputs are passed positionally
     keywords: tuple[str, ...] = ()  # the keyword of each further spec input
-    fixed: tuple[tuple[str, str], ...] = ()  # keyword -> Python literal
+    fixed: tuple[tuple[str, str | int], ...] = ()  # keyword -> value, written as `quote.literal` writes it
     # For a reference that is not one call (`exp(-gamma * cdist(x, y) ** 2)`): Python source
     # with `{torch}` and `{0}`, `{1}`, ... for the spec's inputs; written here, never by a spec.
     expression: str = ""
@@ -32,7 +34,7 @@ class NativeOp:
         if self.expression:
             return self.expression.format(*args, torch=torch)
         parts = args[: self.positional]
-        parts += [f"{k}={v}" for k, v in self.fixed]
+        parts += [f"{k}={quote.literal(v)}" for k, v in self.fixed]
         parts += [f"{k}={a}" for k, a in zip(self.keywords, args[self.positional :], strict=True)]
         return f"{torch}.{rest}({', '.join(parts)})"
 
@@ -54,8 +56,8 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "hardtanh": NativeOp(_F + "hardtanh", 3),
     "relu6": NativeOp(_F + "relu6", 1),
     "leaky_relu": NativeOp(_F + "leaky_relu", 2),
-    "huber_loss": NativeOp(_F + "huber_loss", 2, ("delta",), (("reduction", "'none'"),)),
-    "smooth_l1_loss": NativeOp(_F + "smooth_l1_loss", 2, ("beta",), (("reduction", "'none'"),)),
+    "huber_loss": NativeOp(_F + "huber_loss", 2, ("delta",), (("reduction", "none"),)),
+    "smooth_l1_loss": NativeOp(_F + "smooth_l1_loss", 2, ("beta",), (("reduction", "none"),)),
     "softshrink": NativeOp(_F + "softshrink", 2),
     "hardshrink": NativeOp(_F + "hardshrink", 2),
     "hardsigmoid": NativeOp(_F + "hardsigmoid", 1),
@@ -64,7 +66,7 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "silu": NativeOp(_F + "silu", 1),
     "mish": NativeOp(_F + "mish", 1),
     "gelu": NativeOp(_F + "gelu", 1),
-    "gelu_tanh": NativeOp(_F + "gelu", 1, fixed=(("approximate", "'tanh'"),)),
+    "gelu_tanh": NativeOp(_F + "gelu", 1, fixed=(("approximate", "tanh"),)),
     "softplus": NativeOp(_F + "softplus", 1, ("beta",)),
     "logsigmoid": NativeOp(_F + "logsigmoid", 1),
     "sigmoid": NativeOp("torch.sigmoid", 1),
@@ -72,16 +74,16 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "tanhshrink": NativeOp(_F + "tanhshrink", 1),
     "softsign": NativeOp(_F + "softsign", 1),
     "binary_cross_entropy_with_logits": NativeOp(
-        _F + "binary_cross_entropy_with_logits", 2, fixed=(("reduction", "'none'"),)
+        _F + "binary_cross_entropy_with_logits", 2, fixed=(("reduction", "none"),)
     ),
     # Reductions over the last dimension and matrix ops (`Tensor[..., N]` specs).
-    "softmax": NativeOp("torch.softmax", 1, fixed=(("dim", "-1"),)),
-    "log_softmax": NativeOp("torch.log_softmax", 1, fixed=(("dim", "-1"),)),
-    "logsumexp": NativeOp("torch.logsumexp", 1, fixed=(("dim", "-1"),)),
+    "softmax": NativeOp("torch.softmax", 1, fixed=(("dim", -1),)),
+    "log_softmax": NativeOp("torch.log_softmax", 1, fixed=(("dim", -1),)),
+    "logsumexp": NativeOp("torch.logsumexp", 1, fixed=(("dim", -1),)),
     "attention_softmax": NativeOp(
         "torch.softmax", 2, expression="{torch}.softmax({0} @ {1}.mT / {0}.shape[-1] ** 0.5, dim=-1)"
     ),
-    "cosine_similarity": NativeOp(_F + "cosine_similarity", 2, ("eps",), (("dim", "-1"),)),
+    "cosine_similarity": NativeOp(_F + "cosine_similarity", 2, ("eps",), (("dim", -1),)),
     "bilinear": NativeOp(_F + "bilinear", 4),
     "rbf_kernel": NativeOp("torch.cdist", 3, expression="{torch}.exp(-{2} * {torch}.cdist({0}, {1}) ** 2)"),
 }

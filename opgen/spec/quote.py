@@ -100,7 +100,14 @@ def number(value: float | int | bool, math_name: str | None = None) -> str:
         return f"{math_name}.nan"
     if math.isinf(value):
         return f"{'-' if value < 0 else ''}{math_name}.inf"
-    return repr(value)
+    return float_literal(value)
+
+
+def float_literal(value: float) -> str:
+    """A finite float as the shortest literal that reads back as it, written as `ruff format` writes
+    number literals: `1.2e16`, not `repr`'s `1.2e+16` (the exponent's sign only when negative)."""
+    assert math.isfinite(value), value
+    return repr(float(value)).replace("e+", "e")
 
 
 def literal(value: Literal, math_name: str | None = None) -> str:
