@@ -84,7 +84,7 @@ def generator_digest(template_dir: Path, source: Path = SOURCE) -> str:
     digest = hashlib.sha256(f"opgen cache {FORMAT}\0{sys.version}\0".encode())
     for distribution in ("opgen", *DEPENDENCIES):
         digest.update(f"{distribution}={_version(distribution)}\0".encode())
-    _digest_folder(digest, source, "*.py")
+    _digest_folder(digest, source, "**/*.py")  # every stage package and the runtime modules
     _digest_folder(digest, template_dir, "*")
     return digest.hexdigest()
 

@@ -204,9 +204,9 @@ def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) ->
         "__init__.py": init,
         "ops/__init__.py": marker + '"""One module per op; import them from the package."""\n',
         "tests/__init__.py": marker + '"""Generated tests: run `pytest` on this folder."""\n',
-        "tests/harness.py": renderer.render("harness.py.j2"),
+        "tests/harness.py": renderer.runtime("harness"),
     }
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
-        files["_shape_checks.py"] = renderer.render("shape_checks.py.j2")
+        files["_shape_checks.py"] = renderer.runtime("shape_checks")
     return files

@@ -111,10 +111,14 @@ def test_the_generator_digest_covers_opgen_source_and_templates(tmp_path):
     (source / "derive.py").write_text("a = 2\n", encoding="utf-8")
     cache_module.generator_digest.cache_clear()
     digests.add(cache_module.generator_digest(templates, source))
+    (source / "derive").mkdir()
+    (source / "derive" / "vjp.py").write_text("b = 1\n", encoding="utf-8")  # a module of a stage package
+    cache_module.generator_digest.cache_clear()
+    digests.add(cache_module.generator_digest(templates, source))
     (source / "notes.txt").write_text("not a module", encoding="utf-8")
     cache_module.generator_digest.cache_clear()
     digests.add(cache_module.generator_digest(templates, source))
-    assert len(digests) == 3
+    assert len(digests) == 4
 
 
 def _entries(root: Path) -> list[Path]:

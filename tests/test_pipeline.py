@@ -27,6 +27,7 @@ from opgen.spec.parse import parse_spec
 STAGES: dict[str, int | None] = {
     "errors": None,
     "limits": None,
+    "runtime": None,  # copied into the generated package, imported by no stage
     "spec": 1,
     "formula": 2,
     "derive": 3,
