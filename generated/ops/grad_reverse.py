@@ -25,6 +25,18 @@ class GradReverseFunction(torch.autograd.Function):
             grad_x = -(alpha * grad_y)
         return grad_x, None
 
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_alpha):
+        alpha = ctx.alpha
+        tangent_y = -(alpha * tangent_x)
+        return tangent_y
+
+
+class _GradReverseFunctionNoJvp(GradReverseFunction):
+    """`GradReverseFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def grad_reverse(x, alpha=1.0):
     """Gradient reversal layer (domain-adversarial training): the identity forward, the
@@ -36,4 +48,5 @@ def grad_reverse(x, alpha=1.0):
     Gradients (overrides marked):
         grad_x = -alpha*grad  (override)
     """
-    return GradReverseFunction.apply(x, alpha)
+    function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
+    return function.apply(x, alpha)

@@ -15,6 +15,7 @@ import sympy
 
 from opgen.derive.gradients import Derived, Variant, dimension_names
 from opgen.emit.display import display_lines
+from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.kernel_lines import backward_lines, forward_printer
 from opgen.emit.module import default_text, module_context
@@ -268,12 +269,13 @@ def _unpack(targets: list[str]) -> str:
 # -- setup_context -----------------------------------------------------------------------------
 
 
-def setup_body(plan: Plan, names: OpNames) -> Lines:
+def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> Lines:
     spec = plan.derived.spec
     ctx = names.ctx
     lines = []
     sizes = size_sources(spec, plan.dim_sizes)
     needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
+    needed_inputs |= forward.inputs if forward else set()
     if plan.varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
     if needed_inputs & {i.name for i in spec.inputs}:
@@ -281,6 +283,7 @@ def setup_body(plan: Plan, names: OpNames) -> Lines:
         lines.append(f"{_unpack(targets)} = {names.inputs}")
     outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
+    needed_outputs |= forward.outputs if forward else set()
     if needed_outputs & set(outputs):
         if len(outputs) == 1:
             lines.append(f"{outputs[0]} = {names.output}")
@@ -296,6 +299,7 @@ def setup_body(plan: Plan, names: OpNames) -> Lines:
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     for dim, where in sizes.items():
         lines.append(f"{ctx}.{names.size_attrs[dim]} = {_size_text(spec, *where)}")
+    lines += forward.lines if forward else ()
     if plan.varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
@@ -537,12 +541,13 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
-    setup = setup_body(plan, names)
+    jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
+    setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
     doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
     module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
-    code = forward + backward + [h for f in helpers for h in f] + params
+    code = forward + backward + jvp + [h for f in helpers for h in f] + params
     if module is not None:
         code += [module.init_params, module.forward_params, *module.init_body, *module.reset_body]
     text = renderer.render(
@@ -556,6 +561,10 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         setup=setup,
         backward_params=", ".join([names.ctx, *(names.grads_in[name] for name in plan.returned)]),
         backward=backward,
+        jvp_params=", ".join([names.ctx, *jnames.params.values()]),
+        jvp=jvp,
+        jvp_free=jnames.compiled,
+        jvp_chosen=jnames.chosen,
         signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
         visible=_visible(plan),
@@ -575,6 +584,21 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
     )
     return text
+
+
+def _forward_mode(
+    plan: Plan, names: OpNames, printer: TorchPrinter, helpers: list[list[str]]
+) -> tuple[JvpNames, Lines, JvpSetup]:
+    """The `jvp` staticmethod, its names and what `setup_context` keeps for it (opgen.emit.forward_mode)."""
+    assert plan.forward is not None
+    spec = plan.derived.spec
+    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.ctx, names.check_shapes}
+    taken |= {names.function_ref, names.functional_ref, *(h[0].split("(")[0].split()[-1] for h in helpers if h)}
+    attrs = {*names.ctx_attrs.values(), *names.shape_attrs.values(), *names.size_attrs.values()}
+    jnames = jvp_names(plan, plan.forward, taken, (names.ctx_attrs, names.size_attrs), attrs)
+    sizes = {d: _size_text(spec, *where) for d, where in size_sources(spec, plan.forward.dim_sizes).items()}
+    setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)
+    return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 
 
 def _visible(plan: Plan) -> str:
