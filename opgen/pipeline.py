@@ -100,8 +100,8 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
     from opgen.optimize.rewrite import rewrite
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
-    from opgen.plan.forward import with_forward
     from opgen.plan.extremes import applies as needs_oracle
+    from opgen.plan.forward import with_forward
 
     before = len(problems.errors)
     formulas = read(spec, problems)

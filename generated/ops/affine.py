@@ -20,9 +20,10 @@ class AffineFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, bias = inputs
+        y = output
         ctx.save_for_backward(x, weight)
         ctx.bias_shape = None if bias is None else bias.shape
-        ctx.save_for_forward(x, weight)
+        ctx.save_for_forward(x, weight, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -41,7 +42,7 @@ class AffineFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_x, tangent_weight, tangent_bias):
-        x, weight = ctx.saved_tensors
+        x, weight, y = ctx.saved_tensors
         tangent_y = None
         if tangent_x is not None:
             tangent_y = tangent_x * weight
@@ -51,6 +52,7 @@ class AffineFunction(torch.autograd.Function):
         if tangent_bias is not None:
             step = tangent_bias
             tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
         return tangent_y
 
 

@@ -52,6 +52,7 @@ class AttentionScoresFunction(torch.autograd.Function):
         if tangent_k is not None:
             step = torch.ops.aten._softmax_backward_data(jvp0 * (q @ tangent_k.mT), weights, -1, weights.dtype)
             tangent_weights = step if tangent_weights is None else tangent_weights + step
+        tangent_weights = tangent_weights.expand(weights.shape)
         return tangent_weights
 
 

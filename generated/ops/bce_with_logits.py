@@ -17,8 +17,9 @@ class BceWithLogitsFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         logits, target = inputs
+        loss = output
         ctx.save_for_backward(logits, target)
-        ctx.save_for_forward(logits, target)
+        ctx.save_for_forward(logits, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -34,13 +35,14 @@ class BceWithLogitsFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_logits, tangent_target):
-        logits, target = ctx.saved_tensors
+        logits, target, loss = ctx.saved_tensors
         tangent_loss = None
         if tangent_logits is not None:
             tangent_loss = tangent_logits * (torch.sigmoid(logits) - target)
         if tangent_target is not None:
             step = -(logits * tangent_target)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss
 
 

@@ -20,8 +20,9 @@ class BilinearFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x1, x2, weight, _ = inputs
+        y = output
         ctx.save_for_backward(x1, x2, weight)
-        ctx.save_for_forward(x1, x2, weight)
+        ctx.save_for_forward(x1, x2, weight, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -43,7 +44,7 @@ class BilinearFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_x1, tangent_x2, tangent_weight, tangent_bias):
-        x1, x2, weight = ctx.saved_tensors
+        x1, x2, weight, y = ctx.saved_tensors
         tangent_y = None
         if tangent_x1 is not None:
             tangent_y = (x2 * (tangent_x1 @ weight)).sum(-1).T
@@ -56,6 +57,7 @@ class BilinearFunction(torch.autograd.Function):
         if tangent_bias is not None:
             step = tangent_bias
             tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
         return tangent_y
 
 

@@ -31,7 +31,11 @@ class ClipGradFunction(torch.autograd.Function):
     def jvp(ctx, tangent_x, tangent_bound):
         (y,) = ctx.saved_tensors
         if tangent_x is not None:
-            raise NotImplementedError("clip_grad (specs/clip_grad.yaml): forward-mode AD along 'x' is not available: its gradient override is not `grad * h` for some h (linear in the incoming gradient), so it has no Jacobian to push a tangent through; use reverse mode, or write the override as grad * h")
+            raise NotImplementedError(
+                "clip_grad (specs/clip_grad.yaml): forward-mode AD along 'x' is not available: its gradient "
+                "override is not `grad * h` for some h (linear in the incoming gradient), so it has no Jacobian "
+                "to push a tangent through; use reverse mode, or write the override as grad * h"
+            )
         tangent_y = None
         if tangent_y is None:
             tangent_y = torch.zeros_like(y)

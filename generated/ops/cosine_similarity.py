@@ -19,9 +19,10 @@ class CosineSimilarityFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x1, x2, eps = inputs
+        y = output
         ctx.save_for_backward(x1, x2)
         ctx.eps = eps
-        ctx.save_for_forward(x1, x2)
+        ctx.save_for_forward(x1, x2, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -51,7 +52,7 @@ class CosineSimilarityFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_x1, tangent_x2, tangent_eps):
-        x1, x2 = ctx.saved_tensors
+        x1, x2, y = ctx.saved_tensors
         eps = ctx.eps
         tangent_y = None
         if tangent_x1 is not None or tangent_x2 is not None:
@@ -74,6 +75,7 @@ class CosineSimilarityFunction(torch.autograd.Function):
             step_t0 = jvp6 * tangent_x2 * x1 + step_t1
             step = step_t0.sum(-1)
             tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
         return tangent_y
 
 

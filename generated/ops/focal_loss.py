@@ -21,10 +21,11 @@ class FocalLossFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         logits, target, alpha, gamma = inputs
+        loss = output
         ctx.save_for_backward(logits, target)
         ctx.alpha = alpha
         ctx.gamma = gamma
-        ctx.save_for_forward(logits, target)
+        ctx.save_for_forward(logits, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -52,7 +53,7 @@ class FocalLossFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_logits, tangent_target, tangent_alpha, tangent_gamma):
-        logits, target = ctx.saved_tensors
+        logits, target, loss = ctx.saved_tensors
         alpha = ctx.alpha
         gamma = ctx.gamma
         tangent_loss = None
@@ -71,6 +72,7 @@ class FocalLossFunction(torch.autograd.Function):
             step_t0 = jvp1 * jvp7 * (1 - 2 * jvp2) - jvp1 * jvp5 * logits + jvp5 * jvp6 * (2 * alpha - 1)
             step = step_t0 * tangent_target
             tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss
 
 

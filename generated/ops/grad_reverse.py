@@ -15,7 +15,9 @@ class GradReverseFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, alpha = inputs
+        y = output
         ctx.alpha = alpha
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -27,8 +29,16 @@ class GradReverseFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_x, tangent_alpha):
-        alpha = ctx.alpha
-        tangent_y = -(alpha * tangent_x)
+        (y,) = ctx.saved_tensors
+        if tangent_x is not None:
+            raise NotImplementedError(
+                "grad_reverse (specs/grad_reverse.yaml): forward-mode AD along 'x' is not available: output 'y' "
+                "is 'x' itself (a view of it), and torch wants its tangent to be a view of the tangent of 'x', "
+                "which its JVP is not"
+            )
+        tangent_y = None
+        if tangent_y is None:
+            tangent_y = torch.zeros_like(y)
         return tangent_y
 
 

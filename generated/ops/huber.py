@@ -18,9 +18,10 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, target, delta = inputs
+        loss = output
         ctx.save_for_backward(input, target)
         ctx.delta = delta
-        ctx.save_for_forward(input, target)
+        ctx.save_for_forward(input, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -39,7 +40,7 @@ class HuberFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_input, tangent_target, tangent_delta):
-        input, target = ctx.saved_tensors
+        input, target, loss = ctx.saved_tensors
         delta = ctx.delta
         tangent_loss = None
         if tangent_input is not None or tangent_target is not None:
@@ -49,6 +50,7 @@ class HuberFunction(torch.autograd.Function):
         if tangent_target is not None:
             step = -(jvp0 * tangent_target)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss
 
 

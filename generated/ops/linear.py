@@ -20,8 +20,9 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, weight, _ = inputs
+        out = output
         ctx.save_for_backward(input, weight)
-        ctx.save_for_forward(input, weight)
+        ctx.save_for_forward(input, weight, out)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -37,7 +38,7 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_input, tangent_weight, tangent_bias):
-        input, weight = ctx.saved_tensors
+        input, weight, out = ctx.saved_tensors
         tangent_out = None
         if tangent_input is not None:
             tangent_out = tangent_input @ weight.T
@@ -47,6 +48,7 @@ class LinearFunction(torch.autograd.Function):
         if tangent_bias is not None:
             step = tangent_bias
             tangent_out = step if tangent_out is None else tangent_out + step
+        tangent_out = tangent_out.expand(out.shape)
         return tangent_out
 
 

@@ -50,6 +50,7 @@ class RbfKernelFunction(torch.autograd.Function):
         if tangent_y is not None:
             step = jvp0 * (x @ tangent_y.mT) - jvp0 * (tangent_y * y).sum(-1, keepdim=True).mT
             tangent_k = step if tangent_k is None else tangent_k + step
+        tangent_k = tangent_k.expand(k.shape)
         return tangent_k
 
 

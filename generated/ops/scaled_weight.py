@@ -17,8 +17,9 @@ class ScaledWeightFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weights = inputs
+        y = output
         ctx.save_for_backward(x, weights)
-        ctx.save_for_forward(x, weights)
+        ctx.save_for_forward(x, weights, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -34,13 +35,14 @@ class ScaledWeightFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tangent_x, tangent_weights):
-        x, weights = ctx.saved_tensors
+        x, weights, y = ctx.saved_tensors
         tangent_y = None
         if tangent_x is not None:
             tangent_y = tangent_x * weights
         if tangent_weights is not None:
             step = tangent_weights * x
             tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
         return tangent_y
 
 

@@ -31,7 +31,7 @@ from sympy import Expr, S
 from opgen.derive.gradients import Derived, Gradient, Variant, _clean
 from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.vjp import substitute_outputs
-from opgen.errors import located
+from opgen.errors import Loc, located
 from opgen.formula import functions as fn
 from opgen.formula.tensor import (
     LogSoftmax,
@@ -126,34 +126,38 @@ class _Jvp:
                 total += factor * self.tangent(leaf)
         return total  # type: ignore[no-any-return]
 
-    def operand(self, a: Expr, what: str) -> Expr:
-        """The tangent of an operand of a tensor operation, which must have the operand's whole shape."""
+    def operand(self, a: Expr, what: str | None = None) -> tuple[Expr, bool]:
+        """The tangent of an operand of a tensor operation and whether it has fewer dimensions than the
+        operand (it was broadcast: `s` in `amax(a @ w + s)`); `what` refuses that."""
         ta = self.tangent(a)
-        if ta != 0 and shape_of(ta, self.table) != shape_of(a, self.table):
+        narrow = ta != 0 and shape_of(ta, self.table) != shape_of(a, self.table)
+        if narrow and what is not None:
             raise _Refused(f"the tangent reaches {what} with fewer dimensions than its operand (it was broadcast)")
-        return ta
+        return ta, narrow
 
     def rule(self, node: Expr) -> Expr:
         if isinstance(node, MatMul):
             a, b = node.args
-            ta, tb = self.operand(a, "`@`"), self.operand(b, "`@`")
+            ta, tb = self.operand(a, "`@`")[0], self.operand(b, "`@`")[0]
             return (MatMul(ta, b) if ta != 0 else S.Zero) + (MatMul(a, tb) if tb != 0 else S.Zero)
         if isinstance(node, Transpose):
-            return Transpose(self.tangent(node.args[0]))
-        if isinstance(node, Softmax):
+            return Transpose(self.operand(node.args[0], "`.T`")[0])
+        if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
-            ta = self.operand(a, "softmax")
-            return SoftmaxBackward(ta, node, dim) if ta != 0 else S.Zero
-        if isinstance(node, LogSoftmax):
-            a, dim = node.args
-            ta = self.operand(a, "log-softmax")
-            return ta - ReduceSum(ta * sympy.exp(node), dim, S.One) if ta != 0 else S.Zero
+            ta, narrow = self.operand(a)
+            if ta == 0:
+                return S.Zero
+            if isinstance(node, LogSoftmax):
+                return ta - ReduceSum(ta * sympy.exp(node), dim, S.One)  # type: ignore[no-any-return]
+            # PyTorch's kernel wants the tangent in the operand's whole shape; the formula broadcasts it.
+            return node * (ta - ReduceSum(ta * node, dim, S.One)) if narrow else SoftmaxBackward(ta, node, dim)
         assert isinstance(node, ReductionBase), type(node)
         a, dim, keep = node.operand, node.args[1], node.args[2]
-        ta = self.operand(a, f"{node.spec_name}()")
+        linear = isinstance(node, (ReduceSum, ReduceMean))
+        ta = self.operand(a, f"{node.spec_name}()" if linear else None)[0]
         if ta == 0:
             return S.Zero
-        if isinstance(node, (ReduceSum, ReduceMean)):
+        if linear:
             return type(node)(ta, dim, keep)  # type: ignore[no-any-return]
         if isinstance(node, ReduceLogSumExp):
             return ReduceSum(ta * Softmax(a, dim), dim, keep)  # type: ignore[no-any-return]
@@ -194,6 +198,10 @@ def _override_terms(derived: Derived, gradient: Gradient, names: list[str]) -> d
     return {name: f for name, f in factors.items() if f != 0}
 
 
+def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:
+    return lambda e: _clean(settle_indicators(e), loc, what)
+
+
 def _output_terms(
     derived: Derived, variant: Variant, gradient: Gradient, table: dict[sympy.Symbol, Shape]
 ) -> dict[str, Expr]:
@@ -216,12 +224,15 @@ def _output_terms(
     found = {}
     for name in names:
         what = f"forward-mode derivative of '{name}' along '{gradient.input}'"
+        refused = None
         with located(loc, what):
-            engine = _Jvp(dict(table), lambda e, what=what: _clean(settle_indicators(e), loc, what), x)
+            engine = _Jvp(dict(table), _cleaner(loc, what), x)
             try:
                 value = engine.tangent(guard_branches(inlined[name], symbols.tensors))
-            except ShapeError as error:
-                raise _Refused(str(error)) from None
+            except (ShapeError, _Refused) as error:
+                refused = str(error)
+        if refused is not None:
+            raise _Refused(refused)
         value = substitute_outputs(value, outputs)
         if value != 0:
             found[name] = value

@@ -18,6 +18,7 @@ costs one `save_for_forward` call of tensors already at hand.
 from __future__ import annotations
 
 import copy
+import textwrap
 from dataclasses import dataclass
 
 import sympy
@@ -135,18 +136,25 @@ def _refusals(plan: Plan, variant: ForwardVariant, jnames: JvpNames) -> Lines:
     lines: Lines = []
     for name, why in variant.refused:
         message = f"{spec.name} ({spec.source}): forward-mode AD along '{name}' is not available: {why}"
-        lines += [f"if {jnames.params[name]} is not None:", f"    raise NotImplementedError({quote.literal(message)})"]
+        chunks = textwrap.wrap(message, 96, drop_whitespace=False)
+        lines += [f"if {jnames.params[name]} is not None:", "    raise NotImplementedError("]
+        lines += [f"        {quote.literal(chunk)}" for chunk in chunks] + ["    )"]
     return lines
 
 
 def _term_lines(
-    out: OutputTangent, value: sympy.Basic, accumulate: bool, view: bool, jnames: JvpNames, printer: TorchPrinter, indent: int
+    out: OutputTangent,
+    value: sympy.Basic,
+    accumulate: bool,
+    view: bool,
+    jnames: JvpNames,
+    printer: TorchPrinter,
+    indent: int,
 ) -> Lines:
     """`tangent_out = term`, or the term added to what `tangent_out` holds (None: nothing yet)."""
     var = jnames.tangents[out.output]
-    if view:  # Note [outputs that alias]: the output is a view of the input, its tangent a view of the tangent
-        text = printer.doprint_expr(value)
-        return [f"{var} = {text}.view_as({text})"]
+    if view:  # Note [outputs that alias]: the output is a view of an input, so its tangent is a view
+        return [*assign(var, value, printer, indent), f"{var} = {var}.view_as({var})"]
     if not accumulate:
         return backward_lines(var, value, printer, indent)
     lines = backward_lines(jnames.step, value, printer, indent)
@@ -174,7 +182,6 @@ def _variant_lines(
     assigned: set[str] = set()
     placed: set[int] = set()
     inner = indent + 4 * gate
-    tangent_symbols = set(forward.tangents.symbols.values())
     for name in tensors:
         body: Lines = []
         for k, group in enumerate(variant.groups):
@@ -191,7 +198,8 @@ def _variant_lines(
             for term in out.terms:
                 if term.input != name:
                     continue
-                view = out.output in aliases and term.value in tangent_symbols
+                # Note [outputs that alias] in opgen.plan.backward: the tangent of a view is a view.
+                view = out.output in forward.views and len(out.terms) == 1
                 body += _term_lines(out, term.value, out.output in assigned, view, jnames, printer, inner)
                 assigned.add(out.output)
         if body:
@@ -200,6 +208,8 @@ def _variant_lines(
         if out.output in forward.zeros:
             var = jnames.tangents[out.output]
             lines += [f"if {var} is None:", f"    {var} = {printer.torch}.zeros_like({out.output})"]
+        if out.output in forward.widen:
+            lines.append(f"{jnames.tangents[out.output]} = {jnames.tangents[out.output]}.expand({out.output}.shape)")
     return lines
 
 
@@ -227,6 +237,9 @@ def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchP
             condition = " and ".join(f"{n} is None" if n in absent else f"{n} is not None" for n in optional)
             head = "else:" if k == len(bodies) - 1 else f"{'if' if k == 0 else 'elif'} {condition}:"
             lines += [head, *_indent(body)]
-    returned = [jnames.tangents[n] if out is not None else "None" for n, out in zip(plan.returned, forward.variants[-1].outputs, strict=True)]
+    returned = [
+        jnames.tangents[n] if out is not None else "None"
+        for n, out in zip(plan.returned, forward.variants[-1].outputs, strict=True)
+    ]
     lines.append(f"return {', '.join(returned)}")
     return lines

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 
 import sympy
 
-from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents
+from opgen.derive.gradients import Variant
+from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
 from opgen.formula.tensor import is_dim_size
 from opgen.optimize.kernels import kernel_factors
 from opgen.plan.backward import Plan, Temp, TempGroup, _inline_conditions
@@ -38,6 +39,8 @@ class ForwardPlan:
     varies: bool  # jvp branches on which `Tensor?` inputs are None
     temps: frozenset[sympy.Symbol]
     zeros: frozenset[str]  # outputs whose tangent may have no term at run time: zeros of the output
+    widen: frozenset[str] = frozenset()  # outputs whose tangent may be smaller (broadcast): expanded to them
+    views: frozenset[str] = frozenset()  # outputs that are an input as-is: their tangent is a view of its tangent
 
 
 def _plan_variant(variant: VariantTangents) -> ForwardVariant:
@@ -97,9 +100,38 @@ def with_forward(plan: Plan, tangents: Tangents) -> Plan:
     return replace(plan, forward=plan_forward(plan, tangents))
 
 
+def _views(plan: Plan, variant: Variant) -> frozenset[str]:
+    """The outputs that are a Tensor input as-is: forward returns a view of it (Note [outputs that alias])."""
+    inputs = set(plan.derived.symbols.tensor_inputs)
+    return frozenset(name for name, expr in variant.inlined if expr in inputs)
+
+
+def _refuse_aliases(plan: Plan, variant: VariantTangents, aliases: frozenset[str]) -> VariantTangents:
+    """An output that is an input as-is (Note [outputs that alias]) is a view of it, and torch wants its
+    tangent to be a view of that input's tangent: an override that scales it (`-alpha * grad`) cannot be one."""
+    bare = set(variant.refused)
+    for out in variant.outputs:
+        if out is None or out.output not in aliases:
+            continue
+        for term in out.terms:
+            if term.value != tangent_symbol(term.input) and term.input not in {n for n, _ in bare}:
+                why = (
+                    f"output '{out.output}' is '{term.input}' itself (a view of it), and torch wants its tangent to"
+                    f" be a view of the tangent of '{term.input}', which its JVP is not"
+                )
+                bare.add((term.input, why))
+    outputs = tuple(
+        None if out is None else replace(out, terms=tuple(t for t in out.terms if t.input not in {n for n, _ in bare}))
+        for out in variant.outputs
+    )
+    return replace(variant, outputs=outputs, refused=tuple(sorted(bare)))
+
+
 def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     spec, symbols = plan.derived.spec, plan.derived.symbols
-    variants = tuple(_plan_variant(v) for v in tangents.variants)
+    views = [_views(plan, v) for v in plan.derived.variants]
+    checked = tuple(_refuse_aliases(plan, v, a) for v, a in zip(tangents.variants, views, strict=True))
+    variants = tuple(_plan_variant(v) for v in checked)
     full = variants[-1]
     varies = any(
         (v.groups, v.outputs) != (full.groups, _without(full.outputs, v.absent)) or v.refused != full.refused
@@ -107,16 +139,24 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     )
     chosen = variants if varies else variants[-1:]
     used = set().union(*(_used(v) for v in chosen))
-    zeros = frozenset(
-        out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(plan, out)
+    zeros = frozenset(out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(plan, out))
+    # A term may have fewer dimensions than its output (the tangent of `b` in `x * z + b`): torch wants the
+    # output's shape. Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
+    aliased = frozenset().union(*plan.aliases)
+    viewed = frozenset().union(*views)
+    widen = frozenset(
+        out.output
+        for v in chosen
+        for out in v.outputs
+        if out is not None and len(spec.tensor_inputs) > 1 and out.output not in aliased
     )
     saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
     returned_symbols = {o: symbols.outputs[o] for o in symbols.outputs} | {r.name: r.symbol for r in plan.residuals}
-    saved += [name for name in plan.returned if returned_symbols[name] in used or name in zeros]
+    saved += [name for name in plan.returned if returned_symbols[name] in used or name in zeros | widen]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     temps = frozenset(t.symbol for v in variants for g in v.groups for t in g.temps)
-    return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros)
+    return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed)
 
 
 def _without(outputs: tuple[OutputTangent | None, ...], absent: tuple[str, ...]) -> tuple[OutputTangent | None, ...]:
