@@ -146,6 +146,7 @@ def _term_lines(
     out: OutputTangent,
     value: sympy.Basic,
     accumulate: bool,
+    lower: bool,
     view: bool,
     jnames: JvpNames,
     printer: TorchPrinter,
@@ -155,9 +156,10 @@ def _term_lines(
     var = jnames.tangents[out.output]
     if view:  # Note [outputs that alias]: the output is a view of an input, so its tangent is a view
         return [*assign(var, value, printer, indent), f"{var} = {var}.view_as({var})"]
+    write = backward_lines if lower else assign  # `tangent * prime(u)` is a native backward kernel
     if not accumulate:
-        return backward_lines(var, value, printer, indent)
-    lines = backward_lines(jnames.step, value, printer, indent)
+        return write(var, value, printer, indent)
+    lines = write(jnames.step, value, printer, indent)
     return [*lines, f"{var} = {jnames.step} if {var} is None else {var} + {jnames.step}"]
 
 
@@ -200,7 +202,8 @@ def _variant_lines(
                     continue
                 # Note [outputs that alias] in opgen.plan.backward: the tangent of a view is a view.
                 view = out.output in forward.views and len(out.terms) == 1
-                body += _term_lines(out, term.value, out.output in assigned, view, jnames, printer, inner)
+                lower = spec.optimize.lower
+                body += _term_lines(out, term.value, out.output in assigned, lower, view, jnames, printer, inner)
                 assigned.add(out.output)
         if body:
             lines += [f"if {jnames.params[name]} is not None:", *_indent(body)] if gate else body
