@@ -167,7 +167,6 @@ def _variant_lines(
     plan: Plan,
     forward: ForwardPlan,
     variant: ForwardVariant,
-    aliases: frozenset[str],
     jnames: JvpNames,
     printer: TorchPrinter,
     indent: int,
@@ -226,12 +225,8 @@ def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchP
         lines.append(f"{f'({targets[0]},)' if len(targets) == 1 else ', '.join(targets)} = {ctx}.saved_tensors")
     for name in forward.ctx_values:
         lines.append(f"{name} = {ctx}.{jnames.ctx_attrs[name]}")
-    aliases = dict(zip((v.absent for v in plan.derived.variants), plan.aliases, strict=True))
     indent = 8 + 4 * forward.varies
-    bodies = [
-        (v.absent, _variant_lines(plan, forward, v, aliases.get(v.absent, frozenset()), jnames, printer, indent))
-        for v in forward.variants
-    ]
+    bodies = [(v.absent, _variant_lines(plan, forward, v, jnames, printer, indent)) for v in forward.variants]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     if len(bodies) == 1:
         lines += bodies[0][1]
