@@ -91,15 +91,18 @@ def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Deriv
 def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
     """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
     from opgen.derive.gradients import derive  # Note [stages imported on use]
+    from opgen.derive.jvp import derive_jvp
     from opgen.emit.forward import shape_checks
     from opgen.emit.op import emit_op
     from opgen.emit.printer import PrintError
     from opgen.emit.tests import emit_tests
     from opgen.formula.read import read
     from opgen.optimize.passes import optimize_formulas, optimize_gradients
+    from opgen.optimize.rewrite import rewrite
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
     from opgen.plan.extremes import applies as needs_oracle
+    from opgen.plan.forward import with_forward
 
     before = len(problems.errors)
     formulas = read(spec, problems)
@@ -117,7 +120,11 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
     derived, residuals = choose_saved(optimize_gradients(derived), spec.optimize.policy)
     with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
-            op_plan = plan(derived, residuals)
+            # Forward mode from the same (rewritten, saved) derivation as backward.
+            tangents = derive_jvp(
+                derived, tuple((r.name, r.expr) for r in residuals), rewrite if spec.optimize.rewrite else None
+            )
+            op_plan = with_forward(plan(derived, residuals), tangents)
             files = {
                 f"ops/{spec.name}.py": emit_op(op_plan, renderer),
                 f"tests/test_{spec.name}.py": emit_tests(op_plan, renderer, written),
@@ -132,7 +139,8 @@ def import_stages() -> None:
     """Import the stages `generate` runs (Note [stages imported on use]). Called outside any
     spec's time budget: half a second of importing SymPy is no spec's cost, and an import
     interrupted halfway would leave a module half made."""
-    for stage in ("formula.read", "optimize.passes", "derive.gradients", "optimize.save", "plan.backward"):
+    stages = ("formula.read", "optimize.passes", "derive.gradients", "derive.jvp", "optimize.save", "plan.backward")
+    for stage in (*stages, "plan.forward"):
         importlib.import_module(f"opgen.{stage}")
     for stage in ("plan.extremes", "emit.op", "emit.tests", "emit.printer"):
         importlib.import_module(f"opgen.{stage}")

@@ -20,8 +20,10 @@ class AffineFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, bias = inputs
+        y = output
         ctx.save_for_backward(x, weight)
         ctx.bias_shape = None if bias is None else bias.shape
+        ctx.save_for_forward(x, weight, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -37,6 +39,27 @@ class AffineFunction(torch.autograd.Function):
             grad_bias = grad_y
             grad_bias = grad_bias.sum_to_size(ctx.bias_shape)
         return grad_x, grad_weight, grad_bias
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_weight, tangent_bias):
+        x, weight, y = ctx.saved_tensors
+        tangent_y = None
+        if tangent_x is not None:
+            tangent_y = tangent_x * weight
+        if tangent_weight is not None:
+            step = tangent_weight * x
+            tangent_y = step if tangent_y is None else tangent_y + step
+        if tangent_bias is not None:
+            step = tangent_bias
+            tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
+        return tangent_y
+
+
+class _AffineFunctionNoJvp(AffineFunction):
+    """`AffineFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def affine(x, weight, bias=None):
@@ -57,7 +80,8 @@ def affine(x, weight, bias=None):
         ("weight", weight, None),
         ("bias", bias, None),
     )
-    return AffineFunction.apply(x, weight, bias)
+    function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
+    return function.apply(x, weight, bias)
 
 
 class Affine(torch.nn.Module):

@@ -24,6 +24,7 @@ class AttentionScoresFunction(torch.autograd.Function):
         weights = output
         ctx.save_for_backward(q, k, weights)
         ctx.D = q.shape[-1]
+        ctx.save_for_forward(q, k, weights)
 
     @staticmethod
     def backward(ctx, grad_weights):
@@ -38,6 +39,27 @@ class AttentionScoresFunction(torch.autograd.Function):
             grad_k = tmp0.mT @ q
             grad_k = grad_k.sum_to_size(k.shape)
         return grad_q, grad_k
+
+    @staticmethod
+    def jvp(ctx, tangent_q, tangent_k):
+        q, k, weights = ctx.saved_tensors
+        tangent_weights = None
+        if tangent_k is not None or tangent_q is not None:
+            jvp0 = 1 / math.sqrt(ctx.D)
+        if tangent_q is not None:
+            tangent_weights_t0 = jvp0 * (tangent_q @ k.mT)
+            tangent_weights = torch.ops.aten._softmax_backward_data(tangent_weights_t0, weights, -1, weights.dtype)
+        if tangent_k is not None:
+            step = torch.ops.aten._softmax_backward_data(jvp0 * (q @ tangent_k.mT), weights, -1, weights.dtype)
+            tangent_weights = step if tangent_weights is None else tangent_weights + step
+        tangent_weights = tangent_weights.expand(weights.shape)
+        return tangent_weights
+
+
+class _AttentionScoresFunctionNoJvp(AttentionScoresFunction):
+    """`AttentionScoresFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def attention_scores(q, k):
@@ -57,4 +79,5 @@ def attention_scores(q, k):
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
-    return AttentionScoresFunction.apply(q, k)
+    function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction
+    return function.apply(q, k)

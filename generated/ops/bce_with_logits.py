@@ -17,7 +17,9 @@ class BceWithLogitsFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         logits, target = inputs
+        loss = output
         ctx.save_for_backward(logits, target)
+        ctx.save_for_forward(logits, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -30,6 +32,24 @@ class BceWithLogitsFunction(torch.autograd.Function):
             grad_target = -(grad_loss * logits)
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target
+
+    @staticmethod
+    def jvp(ctx, tangent_logits, tangent_target):
+        logits, target, loss = ctx.saved_tensors
+        tangent_loss = None
+        if tangent_logits is not None:
+            tangent_loss = tangent_logits * (torch.sigmoid(logits) - target)
+        if tangent_target is not None:
+            step = -(logits * tangent_target)
+            tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
+        return tangent_loss
+
+
+class _BceWithLogitsFunctionNoJvp(BceWithLogitsFunction):
+    """`BceWithLogitsFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def bce_with_logits(logits, target):
@@ -48,4 +68,5 @@ def bce_with_logits(logits, target):
         ("logits", logits, None),
         ("target", target, None),
     )
-    return BceWithLogitsFunction.apply(logits, target)
+    function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction
+    return function.apply(logits, target)

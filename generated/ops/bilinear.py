@@ -20,7 +20,9 @@ class BilinearFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x1, x2, weight, _ = inputs
+        y = output
         ctx.save_for_backward(x1, x2, weight)
+        ctx.save_for_forward(x1, x2, weight, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -39,6 +41,30 @@ class BilinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             grad_bias = grad_y.sum(0)
         return grad_x1, grad_x2, grad_weight, grad_bias
+
+    @staticmethod
+    def jvp(ctx, tangent_x1, tangent_x2, tangent_weight, tangent_bias):
+        x1, x2, weight, y = ctx.saved_tensors
+        tangent_y = None
+        if tangent_x1 is not None:
+            tangent_y = (x2 * (tangent_x1 @ weight)).sum(-1).T
+        if tangent_x2 is not None:
+            step = (tangent_x2 * (x1 @ weight)).sum(-1).T
+            tangent_y = step if tangent_y is None else tangent_y + step
+        if tangent_weight is not None:
+            step = (x2 * (x1 @ tangent_weight)).sum(-1).T
+            tangent_y = step if tangent_y is None else tangent_y + step
+        if tangent_bias is not None:
+            step = tangent_bias
+            tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
+        return tangent_y
+
+
+class _BilinearFunctionNoJvp(BilinearFunction):
+    """`BilinearFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def bilinear(x1, x2, weight, bias=None):
@@ -60,7 +86,8 @@ def bilinear(x1, x2, weight, bias=None):
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )
-    return BilinearFunction.apply(x1, x2, weight, bias)
+    function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
+    return function.apply(x1, x2, weight, bias)
 
 
 class Bilinear(torch.nn.Module):

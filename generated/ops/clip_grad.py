@@ -15,7 +15,9 @@ class ClipGradFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, bound = inputs
+        y = output
         ctx.bound = bound
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +26,26 @@ class ClipGradFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.clamp(grad_y, -bound, bound)
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_bound):
+        (y,) = ctx.saved_tensors
+        if tangent_x is not None:
+            raise NotImplementedError(
+                "clip_grad (specs/clip_grad.yaml): forward-mode AD along 'x' is not available: its gradient "
+                "override is not `grad * h` for some h (linear in the incoming gradient), so it has no Jacobian "
+                "to push a tangent through; use reverse mode, or write the override as grad * h"
+            )
+        tangent_y = None
+        if tangent_y is None:
+            tangent_y = torch.zeros_like(y)
+        return tangent_y
+
+
+class _ClipGradFunctionNoJvp(ClipGradFunction):
+    """`ClipGradFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def clip_grad(x, bound=1.0):
@@ -36,4 +58,5 @@ def clip_grad(x, bound=1.0):
     Gradients (overrides marked):
         grad_x = clamp(grad, -bound, bound)  (override)
     """
-    return ClipGradFunction.apply(x, bound)
+    function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
+    return function.apply(x, bound)

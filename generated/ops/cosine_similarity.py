@@ -19,8 +19,10 @@ class CosineSimilarityFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x1, x2, eps = inputs
+        y = output
         ctx.save_for_backward(x1, x2)
         ctx.eps = eps
+        ctx.save_for_forward(x1, x2, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -48,6 +50,40 @@ class CosineSimilarityFunction(torch.autograd.Function):
             grad_x2 = grad_x2.sum_to_size(x2.shape)
         return grad_x1, grad_x2, None
 
+    @staticmethod
+    def jvp(ctx, tangent_x1, tangent_x2, tangent_eps):
+        x1, x2, y = ctx.saved_tensors
+        eps = ctx.eps
+        tangent_y = None
+        if tangent_x1 is not None or tangent_x2 is not None:
+            jvp0 = torch.sqrt((x1**2).sum(-1, keepdim=True))
+            jvp1 = torch.nn.functional.threshold(jvp0, eps, eps)
+            jvp2 = 1 / jvp1
+            jvp3 = torch.sqrt((x2**2).sum(-1, keepdim=True))
+            jvp4 = torch.nn.functional.threshold(jvp3, eps, eps)
+            jvp5 = 1 / jvp4
+            jvp6 = jvp2 * jvp5
+            jvp7 = 2 * x1 * x2
+        if tangent_x1 is not None:
+            tangent_y_t2 = torch.where(jvp0 > eps, 1 / jvp0 / 2, 0)
+            tangent_y_t1 = -(jvp5 * jvp7 * tangent_y_t2 * (tangent_x1 * x1).sum(-1, keepdim=True) / jvp1**2)
+            tangent_y_t0 = jvp6 * tangent_x1 * x2 + tangent_y_t1
+            tangent_y = tangent_y_t0.sum(-1)
+        if tangent_x2 is not None:
+            step_t2 = torch.where(jvp3 > eps, 1 / jvp3 / 2, 0)
+            step_t1 = -(jvp2 * jvp7 * step_t2 * (tangent_x2 * x2).sum(-1, keepdim=True) / jvp4**2)
+            step_t0 = jvp6 * tangent_x2 * x1 + step_t1
+            step = step_t0.sum(-1)
+            tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
+        return tangent_y
+
+
+class _CosineSimilarityFunctionNoJvp(CosineSimilarityFunction):
+    """`CosineSimilarityFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def cosine_similarity(x1, x2, eps=1e-08):
     """Cosine similarity along the last dimension, each side divided by its norm (at least eps);
@@ -71,4 +107,5 @@ def cosine_similarity(x1, x2, eps=1e-08):
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
-    return CosineSimilarityFunction.apply(x1, x2, eps)
+    function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
+    return function.apply(x1, x2, eps)

@@ -17,6 +17,7 @@ class EluFunction(torch.autograd.Function):
         x, alpha = inputs
         ctx.save_for_backward(x)
         ctx.alpha = alpha
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,19 @@ class EluFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.elu_backward(grad_y, alpha, 1, 1, False, x)
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_alpha):
+        (x,) = ctx.saved_tensors
+        alpha = ctx.alpha
+        tangent_y = torch.ops.aten.elu_backward(tangent_x, alpha, 1, 1, False, x)
+        return tangent_y
+
+
+class _EluFunctionNoJvp(EluFunction):
+    """`EluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def elu(x, alpha=1.0):
@@ -37,4 +51,5 @@ def elu(x, alpha=1.0):
     Gradients:
         grad_x = grad*where(x > 0, 1, alpha*exp(x))
     """
-    return EluFunction.apply(x, alpha)
+    function = _EluFunctionNoJvp if torch.compiler.is_compiling() else EluFunction
+    return function.apply(x, alpha)

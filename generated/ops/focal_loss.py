@@ -21,9 +21,11 @@ class FocalLossFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         logits, target, alpha, gamma = inputs
+        loss = output
         ctx.save_for_backward(logits, target)
         ctx.alpha = alpha
         ctx.gamma = gamma
+        ctx.save_for_forward(logits, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -48,6 +50,36 @@ class FocalLossFunction(torch.autograd.Function):
             grad_target = grad_loss * grad_target_t0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent_logits, tangent_target, tangent_alpha, tangent_gamma):
+        logits, target, loss = ctx.saved_tensors
+        alpha = ctx.alpha
+        gamma = ctx.gamma
+        tangent_loss = None
+        if tangent_logits is not None or tangent_target is not None:
+            jvp0 = 1 - target
+            jvp1 = alpha * target + jvp0 * (1 - alpha)
+            jvp2 = torch.sigmoid(logits)
+            jvp3 = 1 - jvp2
+            jvp4 = 1 - jvp0 * jvp3 - jvp2 * target
+            jvp5 = jvp4 ** (gamma)
+            jvp6 = torch.nn.functional.softplus(logits) - logits * target
+            jvp7 = gamma * jvp4 ** (gamma - 1) * jvp6
+        if tangent_logits is not None:
+            tangent_loss = jvp1 * tangent_logits * (jvp2 * jvp3 * jvp7 * (1 - 2 * target) + jvp5 * (jvp2 - target))
+        if tangent_target is not None:
+            step_t0 = jvp1 * jvp7 * (1 - 2 * jvp2) - jvp1 * jvp5 * logits + jvp5 * jvp6 * (2 * alpha - 1)
+            step = step_t0 * tangent_target
+            tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
+        return tangent_loss
+
+
+class _FocalLossFunctionNoJvp(FocalLossFunction):
+    """`FocalLossFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def focal_loss(logits, target, alpha=0.25, gamma=2.0):
@@ -78,4 +110,5 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         ("logits", logits, None),
         ("target", target, None),
     )
-    return FocalLossFunction.apply(logits, target, alpha, gamma)
+    function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
+    return function.apply(logits, target, alpha, gamma)

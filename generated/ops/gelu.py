@@ -16,6 +16,7 @@ class GeluFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +25,18 @@ class GeluFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.gelu_backward(grad_y, x)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.gelu_backward(tangent_x, x)
+        return tangent_y
+
+
+class _GeluFunctionNoJvp(GeluFunction):
+    """`GeluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def gelu(x):
@@ -35,4 +48,5 @@ def gelu(x):
     Gradients:
         grad_x = grad*(sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*x/2)/2 + 1/2)
     """
-    return GeluFunction.apply(x)
+    function = _GeluFunctionNoJvp if torch.compiler.is_compiling() else GeluFunction
+    return function.apply(x)

@@ -18,6 +18,7 @@ class GeluTanhFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,18 @@ class GeluTanhFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate="tanh")
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.gelu_backward(tangent_x, x, approximate="tanh")
+        return tangent_y
+
+
+class _GeluTanhFunctionNoJvp(GeluTanhFunction):
+    """`GeluTanhFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def gelu_tanh(x):
@@ -38,4 +51,5 @@ def gelu_tanh(x):
         grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))**2)*(0.134145*x**2 + 1)/(2*sqrt(pi)) +
             tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))/2 + 1/2)
     """
-    return GeluTanhFunction.apply(x)
+    function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
+    return function.apply(x)

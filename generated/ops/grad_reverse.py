@@ -15,7 +15,9 @@ class GradReverseFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, alpha = inputs
+        y = output
         ctx.alpha = alpha
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +26,26 @@ class GradReverseFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = -(alpha * grad_y)
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_alpha):
+        (y,) = ctx.saved_tensors
+        if tangent_x is not None:
+            raise NotImplementedError(
+                "grad_reverse (specs/grad_reverse.yaml): forward-mode AD along 'x' is not available: output 'y' "
+                "is 'x' itself (a view of it), and torch wants its tangent to be a view of the tangent of 'x', "
+                "which its JVP is not"
+            )
+        tangent_y = None
+        if tangent_y is None:
+            tangent_y = torch.zeros_like(y)
+        return tangent_y
+
+
+class _GradReverseFunctionNoJvp(GradReverseFunction):
+    """`GradReverseFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def grad_reverse(x, alpha=1.0):
@@ -36,4 +58,5 @@ def grad_reverse(x, alpha=1.0):
     Gradients (overrides marked):
         grad_x = -alpha*grad  (override)
     """
-    return GradReverseFunction.apply(x, alpha)
+    function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
+    return function.apply(x, alpha)

@@ -18,6 +18,7 @@ class HardtanhFunction(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.min_val = min_val
         ctx.max_val = max_val
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -28,6 +29,20 @@ class HardtanhFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max_val)
         return grad_x, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_min_val, tangent_max_val):
+        (x,) = ctx.saved_tensors
+        min_val = ctx.min_val
+        max_val = ctx.max_val
+        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, min_val, max_val)
+        return tangent_y
+
+
+class _HardtanhFunctionNoJvp(HardtanhFunction):
+    """`HardtanhFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def hardtanh(x, min_val=-1.0, max_val=1.0):
@@ -40,4 +55,5 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     Gradients:
         grad_x = grad*where(min(x, max_val) > min_val, (x < max_val), 0)
     """
-    return HardtanhFunction.apply(x, min_val, max_val)
+    function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction
+    return function.apply(x, min_val, max_val)

@@ -18,8 +18,10 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, target, delta = inputs
+        loss = output
         ctx.save_for_backward(input, target)
         ctx.delta = delta
+        ctx.save_for_forward(input, target, loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -35,6 +37,27 @@ class HuberFunction(torch.autograd.Function):
             grad_target = -(grad_loss * tmp0)
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
+
+    @staticmethod
+    def jvp(ctx, tangent_input, tangent_target, tangent_delta):
+        input, target, loss = ctx.saved_tensors
+        delta = ctx.delta
+        tangent_loss = None
+        if tangent_input is not None or tangent_target is not None:
+            jvp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
+        if tangent_input is not None:
+            tangent_loss = jvp0 * tangent_input
+        if tangent_target is not None:
+            step = -(jvp0 * tangent_target)
+            tangent_loss = step if tangent_loss is None else tangent_loss + step
+        tangent_loss = tangent_loss.expand(loss.shape)
+        return tangent_loss
+
+
+class _HuberFunctionNoJvp(HuberFunction):
+    """`HuberFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def huber(input, target, delta=1.0):
@@ -54,4 +77,5 @@ def huber(input, target, delta=1.0):
         ("input", input, None),
         ("target", target, None),
     )
-    return HuberFunction.apply(input, target, delta)
+    function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
+    return function.apply(input, target, delta)

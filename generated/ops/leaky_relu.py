@@ -17,6 +17,7 @@ class LeakyReluFunction(torch.autograd.Function):
         x, negative_slope = inputs
         ctx.save_for_backward(x)
         ctx.negative_slope = negative_slope
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,19 @@ class LeakyReluFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.leaky_relu_backward(grad_y, x, negative_slope, False)
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_negative_slope):
+        (x,) = ctx.saved_tensors
+        negative_slope = ctx.negative_slope
+        tangent_y = torch.ops.aten.leaky_relu_backward(tangent_x, x, negative_slope, False)
+        return tangent_y
+
+
+class _LeakyReluFunctionNoJvp(LeakyReluFunction):
+    """`LeakyReluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def leaky_relu(x, negative_slope=0.01):
@@ -37,4 +51,5 @@ def leaky_relu(x, negative_slope=0.01):
     Gradients:
         grad_x = grad*where(x > 0, 1, negative_slope)
     """
-    return LeakyReluFunction.apply(x, negative_slope)
+    function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction
+    return function.apply(x, negative_slope)

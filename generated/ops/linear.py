@@ -20,7 +20,9 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, weight, _ = inputs
+        out = output
         ctx.save_for_backward(input, weight)
+        ctx.save_for_forward(input, weight, out)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -33,6 +35,27 @@ class LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_bias = grad_out.sum(0)
         return grad_input, grad_weight, grad_bias
+
+    @staticmethod
+    def jvp(ctx, tangent_input, tangent_weight, tangent_bias):
+        input, weight, out = ctx.saved_tensors
+        tangent_out = None
+        if tangent_input is not None:
+            tangent_out = tangent_input @ weight.T
+        if tangent_weight is not None:
+            step = input @ tangent_weight.T
+            tangent_out = step if tangent_out is None else tangent_out + step
+        if tangent_bias is not None:
+            step = tangent_bias
+            tangent_out = step if tangent_out is None else tangent_out + step
+        tangent_out = tangent_out.expand(out.shape)
+        return tangent_out
+
+
+class _LinearFunctionNoJvp(LinearFunction):
+    """`LinearFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def linear(input, weight, bias=None):
@@ -50,7 +73,8 @@ def linear(input, weight, bias=None):
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
-    return LinearFunction.apply(input, weight, bias)
+    function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction
+    return function.apply(input, weight, bias)
 
 
 class Linear(torch.nn.Module):

@@ -18,6 +18,7 @@ class LogSoftmaxFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         y = output
         ctx.save_for_backward(y)
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,18 @@ class LogSoftmaxFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten._log_softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (y,) = ctx.saved_tensors
+        tangent_y = tangent_x - (tangent_x * torch.exp(y)).sum(-1, keepdim=True)
+        return tangent_y
+
+
+class _LogSoftmaxFunctionNoJvp(LogSoftmaxFunction):
+    """`LogSoftmaxFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def log_softmax(x):
@@ -41,4 +54,5 @@ def log_softmax(x):
         "log_softmax",
         ("x", x, ("...", "N")),
     )
-    return LogSoftmaxFunction.apply(x)
+    function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction
+    return function.apply(x)

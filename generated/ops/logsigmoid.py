@@ -16,6 +16,7 @@ class LogsigmoidFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -28,6 +29,21 @@ class LogsigmoidFunction(torch.autograd.Function):
                 grad_x = torch.neg(x).sigmoid_().mul_(grad_y)
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: no in-place operations
+            tangent_y = tangent_x * torch.sigmoid(-x)
+        else:  # in place on its own temporaries (Note [forward in place])
+            tangent_y = torch.neg(x).sigmoid_().mul_(tangent_x)
+        return tangent_y
+
+
+class _LogsigmoidFunctionNoJvp(LogsigmoidFunction):
+    """`LogsigmoidFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def logsigmoid(x):
     """Log-sigmoid, log(1 / (1 + exp(-x))); torch.nn.functional.logsigmoid.
@@ -38,4 +54,5 @@ def logsigmoid(x):
     Gradients:
         grad_x = grad*sigmoid(-x)
     """
-    return LogsigmoidFunction.apply(x)
+    function = _LogsigmoidFunctionNoJvp if torch.compiler.is_compiling() else LogsigmoidFunction
+    return function.apply(x)

@@ -19,6 +19,7 @@ class LogsumexpFunction(torch.autograd.Function):
         (x,) = inputs
         y = output
         ctx.save_for_backward(x, y)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -27,6 +28,18 @@ class LogsumexpFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.exp(x - y.unsqueeze(-1)) * grad_y.unsqueeze(-1)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = (tangent_x * torch.softmax(x, -1)).sum(-1)
+        return tangent_y
+
+
+class _LogsumexpFunctionNoJvp(LogsumexpFunction):
+    """`LogsumexpFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def logsumexp(x):
@@ -42,4 +55,5 @@ def logsumexp(x):
         "logsumexp",
         ("x", x, ("...", "N")),
     )
-    return LogsumexpFunction.apply(x)
+    function = _LogsumexpFunctionNoJvp if torch.compiler.is_compiling() else LogsumexpFunction
+    return function.apply(x)

@@ -16,6 +16,7 @@ class MishFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -34,6 +35,27 @@ class MishFunction(torch.autograd.Function):
                 grad_x.mul_(grad_y)
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: no in-place operations
+            tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
+            tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
+        else:  # in place on its own temporaries (Note [forward in place])
+            tangent_y_s = torch.sigmoid(x)
+            tangent_y_q = 1 - tangent_y_s
+            tangent_y_d = tangent_y_q.square().add_(1)
+            tangent_y = (2 - tangent_y_s).mul_(tangent_y_s).div_(tangent_y_d)
+            tangent_y.add_(tangent_y_q.square_().mul_(tangent_y_s).mul_(x).mul_(4).div_(tangent_y_d.square_()))
+            tangent_y.mul_(tangent_x)
+        return tangent_y
+
+
+class _MishFunctionNoJvp(MishFunction):
+    """`MishFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def mish(x):
     """Mish, x * tanh(softplus(x)) (Misra, 2019); torch.nn.functional.mish.
@@ -44,4 +66,5 @@ def mish(x):
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))
     """
-    return MishFunction.apply(x)
+    function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
+    return function.apply(x)

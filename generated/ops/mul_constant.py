@@ -25,6 +25,18 @@ class MulConstantFunction(torch.autograd.Function):
             grad_tensor = constant * grad_out
         return grad_tensor, None
 
+    @staticmethod
+    def jvp(ctx, tangent_tensor, tangent_constant):
+        constant = ctx.constant
+        tangent_out = constant * tangent_tensor
+        return tangent_out
+
+
+class _MulConstantFunctionNoJvp(MulConstantFunction):
+    """`MulConstantFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def mul_constant(tensor, constant):
     """Forward:
@@ -33,4 +45,5 @@ def mul_constant(tensor, constant):
     Gradients:
         grad_tensor = constant*grad
     """
-    return MulConstantFunction.apply(tensor, constant)
+    function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
+    return function.apply(tensor, constant)

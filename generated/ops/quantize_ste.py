@@ -19,6 +19,7 @@ class QuantizeSteFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         _, code, inside = output
         ctx.save_for_backward(inside)
+        ctx.save_for_forward(inside)
         ctx.mark_non_differentiable(code, inside)
 
     @staticmethod
@@ -28,6 +29,18 @@ class QuantizeSteFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad_y * inside
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_scale):
+        (inside,) = ctx.saved_tensors
+        tangent_y = inside * tangent_x
+        return tangent_y, None, None
+
+
+class _QuantizeSteFunctionNoJvp(QuantizeSteFunction):
+    """`QuantizeSteFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def quantize_ste(x, scale=0.5):
@@ -44,4 +57,5 @@ def quantize_ste(x, scale=0.5):
     Gradients (overrides marked):
         grad_x = grad*inside  (override)
     """
-    return QuantizeSteFunction.apply(x, scale)
+    function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
+    return function.apply(x, scale)

@@ -21,6 +21,7 @@ class RbfKernelFunction(torch.autograd.Function):
         k = output
         ctx.save_for_backward(x, y, k)
         ctx.gamma = gamma
+        ctx.save_for_forward(x, y, k)
 
     @staticmethod
     def backward(ctx, grad_k):
@@ -36,6 +37,27 @@ class RbfKernelFunction(torch.autograd.Function):
             grad_y = 2 * tmp0.mT @ x - 2 * y * tmp0.sum(-2, keepdim=True).mT
             grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_y, tangent_gamma):
+        x, y, k = ctx.saved_tensors
+        gamma = ctx.gamma
+        tangent_k = None
+        if tangent_x is not None or tangent_y is not None:
+            jvp0 = 2 * gamma * k
+        if tangent_x is not None:
+            tangent_k = jvp0 * (tangent_x @ y.mT) - jvp0 * (tangent_x * x).sum(-1, keepdim=True)
+        if tangent_y is not None:
+            step = jvp0 * (x @ tangent_y.mT) - jvp0 * (tangent_y * y).sum(-1, keepdim=True).mT
+            tangent_k = step if tangent_k is None else tangent_k + step
+        tangent_k = tangent_k.expand(k.shape)
+        return tangent_k
+
+
+class _RbfKernelFunctionNoJvp(RbfKernelFunction):
+    """`RbfKernelFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def rbf_kernel(x, y, gamma=0.5):
@@ -55,4 +77,5 @@ def rbf_kernel(x, y, gamma=0.5):
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
-    return RbfKernelFunction.apply(x, y, gamma)
+    function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
+    return function.apply(x, y, gamma)

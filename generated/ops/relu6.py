@@ -16,6 +16,7 @@ class Relu6Function(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +25,18 @@ class Relu6Function(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, 0, 6)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, 0, 6)
+        return tangent_y
+
+
+class _Relu6FunctionNoJvp(Relu6Function):
+    """`Relu6Function` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def relu6(x):
@@ -35,4 +48,5 @@ def relu6(x):
     Gradients:
         grad_x = grad*where(min(x, 6) > 0, (x < 6), 0)
     """
-    return Relu6Function.apply(x)
+    function = _Relu6FunctionNoJvp if torch.compiler.is_compiling() else Relu6Function
+    return function.apply(x)

@@ -23,6 +23,17 @@ class RoundSteFunction(torch.autograd.Function):
             grad_x = grad_y
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        tangent_y = tangent_x
+        return tangent_y
+
+
+class _RoundSteFunctionNoJvp(RoundSteFunction):
+    """`RoundSteFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def round_ste(x):
     """Rounding with a straight-through gradient (quantization-aware training): forward rounds
@@ -34,4 +45,5 @@ def round_ste(x):
     Gradients (overrides marked):
         grad_x = grad  (override)
     """
-    return RoundSteFunction.apply(x)
+    function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
+    return function.apply(x)

@@ -16,6 +16,7 @@ class SafeSqrtFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +25,18 @@ class SafeSqrtFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad_y * torch.where(x > 0, torch.rsqrt(torch.where(x > 0, x, 1)) / 2, 0)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = tangent_x * torch.where(x > 0, torch.rsqrt(torch.where(x > 0, x, 1)) / 2, 0)
+        return tangent_y
+
+
+class _SafeSqrtFunctionNoJvp(SafeSqrtFunction):
+    """`SafeSqrtFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def safe_sqrt(x):
@@ -36,4 +49,5 @@ def safe_sqrt(x):
     Gradients:
         grad_x = grad*where(x > 0, 1/(2*sqrt(x)), 0)
     """
-    return SafeSqrtFunction.apply(x)
+    function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
+    return function.apply(x)

@@ -17,7 +17,9 @@ class ScaledWeightFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weights = inputs
+        y = output
         ctx.save_for_backward(x, weights)
+        ctx.save_for_forward(x, weights, y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -30,6 +32,24 @@ class ScaledWeightFunction(torch.autograd.Function):
             grad_weights = grad_y * x
             grad_weights = grad_weights.sum_to_size(weights.shape)
         return grad_x, grad_weights
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_weights):
+        x, weights, y = ctx.saved_tensors
+        tangent_y = None
+        if tangent_x is not None:
+            tangent_y = tangent_x * weights
+        if tangent_weights is not None:
+            step = tangent_weights * x
+            tangent_y = step if tangent_y is None else tangent_y + step
+        tangent_y = tangent_y.expand(y.shape)
+        return tangent_y
+
+
+class _ScaledWeightFunctionNoJvp(ScaledWeightFunction):
+    """`ScaledWeightFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def scaled_weight(x, weights):
@@ -45,7 +65,8 @@ def scaled_weight(x, weights):
         ("x", x, None),
         ("weights", weights, None),
     )
-    return ScaledWeightFunction.apply(x, weights)
+    function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
+    return function.apply(x, weights)
 
 
 class ScaledWeight(torch.nn.Module):

@@ -18,6 +18,7 @@ class SeluFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,18 @@ class SeluFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.elu_backward(1.0507009873554805 * grad_y, 1.6732632423543772, 1, 1, False, x)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.elu_backward(1.0507009873554805 * tangent_x, 1.6732632423543772, 1, 1, False, x)
+        return tangent_y
+
+
+class _SeluFunctionNoJvp(SeluFunction):
+    """`SeluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def selu(x):
@@ -39,4 +52,5 @@ def selu(x):
     Gradients:
         grad_x = 1.0507009873554805*grad*where(x > 0, 1, 1.6732632423543772*exp(x))
     """
-    return SeluFunction.apply(x)
+    function = _SeluFunctionNoJvp if torch.compiler.is_compiling() else SeluFunction
+    return function.apply(x)

@@ -16,6 +16,7 @@ class SigmoidFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         y = output
         ctx.save_for_backward(y)
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +25,18 @@ class SigmoidFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.sigmoid_backward(grad_y, y)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (y,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.sigmoid_backward(tangent_x, y)
+        return tangent_y
+
+
+class _SigmoidFunctionNoJvp(SigmoidFunction):
+    """`SigmoidFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def sigmoid(x):
@@ -35,4 +48,5 @@ def sigmoid(x):
     Gradients:
         grad_x = grad*y*(1 - y)
     """
-    return SigmoidFunction.apply(x)
+    function = _SigmoidFunctionNoJvp if torch.compiler.is_compiling() else SigmoidFunction
+    return function.apply(x)

@@ -16,6 +16,7 @@ class SignSteFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -25,6 +26,18 @@ class SignSteFunction(torch.autograd.Function):
             grad_x = grad_y * (torch.abs(x) <= 1).to(x.dtype)
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = tangent_x * (torch.abs(x) <= 1).to(x.dtype)
+        return tangent_y
+
+
+class _SignSteFunctionNoJvp(SignSteFunction):
+    """`SignSteFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def sign_ste(x):
     """Forward:
@@ -33,4 +46,5 @@ def sign_ste(x):
     Gradients (overrides marked):
         grad_x = grad*(abs(x) <= 1)  (override)
     """
-    return SignSteFunction.apply(x)
+    function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
+    return function.apply(x)

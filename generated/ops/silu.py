@@ -16,6 +16,7 @@ class SiluFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -29,6 +30,22 @@ class SiluFunction(torch.autograd.Function):
                 grad_x = torch.ops.aten.silu_backward(grad_y, x)
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
+            tangent_y_t0 = torch.sigmoid(x)
+            tangent_y = tangent_x * (tangent_y_t0 * x * (1 - tangent_y_t0) + tangent_y_t0)
+        else:
+            tangent_y = torch.ops.aten.silu_backward(tangent_x, x)
+        return tangent_y
+
+
+class _SiluFunctionNoJvp(SiluFunction):
+    """`SiluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def silu(x):
     """SiLU (sigmoid-weighted linear unit), x * sigmoid(x); torch.nn.functional.silu.
@@ -39,4 +56,5 @@ def silu(x):
     Gradients:
         grad_x = grad*(x*(1 - sigmoid(x))*sigmoid(x) + sigmoid(x))
     """
-    return SiluFunction.apply(x)
+    function = _SiluFunctionNoJvp if torch.compiler.is_compiling() else SiluFunction
+    return function.apply(x)

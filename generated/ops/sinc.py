@@ -18,6 +18,7 @@ class SincFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -31,6 +32,22 @@ class SincFunction(torch.autograd.Function):
             grad_x = grad_y * grad_x_t0
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        jvp0 = torch.abs(x)
+        jvp1 = torch.where(jvp0 >= 0.0001, x, 1)
+        tangent_y_t1 = (torch.cos(math.pi * jvp1) - torch.sinc(jvp1)) / jvp1
+        tangent_y_t0 = torch.where(jvp0 < 0.0001, -(math.pi**2) / 3 * x, tangent_y_t1)
+        tangent_y = tangent_x * tangent_y_t0
+        return tangent_y
+
+
+class _SincFunctionNoJvp(SincFunction):
+    """`SincFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def sinc(x):
     """The normalized sinc, sin(pi x) / (pi x), and 1 at 0, as torch.sinc; a Taylor polynomial
@@ -42,4 +59,5 @@ def sinc(x):
     Gradients:
         grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, (cos(pi*x) - sinc(x))/x)
     """
-    return SincFunction.apply(x)
+    function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
+    return function.apply(x)

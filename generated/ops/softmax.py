@@ -18,6 +18,7 @@ class SoftmaxFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         y = output
         ctx.save_for_backward(y)
+        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,18 @@ class SoftmaxFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (y,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten._softmax_backward_data(tangent_x, y, -1, y.dtype)
+        return tangent_y
+
+
+class _SoftmaxFunctionNoJvp(SoftmaxFunction):
+    """`SoftmaxFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def softmax(x):
@@ -41,4 +54,5 @@ def softmax(x):
         "softmax",
         ("x", x, ("...", "N")),
     )
-    return SoftmaxFunction.apply(x)
+    function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction
+    return function.apply(x)

@@ -17,6 +17,7 @@ class SoftplusFunction(torch.autograd.Function):
         x, beta = inputs
         ctx.save_for_backward(x)
         ctx.beta = beta
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -26,6 +27,19 @@ class SoftplusFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.softplus_backward(grad_y, x, beta, 20.0)
         return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_beta):
+        (x,) = ctx.saved_tensors
+        beta = ctx.beta
+        tangent_y = torch.ops.aten.softplus_backward(tangent_x, x, beta, 20.0)
+        return tangent_y
+
+
+class _SoftplusFunctionNoJvp(SoftplusFunction):
+    """`SoftplusFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def softplus(x, beta=1.0):
@@ -37,4 +51,5 @@ def softplus(x, beta=1.0):
     Gradients:
         grad_x = grad*sigmoid(beta*x)
     """
-    return SoftplusFunction.apply(x, beta)
+    function = _SoftplusFunctionNoJvp if torch.compiler.is_compiling() else SoftplusFunction
+    return function.apply(x, beta)

@@ -16,6 +16,7 @@ class SoftsignFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         (x,) = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -24,6 +25,18 @@ class SoftsignFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad_y / (torch.abs(x) + 1) ** 2
         return grad_x
+
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        (x,) = ctx.saved_tensors
+        tangent_y = tangent_x / (torch.abs(x) + 1) ** 2
+        return tangent_y
+
+
+class _SoftsignFunctionNoJvp(SoftsignFunction):
+    """`SoftsignFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def softsign(x):
@@ -35,4 +48,5 @@ def softsign(x):
     Gradients:
         grad_x = grad/(abs(x) + 1)**2
     """
-    return SoftsignFunction.apply(x)
+    function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction
+    return function.apply(x)

@@ -18,6 +18,7 @@ class SpikeFunction(torch.autograd.Function):
         ctx.save_for_backward(v)
         ctx.threshold = threshold
         ctx.slope = slope
+        ctx.save_for_forward(v)
 
     @staticmethod
     def backward(ctx, grad_s):
@@ -28,6 +29,20 @@ class SpikeFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_v = grad_s / (slope * torch.abs(threshold - v) + 1) ** 2
         return grad_v, None, None
+
+    @staticmethod
+    def jvp(ctx, tangent_v, tangent_threshold, tangent_slope):
+        (v,) = ctx.saved_tensors
+        threshold = ctx.threshold
+        slope = ctx.slope
+        tangent_s = tangent_v / (slope * torch.abs(threshold - v) + 1) ** 2
+        return tangent_s
+
+
+class _SpikeFunctionNoJvp(SpikeFunction):
+    """`SpikeFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
 
 
 def spike(v, threshold=1.0, slope=10.0):
@@ -40,4 +55,5 @@ def spike(v, threshold=1.0, slope=10.0):
     Gradients (overrides marked):
         grad_v = grad/(slope*abs(threshold - v) + 1)**2  (override)
     """
-    return SpikeFunction.apply(v, threshold, slope)
+    function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
+    return function.apply(v, threshold, slope)

@@ -17,6 +17,7 @@ class SwishFunction(torch.autograd.Function):
         x, beta = inputs
         ctx.save_for_backward(x)
         ctx.beta = beta
+        ctx.save_for_forward(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -29,6 +30,21 @@ class SwishFunction(torch.autograd.Function):
             grad_x = grad_y * tmp1 * (tmp0 * (1 - tmp1) + 1)
         return grad_x, None
 
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_beta):
+        (x,) = ctx.saved_tensors
+        beta = ctx.beta
+        jvp0 = beta * x
+        jvp1 = torch.sigmoid(jvp0)
+        tangent_y = jvp1 * tangent_x * (jvp0 * (1 - jvp1) + 1)
+        return tangent_y
+
+
+class _SwishFunctionNoJvp(SwishFunction):
+    """`SwishFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def swish(x, beta=1.0):
     """Forward:
@@ -37,4 +53,5 @@ def swish(x, beta=1.0):
     Gradients:
         grad_x = grad*(beta*x*(1 - sigmoid(beta*x)) + 1)*sigmoid(beta*x)
     """
-    return SwishFunction.apply(x, beta)
+    function = _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
+    return function.apply(x, beta)

@@ -15,8 +15,10 @@ class TanhshrinkFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        (x,) = inputs
         _, saved_tanh = output
         ctx.save_for_backward(saved_tanh)
+        ctx.save_for_forward(x, saved_tanh)
         ctx.set_materialize_grads(False)
 
     @staticmethod
@@ -31,6 +33,19 @@ class TanhshrinkFunction(torch.autograd.Function):
                 grad_x = grad_saved_tanh * (1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh * (1 - tmp0)
         return grad_x
 
+    @staticmethod
+    def jvp(ctx, tangent_x):
+        x, saved_tanh = ctx.saved_tensors
+        tangent_y = saved_tanh**2 * tangent_x
+        tangent_saved_tanh = tangent_x * (1 - torch.tanh(x) ** 2)
+        return tangent_y, tangent_saved_tanh
+
+
+class _TanhshrinkFunctionNoJvp(TanhshrinkFunction):
+    """`TanhshrinkFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
+
+    jvp = staticmethod(torch.autograd.Function.jvp)
+
 
 def tanhshrink(x):
     """Tanhshrink, x - tanh(x); torch.nn.functional.tanhshrink.
@@ -42,4 +57,5 @@ def tanhshrink(x):
     Gradients:
         grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
     """
-    return TanhshrinkFunction.apply(x)[0]
+    function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
+    return function.apply(x)[0]

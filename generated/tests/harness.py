@@ -146,15 +146,16 @@ def only(op, args, positions):
 
 
 def check_gradients(op, args, second_order=False, positions=None):
-    """gradcheck (and gradgradcheck) in the derived gradients, the other tensors held fixed."""
+    """gradcheck (and gradgradcheck) in the derived gradients and the derived forward mode (jvp, and
+    forward over reverse), the other tensors held fixed."""
     if positions is None:
         positions = [k for k in op.checked if args[k] is not None]
     if not positions:
         return
     fixed = [a.detach() if isinstance(a, torch.Tensor) and k not in positions else a for k, a in enumerate(args)]
-    assert torch.autograd.gradcheck(*only(op, fixed, positions))
+    assert torch.autograd.gradcheck(*only(op, fixed, positions), check_forward_ad=True)
     if second_order:
-        assert torch.autograd.gradgradcheck(*only(op, fixed, positions))
+        assert torch.autograd.gradgradcheck(*only(op, fixed, positions), check_fwd_over_rev=True)
 
 
 def check_function_apply(op, function, args, residuals=0):

@@ -30,9 +30,18 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     if not grad.contributions:
         if plan.gate_none or plan.derived.has_tensor_ops:
             return [f"{var} = None  # {grad.input} has a zero gradient"]
-        if grad.reduce:  # the input's own shape: it may be larger than the output's (`x + 0 * z`)
+        # As plain autograd gives it: the incoming gradient times 0, a function of it (double
+        # backward and forward-over-reverse see a differentiable zero), in the input's own shape,
+        # which may be larger than the output's (`x + 0 * z`).
+        # Declared dimensions need not broadcast with the output's: a plain zero of the input's shape.
+        zero = f"({first_grad} * 0)"
+        declared = plan.derived.spec.input(grad.input).type.dims is not None  # type: ignore[union-attr]
+        if grad.reduce and declared:
             return [f"{var} = {first_grad}.new_zeros({shape})"]
-        lines.append(f"{var} = {names.torch}.zeros_like({first_grad})")
+        if grad.reduce:
+            broadcast = f"{names.torch}.broadcast_shapes({first_grad}.shape, {shape})"
+            return [f"{var} = {zero}.expand({broadcast}).sum_to_size({shape})"]
+        lines.append(f"{var} = {zero}")
     elif grad.overridden or grad.contributions[0].output is None:
         expr = grad.contributions[0].factor
         text = printer.doprint_expr(expr)

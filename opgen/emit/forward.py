@@ -8,6 +8,7 @@ reads (tensors, non-tensor inputs, shapes, named dimension sizes).
 from __future__ import annotations
 
 from opgen.derive.gradients import Variant
+from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
@@ -69,7 +70,7 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
     sizes = size_sources(derived.spec, tuple(names.size_locals))
-    lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
+    lines = [f"{names.size_locals[d]} = {size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
     printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
     bodies = [
@@ -81,12 +82,13 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     return lines
 
 
-def setup_body(plan: Plan, names: OpNames) -> Lines:
+def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> Lines:
     spec = plan.derived.spec
     ctx = names.ctx
     lines = []
     sizes = size_sources(spec, plan.dim_sizes)
     needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
+    needed_inputs |= forward.inputs if forward else set()
     if plan.varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
     if needed_inputs & {i.name for i in spec.inputs}:
@@ -94,6 +96,7 @@ def setup_body(plan: Plan, names: OpNames) -> Lines:
         lines.append(f"{unpack(targets)} = {names.inputs}")
     outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
+    needed_outputs |= forward.outputs if forward else set()
     if needed_outputs & set(outputs):
         if len(outputs) == 1:
             lines.append(f"{outputs[0]} = {names.output}")
@@ -108,7 +111,8 @@ def setup_body(plan: Plan, names: OpNames) -> Lines:
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     for dim, where in sizes.items():
-        lines.append(f"{ctx}.{names.size_attrs[dim]} = {_size_text(spec, *where)}")
+        lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where)}")
+    lines += forward.lines if forward else ()
     if plan.varies:
         for inp in spec.tensor_inputs:
             if inp.type.optional and inp.name not in plan.saved:
@@ -135,7 +139,7 @@ def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]
     return sources
 
 
-def _size_text(spec: Spec, source: str, index: int) -> str:
+def size_text(spec: Spec, source: str, index: int) -> str:
     """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks)."""
     inp = spec.input(source)
     text = f"{source}.shape[{index}]"

@@ -11,11 +11,22 @@ from __future__ import annotations
 
 from opgen.emit.backward import backward_body
 from opgen.emit.docstring import formulas_doc
-from opgen.emit.forward import forward_body, setup_body, shape_checks
+from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
+from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.module import default_text, module_context
-from opgen.emit.names import make_names, make_printer, public_names, spec_names, variant_temps, with_temp_shapes
+from opgen.emit.names import (
+    OpNames,
+    make_names,
+    make_printer,
+    public_names,
+    spec_names,
+    variant_temps,
+    with_temp_shapes,
+)
+from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
+from opgen.emit.statements import Lines
 from opgen.plan.backward import Plan
 from opgen.spec import quote
 from opgen.spec.model import Spec
@@ -53,12 +64,13 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
-    setup = setup_body(plan, names)
+    jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
+    setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
     doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
     module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
-    code = forward + backward + [h for f in helpers for h in f] + params
+    code = forward + backward + jvp + [h for f in helpers for h in f] + params
     if module is not None:
         code += [module.init_params, module.forward_params, *module.init_body, *module.reset_body]
     text = renderer.render(
@@ -72,6 +84,10 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         setup=setup,
         backward_params=", ".join([names.ctx, *(names.grads_in[name] for name in plan.returned)]),
         backward=backward,
+        jvp_params=", ".join([names.ctx, *jnames.params.values()]),
+        jvp=jvp,
+        jvp_free=jnames.compiled,
+        jvp_chosen=jnames.chosen,
         signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
         visible=_visible(plan),
@@ -91,6 +107,21 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
     )
     return text
+
+
+def _forward_mode(
+    plan: Plan, names: OpNames, printer: TorchPrinter, helpers: list[list[str]]
+) -> tuple[JvpNames, Lines, JvpSetup]:
+    """The `jvp` staticmethod, its names and what `setup_context` keeps for it (opgen.emit.forward_mode)."""
+    assert plan.forward is not None
+    spec = plan.derived.spec
+    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.ctx, names.check_shapes}
+    taken |= {names.function_ref, names.functional_ref, *(h[0].split("(")[0].split()[-1] for h in helpers if h)}
+    attrs = {*names.ctx_attrs.values(), *names.shape_attrs.values(), *names.size_attrs.values()}
+    jnames = jvp_names(plan, plan.forward, taken, (names.ctx_attrs, names.size_attrs), attrs)
+    sizes = {d: size_text(spec, *where) for d, where in size_sources(spec, plan.forward.dim_sizes).items()}
+    setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)
+    return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 
 
 def _visible(plan: Plan) -> str:

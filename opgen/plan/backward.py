@@ -39,6 +39,7 @@ records this Function for it, and saving the input stays legal), `src.detach()` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy
 from sympy import Expr
@@ -47,6 +48,9 @@ from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import has_tensor_ops, is_dim_size
 from opgen.optimize.kernels import kernel_factors
 from opgen.optimize.save import Residual
+
+if TYPE_CHECKING:
+    from opgen.plan.forward import ForwardPlan
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class Plan:
     aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
     residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
     varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
+    forward: ForwardPlan | None = None  # what `jvp` computes (opgen.plan.forward)
 
     @property
     def returned(self) -> tuple[str, ...]:

@@ -1,0 +1,276 @@
+"""Forward mode: the JVP of every output, derived beside the gradients.
+
+Receives `Derived` (after the gradient rewrites and the save stage) and the hidden outputs
+(residuals) the Function returns; returns `Tangents`: for each variant, each returned output's
+tangent as a sum of terms, one per Tensor input, each the directional derivative of the output
+along that input's tangent symbol. Elementwise formulas reuse the gradient factors
+(`d out / d in` times the tangent: the same rewrites, the same kink conventions as backward);
+formulas with tensor operations go through exact forward rules (`_Jvp`); gradient overrides
+give the transpose-consistent JVP (Note [jvp of an override]).
+
+Note [jvp of an override]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+An override `x: grad * h` (linear in the incoming gradients: `sum_o grad_o * h_o`) says the
+Jacobian of each output `o` with respect to `x` is, as far as backward is concerned, `h_o`
+elementwise. Forward mode uses the same Jacobian: the tangent of `o` along `x` is
+`h_o * tangent_x` (broadcast as the forward broadcasts), so `jvp` and `vjp` are transposes of
+each other, as for any PyTorch op (for `sign_ste`: `(abs(x) <= 1) * tangent_x`). An override
+that is not linear in the incoming gradients (`clamp(grad, -c, c)`) or uses a tensor
+operation of it has no such Jacobian: forward mode along that input is refused at call time,
+naming the spec and the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr, S
+
+from opgen.derive.gradients import Derived, Gradient, Variant, _clean
+from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.derive.vjp import substitute_outputs
+from opgen.errors import Loc, located
+from opgen.formula import functions as fn
+from opgen.formula.tensor import (
+    LogSoftmax,
+    MatMul,
+    ReduceAmax,
+    ReduceLogSumExp,
+    ReduceMean,
+    ReduceSum,
+    ReductionBase,
+    Shape,
+    ShapeError,
+    Softmax,
+    SoftmaxBackward,
+    TensorOp,
+    Transpose,
+    Unsqueeze,
+    shape_of,
+)
+
+__all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
+
+
+@dataclass(frozen=True)
+class Term:
+    """The directional derivative of one output along the tangent of `input`."""
+
+    input: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class OutputTangent:
+    output: str  # a spec output or a residual
+    terms: tuple[Term, ...]  # the nonzero ones, in input order
+
+
+@dataclass(frozen=True)
+class VariantTangents:
+    absent: tuple[str, ...]
+    outputs: tuple[OutputTangent | None, ...]  # one per returned output; None: not differentiable
+    refused: tuple[tuple[str, str], ...] = ()  # input -> why forward mode along it is refused
+
+
+@dataclass(frozen=True)
+class Tangents:
+    symbols: dict[str, sympy.Symbol]  # Tensor input -> its tangent symbol
+    variants: tuple[VariantTangents, ...]  # same order as `Derived.variants`
+
+    @property
+    def full(self) -> VariantTangents:
+        return self.variants[-1]
+
+
+def tangent_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol("tangent:" + name, real=True)
+
+
+class _Refused(Exception):
+    """Forward mode along one input cannot be derived; the message says why."""
+
+
+class _Jvp:
+    """Forward mode over the tensor operations of a formula, along the tangent `t` of input `x`."""
+
+    def __init__(self, table: dict[sympy.Symbol, Shape], clean: Callable[[Expr], Expr], x: sympy.Symbol) -> None:
+        self.table = table
+        self.clean = clean
+        self.x = x
+        self.t = tangent_symbol(x.name)
+        self.table[self.t] = table.get(x)
+        self.memo: dict[Expr, Expr] = {}
+
+    def tangent(self, expr: Expr) -> Expr:
+        if self.x not in expr.free_symbols:
+            return S.Zero
+        if expr == self.x:
+            return self.t
+        if expr not in self.memo:
+            self.memo[expr] = self.rule(expr) if isinstance(expr, TensorOp) else self.elementwise(expr)
+        return self.memo[expr]
+
+    def elementwise(self, expr: Expr) -> Expr:
+        """Between tensor operations: `sympy.diff` with every tensor operation a leaf."""
+        leaves = sorted(_top_tensor_ops(expr, self.x), key=sympy.default_sort_key)
+        dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
+        back = {d: leaf for leaf, d in dummies.items()}
+        flat = expr.xreplace(dummies)
+        total = self.clean(sympy.diff(flat, self.x)).xreplace(back) * self.t
+        for leaf, dummy in dummies.items():
+            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            if factor != 0:
+                total += factor * self.tangent(leaf)
+        return total
+
+    def operand(self, a: Expr, what: str | None = None) -> tuple[Expr, bool]:
+        """The tangent of an operand of a tensor operation and whether it has fewer dimensions than the
+        operand (it was broadcast: `s` in `amax(a @ w + s)`); `what` refuses that."""
+        ta = self.tangent(a)
+        narrow = ta != 0 and shape_of(ta, self.table) != shape_of(a, self.table)
+        if narrow and what is not None:
+            raise _Refused(f"the tangent reaches {what} with fewer dimensions than its operand (it was broadcast)")
+        return ta, narrow
+
+    def rule(self, node: Expr) -> Expr:
+        if isinstance(node, MatMul):
+            a, b = node.args
+            ta, tb = self.operand(a, "`@`")[0], self.operand(b, "`@`")[0]
+            return (MatMul(ta, b) if ta != 0 else S.Zero) + (MatMul(a, tb) if tb != 0 else S.Zero)
+        if isinstance(node, Transpose):
+            return Transpose(self.operand(node.args[0], "`.T`")[0])
+        if isinstance(node, (Softmax, LogSoftmax)):
+            a, dim = node.args
+            ta, narrow = self.operand(a)
+            if ta == 0:
+                return S.Zero
+            if isinstance(node, LogSoftmax):
+                return ta - ReduceSum(ta * sympy.exp(node), dim, S.One)
+            # PyTorch's kernel wants the tangent in the operand's whole shape; the formula broadcasts it.
+            return node * (ta - ReduceSum(ta * node, dim, S.One)) if narrow else SoftmaxBackward(ta, node, dim)
+        assert isinstance(node, ReductionBase), type(node)
+        a, dim, keep = node.operand, node.args[1], node.args[2]
+        linear = isinstance(node, (ReduceSum, ReduceMean))
+        ta = self.operand(a, f"{node.spec_name}()" if linear else None)[0]
+        if ta == 0:
+            return S.Zero
+        if linear:
+            return type(node)(ta, dim, keep)
+        if isinstance(node, ReduceLogSumExp):
+            return ReduceSum(ta * Softmax(a, dim), dim, keep)
+        assert isinstance(node, ReduceAmax), type(node)
+        # PyTorch's amax JVP: the mean of the tangent over the entries that tie for the maximum.
+        kept = node if node.keepdim else Unsqueeze(node, dim)
+        mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
+        return ReduceSum(ta * mask, dim, keep) / ReduceSum(mask, dim, keep)
+
+
+def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
+    found: set[Expr] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if x not in node.free_symbols:
+            continue
+        if isinstance(node, TensorOp):
+            found.add(node)
+            continue
+        stack.extend(node.args)
+    return found
+
+
+def _override_terms(derived: Derived, gradient: Gradient, names: list[str]) -> dict[str, Expr]:
+    """Each output's `h_o` of an override `sum_o grad_o * h_o` (Note [jvp of an override])."""
+    grads = {name: derived.symbols.grads[name] for name in names}
+    expr = gradient.contributions[0].factor if gradient.contributions else S.Zero
+    linear = expr.atoms(TensorOp) == {op for op in expr.atoms(TensorOp) if not (op.free_symbols & set(grads.values()))}
+    factors = {name: sympy.diff(expr, g) for name, g in grads.items()} if linear else {}
+    rest = expr - sum((g * factors[name] for name, g in grads.items()), S.Zero) if linear else expr
+    at_zero = rest.xreplace({g: S.Zero for g in grads.values()}) if linear else expr
+    if not linear or any(f.free_symbols & set(grads.values()) for f in factors.values()) or at_zero != 0:
+        raise _Refused(
+            "its gradient override is not `grad * h` for some h (linear in the incoming gradient), so it has no"
+            " Jacobian to push a tangent through; use reverse mode, or write the override as grad * h"
+        )
+    return {name: f for name, f in factors.items() if f != 0}
+
+
+def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:
+    return lambda e: _clean(settle_indicators(e), loc, what)
+
+
+def _output_terms(
+    derived: Derived, variant: Variant, gradient: Gradient, table: dict[sympy.Symbol, Shape]
+) -> dict[str, Expr]:
+    """The tangent term of every differentiable output along input `gradient.input`."""
+    spec, symbols = derived.spec, derived.symbols
+    names = [o.name for o in spec.outputs if o.differentiable]
+    t = tangent_symbol(gradient.input)
+    if gradient.overridden:
+        return {name: h * t for name, h in _override_terms(derived, gradient, names).items()}
+    if gradient.fit is None:  # elementwise: the gradient factors are d out / d in
+        terms: dict[str, Expr] = {}
+        for c in gradient.contributions:
+            if c.output in names:
+                terms[c.output] = terms.get(c.output, S.Zero) + c.factor * t
+        return terms
+    inlined = dict(variant.inlined)
+    outputs = [(symbols.outputs[o.name], inlined[o.name]) for o in spec.outputs]
+    x = symbols.inputs[gradient.input]
+    loc = spec.outputs[0].formula.loc
+    found = {}
+    for name in names:
+        what = f"forward-mode derivative of '{name}' along '{gradient.input}'"
+        refused = None
+        with located(loc, what):
+            engine = _Jvp(dict(table), _cleaner(loc, what), x)
+            try:
+                value = engine.tangent(guard_branches(inlined[name], symbols.tensors))
+            except (ShapeError, _Refused) as error:
+                refused = str(error)
+        if refused is not None:
+            raise _Refused(refused)
+        value = substitute_outputs(value, outputs)
+        if value != 0:
+            found[name] = value
+    return found
+
+
+def _variant_tangents(
+    derived: Derived, variant: Variant, residuals: tuple[tuple[str, Expr], ...], rewrite: Callable[[Expr], Expr]
+) -> VariantTangents:
+    spec, symbols = derived.spec, derived.symbols
+    terms: dict[str, list[Term]] = {o.name: [] for o in spec.outputs if o.differentiable}
+    terms |= {name: [] for name, _ in residuals}
+    refused = []
+    for gradient in variant.gradients:
+        try:
+            found = _output_terms(derived, variant, gradient, dict(derived.shapes))
+        except _Refused as why:
+            refused.append((gradient.input, str(why)))
+            continue
+        x, t = symbols.inputs[gradient.input], tangent_symbol(gradient.input)
+        for name, expr in residuals:  # the hidden outputs are elementwise (opgen.optimize.save)
+            found[name] = _clean(settle_indicators(sympy.diff(expr, x)), spec.loc, "residual") * t
+        for name, value in found.items():
+            value = rewrite(value)
+            if value != 0:
+                terms[name].append(Term(gradient.input, value))
+    returned = [*(o.name for o in spec.outputs), *(name for name, _ in residuals)]
+    outputs = tuple(OutputTangent(n, tuple(terms[n])) if n in terms else None for n in returned)
+    return VariantTangents(variant.absent, outputs, tuple(refused))
+
+
+def derive_jvp(
+    derived: Derived, residuals: tuple[tuple[str, Expr], ...] = (), rewrite: Callable[[Expr], Expr] | None = None
+) -> Tangents:
+    """The tangent of every returned output (the spec's, then `residuals`), for every variant of `derived`.
+
+    `rewrite` is applied to every term (the pipeline passes the stable rewrites when the spec allows them).
+    """
+    tensors = [i.name for i in derived.spec.tensor_inputs]
+    variants = tuple(_variant_tangents(derived, v, residuals, rewrite or (lambda e: e)) for v in derived.variants)
+    return Tangents({n: tangent_symbol(n) for n in tensors}, variants)

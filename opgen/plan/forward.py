@@ -1,0 +1,173 @@
+"""Plan stage for forward mode: `Tangents` -> what `jvp` computes, gated on which tangents exist.
+
+Receives the op's `Plan` (backward) and the `Tangents` of `opgen.derive.jvp`; returns a
+`ForwardPlan`: the terms of every output's tangent after common subexpressions are shared
+(`sympy.cse(order='canonical')`), the temporaries grouped by the input tangents that use them
+(so work is gated on `tangent is not None`, as backward gates on `needs_input_grad`), and what
+`setup_context` must keep for `jvp`: inputs and outputs through `ctx.save_for_forward`,
+non-tensor inputs as `ctx` attributes (Note [what backward may use] holds for `jvp` too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import sympy
+
+from opgen.derive.gradients import Variant
+from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
+from opgen.formula.tensor import is_dim_size
+from opgen.optimize.kernels import kernel_factors
+from opgen.plan.backward import Plan, Temp, TempGroup, _inline_conditions
+
+
+@dataclass(frozen=True)
+class ForwardVariant:
+    absent: tuple[str, ...]
+    groups: tuple[TempGroup, ...]  # temporaries, grouped by the input tangents that use them
+    outputs: tuple[OutputTangent | None, ...]  # terms after CSE; None: not differentiable
+    refused: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    tangents: Tangents
+    variants: tuple[ForwardVariant, ...]
+    saved: tuple[str, ...]  # inputs then returned outputs, given to save_for_forward
+    ctx_values: tuple[str, ...]  # non-tensor inputs jvp reads
+    dim_sizes: tuple[str, ...]  # named dimensions whose size jvp reads
+    varies: bool  # jvp branches on which `Tensor?` inputs are None
+    temps: frozenset[sympy.Symbol]
+    zeros: frozenset[str]  # outputs whose tangent may have no term at run time: zeros of the output
+    widen: frozenset[str] = frozenset()  # outputs whose tangent may be smaller (broadcast): expanded to them
+    views: frozenset[str] = frozenset()  # outputs that are an input as-is: their tangent is a view of its tangent
+
+
+def _plan_variant(variant: VariantTangents) -> ForwardVariant:
+    values = [t.value for out in variant.outputs if out is not None for t in out.terms]
+    # `tangent * prime(u)` is a native backward kernel's `grad * prime(u)` (Note [native backward kernels]).
+    flat: list[sympy.Basic] = [group[0] for group in kernel_factors([[v] for v in values])]
+    symbols = sympy.numbered_symbols("jvp:", cls=sympy.Symbol, real=True)
+    replacements, reduced = sympy.cse(flat, symbols=symbols, order="canonical")
+    temps, reduced = _inline_conditions(replacements, reduced)
+    outputs: list[OutputTangent | None] = []
+    users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
+    position = 0
+    for out in variant.outputs:
+        if out is None:
+            outputs.append(None)
+            continue
+        terms = []
+        for term in out.terms:
+            value = reduced[position]
+            position += 1
+            if value == 0:  # a factor that vanished once written out (`(a < a) * x`): no term
+                continue
+            terms.append(Term(term.input, value))
+            for symbol in value.free_symbols & users.keys():
+                users[symbol].add(term.input)
+        outputs.append(OutputTangent(out.output, tuple(terms)))
+    for temp in reversed(temps):
+        for symbol in temp.expr.free_symbols & users.keys():
+            users[symbol] |= users[temp.symbol]
+    groups: list[TempGroup] = []
+    for temp in temps:
+        key = tuple(sorted(users[temp.symbol]))
+        if groups and groups[-1].users == key:
+            groups[-1] = TempGroup(key, (*groups[-1].temps, temp))
+        else:
+            groups.append(TempGroup(key, (temp,)))
+    return ForwardVariant(variant.absent, tuple(groups), tuple(outputs), variant.refused)
+
+
+def _used(variant: ForwardVariant) -> set[sympy.Symbol]:
+    used: set[sympy.Symbol] = set()
+    for group in variant.groups:
+        for temp in group.temps:
+            used |= temp.expr.free_symbols
+    for out in variant.outputs:
+        for term in out.terms if out is not None else ():
+            used |= term.value.free_symbols
+    return used
+
+
+def _may_be_zero(plan: Plan, out: OutputTangent) -> bool:
+    """Whether no term may be computed: jvp is called when some Tensor input has a tangent."""
+    tensors = {i.name for i in plan.derived.spec.tensor_inputs}
+    return {t.input for t in out.terms} != tensors or not out.terms
+
+
+def with_forward(plan: Plan, tangents: Tangents) -> Plan:
+    """`plan` with what its `jvp` computes."""
+    return replace(plan, forward=plan_forward(plan, tangents))
+
+
+def _views(plan: Plan, variant: Variant) -> frozenset[str]:
+    """The outputs that are a Tensor input as-is: forward returns a view of it (Note [outputs that alias])."""
+    inputs = set(plan.derived.symbols.tensor_inputs)
+    return frozenset(name for name, expr in variant.inlined if expr in inputs)
+
+
+def _refuse_aliases(plan: Plan, variant: VariantTangents, aliases: frozenset[str]) -> VariantTangents:
+    """An output that is an input as-is (Note [outputs that alias]) is a view of it, and torch wants its
+    tangent to be a view of that input's tangent: an override that scales it (`-alpha * grad`) cannot be one."""
+    bare = set(variant.refused)
+    for out in variant.outputs:
+        if out is None or out.output not in aliases:
+            continue
+        for term in out.terms:
+            if term.value != tangent_symbol(term.input) and term.input not in {n for n, _ in bare}:
+                why = (
+                    f"output '{out.output}' is '{term.input}' itself (a view of it), and torch wants its tangent to"
+                    f" be a view of the tangent of '{term.input}', which its JVP is not"
+                )
+                bare.add((term.input, why))
+    outputs = tuple(
+        None if out is None else replace(out, terms=tuple(t for t in out.terms if t.input not in {n for n, _ in bare}))
+        for out in variant.outputs
+    )
+    return replace(variant, outputs=outputs, refused=tuple(sorted(bare)))
+
+
+def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
+    spec, symbols = plan.derived.spec, plan.derived.symbols
+    views = [_views(plan, v) for v in plan.derived.variants]
+    checked = tuple(_refuse_aliases(plan, v, a) for v, a in zip(tangents.variants, views, strict=True))
+    variants = tuple(_plan_variant(v) for v in checked)
+    full = variants[-1]
+    varies = any(
+        (v.groups, v.outputs) != (full.groups, _without(full.outputs, v.absent)) or v.refused != full.refused
+        for v in variants
+    )
+    chosen = variants if varies else variants[-1:]
+    used = set().union(*(_used(v) for v in chosen))
+    zeros = frozenset(out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(plan, out))
+    # A term may have fewer dimensions than its output (the tangent of `b` in `x * z + b`): torch wants the
+    # output's shape. Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
+    aliased = frozenset().union(*plan.aliases)
+    viewed = frozenset().union(*views)
+    widen = frozenset(
+        out.output
+        for v in chosen
+        for out in v.outputs
+        if out is not None and len(spec.tensor_inputs) > 1 and out.output not in aliased
+    )
+    saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
+    returned_symbols = {o: symbols.outputs[o] for o in symbols.outputs} | {r.name: r.symbol for r in plan.residuals}
+    saved += [name for name in plan.returned if returned_symbols[name] in used or name in zeros | widen]
+    ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
+    dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
+    temps = frozenset(t.symbol for v in variants for g in v.groups for t in g.temps)
+    return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed)
+
+
+def _without(outputs: tuple[OutputTangent | None, ...], absent: tuple[str, ...]) -> tuple[OutputTangent | None, ...]:
+    """The all-present tangents without the terms of the `absent` inputs."""
+    return tuple(
+        None if out is None else replace(out, terms=tuple(t for t in out.terms if t.input not in absent))
+        for out in outputs
+    )
+
+
+def forward_temps(variant: ForwardVariant) -> tuple[Temp, ...]:
+    return tuple(t for group in variant.groups for t in group.temps)
