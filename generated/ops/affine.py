@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class AffineFunction(torch.autograd.Function):
     """The autograd Function of `affine`; see `affine` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, weight, bias):
         if bias is None:

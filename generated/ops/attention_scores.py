@@ -11,6 +11,8 @@ from .._shape_checks import check_shapes
 class AttentionScoresFunction(torch.autograd.Function):
     """The autograd Function of `attention_scores`; see `attention_scores` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(q, k):
         D = q.shape[-1]

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class BceWithLogitsFunction(torch.autograd.Function):
     """The autograd Function of `bce_with_logits`; see `bce_with_logits` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(logits, target):
         loss = torch.nn.functional.softplus(logits) - logits * target

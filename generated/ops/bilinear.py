@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class BilinearFunction(torch.autograd.Function):
     """The autograd Function of `bilinear`; see `bilinear` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x1, x2, weight, bias):
         if bias is None:

@@ -7,6 +7,8 @@ import torch
 class ClipGradFunction(torch.autograd.Function):
     """The autograd Function of `clip_grad`; see `clip_grad` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, bound):
         y = x.view_as(x)

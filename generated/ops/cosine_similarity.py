@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class CosineSimilarityFunction(torch.autograd.Function):
     """The autograd Function of `cosine_similarity`; see `cosine_similarity` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x1, x2, eps):
         norm1 = torch.nn.functional.threshold(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps, eps)

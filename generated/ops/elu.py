@@ -7,6 +7,8 @@ import torch
 class EluFunction(torch.autograd.Function):
     """The autograd Function of `elu`; see `elu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, alpha):
         y = torch.nn.functional.elu(x, alpha)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class FocalLossFunction(torch.autograd.Function):
     """The autograd Function of `focal_loss`; see `focal_loss` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(logits, target, alpha, gamma):
         p = torch.sigmoid(logits)

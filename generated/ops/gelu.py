@@ -7,6 +7,8 @@ import torch
 class GeluFunction(torch.autograd.Function):
     """The autograd Function of `gelu`; see `gelu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.gelu(x)

@@ -7,6 +7,8 @@ import torch
 class GeluTanhFunction(torch.autograd.Function):
     """The autograd Function of `gelu_tanh`; see `gelu_tanh` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(1.5957691216057308).sigmoid_().mul_(x)

@@ -7,6 +7,8 @@ import torch
 class GradReverseFunction(torch.autograd.Function):
     """The autograd Function of `grad_reverse`; see `grad_reverse` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, alpha):
         y = x.view_as(x)

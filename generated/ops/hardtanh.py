@@ -7,6 +7,8 @@ import torch
 class HardtanhFunction(torch.autograd.Function):
     """The autograd Function of `hardtanh`; see `hardtanh` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, min_val, max_val):
         y = torch.nn.functional.hardtanh(x, min_val, max_val)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class HuberFunction(torch.autograd.Function):
     """The autograd Function of `huber`; see `huber` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(input, target, delta):
         diff = input - target

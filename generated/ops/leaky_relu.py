@@ -7,6 +7,8 @@ import torch
 class LeakyReluFunction(torch.autograd.Function):
     """The autograd Function of `leaky_relu`; see `leaky_relu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, negative_slope):
         y = torch.nn.functional.leaky_relu(x, negative_slope)

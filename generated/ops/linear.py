@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class LinearFunction(torch.autograd.Function):
     """The autograd Function of `linear`; see `linear` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(input, weight, bias):
         if bias is None:

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class LogSoftmaxFunction(torch.autograd.Function):
     """The autograd Function of `log_softmax`; see `log_softmax` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.log_softmax(x, -1)

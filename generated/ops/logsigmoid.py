@@ -7,6 +7,8 @@ import torch
 class LogsigmoidFunction(torch.autograd.Function):
     """The autograd Function of `logsigmoid`; see `logsigmoid` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.logsigmoid(x)
@@ -22,7 +24,12 @@ class LogsigmoidFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: no in-place operations
+            if (
+                torch.is_grad_enabled()  # double backward: no in-place operations
+                or torch.compiler.is_compiling()  # Note [in place under vmap]
+                or torch._C._are_functorch_transforms_active()
+                or torch._C._functorch.is_legacy_batchedtensor(grad_y)
+            ):
                 grad_x = grad_y * torch.sigmoid(-x)
             else:  # in place on its own temporaries (Note [forward in place])
                 grad_x = torch.neg(x).sigmoid_().mul_(grad_y)

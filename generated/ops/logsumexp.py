@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class LogsumexpFunction(torch.autograd.Function):
     """The autograd Function of `logsumexp`; see `logsumexp` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = x.logsumexp(-1)

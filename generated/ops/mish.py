@@ -7,6 +7,8 @@ import torch
 class MishFunction(torch.autograd.Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
@@ -22,7 +24,12 @@ class MishFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: no in-place operations
+            if (
+                torch.is_grad_enabled()  # double backward: no in-place operations
+                or torch.compiler.is_compiling()  # Note [in place under vmap]
+                or torch._C._are_functorch_transforms_active()
+                or torch._C._functorch.is_legacy_batchedtensor(grad_y)
+            ):
                 grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
                 grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
             else:  # in place on its own temporaries (Note [forward in place])

@@ -7,6 +7,8 @@ import torch
 class MulConstantFunction(torch.autograd.Function):
     """The autograd Function of `mul_constant`; see `mul_constant` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(tensor, constant):
         out = constant * tensor

@@ -7,6 +7,8 @@ import torch
 class QuantizeSteFunction(torch.autograd.Function):
     """The autograd Function of `quantize_ste`; see `quantize_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, scale):
         level = torch.clamp(torch.round(x / scale), -8, 7)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class RbfKernelFunction(torch.autograd.Function):
     """The autograd Function of `rbf_kernel`; see `rbf_kernel` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, y, gamma):
         squared_distance = (x**2).sum(-1, keepdim=True) - 2 * x @ y.mT + (y**2).sum(-1, keepdim=True).mT

@@ -7,6 +7,8 @@ import torch
 class Relu6Function(torch.autograd.Function):
     """The autograd Function of `relu6`; see `relu6` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.hardtanh(x, 0, 6)

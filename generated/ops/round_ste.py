@@ -7,6 +7,8 @@ import torch
 class RoundSteFunction(torch.autograd.Function):
     """The autograd Function of `round_ste`; see `round_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.round(x)

@@ -7,6 +7,8 @@ import torch
 class SafeSqrtFunction(torch.autograd.Function):
     """The autograd Function of `safe_sqrt`; see `safe_sqrt` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.where(x > 0, torch.sqrt(x), 0)

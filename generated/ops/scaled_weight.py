@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class ScaledWeightFunction(torch.autograd.Function):
     """The autograd Function of `scaled_weight`; see `scaled_weight` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, weights):
         y = weights * x

@@ -7,6 +7,8 @@ import torch
 class SeluFunction(torch.autograd.Function):
     """The autograd Function of `selu`; see `selu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         alpha = 1.6732632423543772

@@ -7,6 +7,8 @@ import torch
 class SigmoidFunction(torch.autograd.Function):
     """The autograd Function of `sigmoid`; see `sigmoid` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.sigmoid(x)

@@ -7,6 +7,8 @@ import torch
 class SignSteFunction(torch.autograd.Function):
     """The autograd Function of `sign_ste`; see `sign_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.sign(x)

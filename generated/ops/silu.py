@@ -7,6 +7,8 @@ import torch
 class SiluFunction(torch.autograd.Function):
     """The autograd Function of `silu`; see `silu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.silu(x)

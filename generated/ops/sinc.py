@@ -9,6 +9,8 @@ import torch
 class SincFunction(torch.autograd.Function):
     """The autograd Function of `sinc`; see `sinc` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.where(torch.abs(x) < 0.0001, 1 - 1.6449340668482264 * x**2, torch.sinc(x))

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class SoftmaxFunction(torch.autograd.Function):
     """The autograd Function of `softmax`; see `softmax` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.softmax(x, -1)

@@ -7,6 +7,8 @@ import torch
 class SoftplusFunction(torch.autograd.Function):
     """The autograd Function of `softplus`; see `softplus` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, beta):
         y = torch.nn.functional.softplus(x, beta)

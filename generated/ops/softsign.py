@@ -7,6 +7,8 @@ import torch
 class SoftsignFunction(torch.autograd.Function):
     """The autograd Function of `softsign`; see `softsign` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = x / (torch.abs(x) + 1)

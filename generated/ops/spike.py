@@ -7,6 +7,8 @@ import torch
 class SpikeFunction(torch.autograd.Function):
     """The autograd Function of `spike`; see `spike` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(v, threshold, slope):
         s = (v - threshold >= 0).to(v.dtype)

@@ -7,6 +7,8 @@ import torch
 class SwishFunction(torch.autograd.Function):
     """The autograd Function of `swish`; see `swish` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, beta):
         y = x * torch.sigmoid(beta * x)

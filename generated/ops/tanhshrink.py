@@ -7,6 +7,8 @@ import torch
 class TanhshrinkFunction(torch.autograd.Function):
     """The autograd Function of `tanhshrink`; see `tanhshrink` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         saved_tanh = torch.tanh(x)
