@@ -145,3 +145,146 @@ def test_per_sample_gradients_of_modules_through_functional_call(ops):
         assert got.keys() == want.keys()
         for k in got:
             torch.testing.assert_close(got[k], want[k], msg=lambda m, k=k, c=kind: f"{c}.{k}: {m}")
+
+
+# -- captured graphs: FX, export, TorchScript (Note [captured graphs keep the gradient]) ------------
+
+
+def _fill(functional, args, tensors, values):
+    full = list(args)
+    for k, value in zip(tensors, values, strict=True):
+        full[k] = value
+    return functional(*full)
+
+
+def _eager_and_captured(functional, args, capture):
+    """(first output, gradients of every tensor input) eager, then through `capture(functional, args)`
+    (a callable of the tensor arguments, the others fixed)."""
+    tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    results = []
+    for f in (lambda *ts: _fill(functional, args, tensors, ts), capture(functional, args)):
+        xs = [args[k].detach().clone().requires_grad_() for k in tensors]
+        out = f(*xs)
+        out = out[0] if isinstance(out, tuple | list) else out
+        grads = torch.autograd.grad(out, xs, torch.ones_like(out), allow_unused=True, materialize_grads=True)
+        results.append((out.detach(), grads))
+    return results
+
+
+def _assert_same(results) -> None:
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want)
+    for k, (g, w) in enumerate(zip(got_grads, want_grads, strict=True)):
+        torch.testing.assert_close(g, w, msg=lambda m, k=k: f"gradient of tensor argument {k}: {m}")
+
+
+def _fx(functional, args):
+    import inspect
+
+    params = list(inspect.signature(functional).parameters)
+    concrete = {params[k]: a for k, a in enumerate(args) if not isinstance(a, torch.Tensor)}
+    graph = torch.fx.symbolic_trace(functional, concrete_args=concrete)
+    calls = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert calls[-1] is functional, calls  # one node, after the guards on the concrete arguments
+    tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    return lambda *ts: _fill(graph, args, tensors, ts)
+
+
+def _input_sets(name: str):
+    t = spec_tests(name)
+    return [t.sample_inputs(), *([t.point_inputs()] if hasattr(t, "point_inputs") else [])]
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_fx_graph_of_every_spec_is_one_node_and_trains_as_eager(ops, name):
+    """symbolic_trace passes the call-time checks, keeps the op as one node, and training the
+    graph gives the eager gradients (for sign_ste, grad_reverse, ...: the override)."""
+    for args in _input_sets(name):
+        _assert_same(_eager_and_captured(spec_tests(name).OP.functional, args, _fx))
+
+
+def _exported(functional, args, strict=False):
+    tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    class Call(torch.nn.Module):
+        def forward(self, *ts):
+            return _fill(functional, args, tensors, ts)
+
+    return torch.export.export(Call(), tuple(args[k].detach() for k in tensors), strict=strict).module()
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_export_trains_as_eager_or_refuses(ops, name):
+    """An exported graph trains with the eager gradients, at random inputs and at the spec's
+    test points; or export refuses, naming the op, and exports for inference under no_grad.
+    Every spec with gradient overrides refuses."""
+    functional = spec_tests(name).OP.functional
+    refused = []
+    for args in _input_sets(name):
+        try:
+            results = _eager_and_captured(functional, args, _exported)
+        except RuntimeError as error:
+            assert f"{name}(): torch.export inlines this op's forward and would drop" in str(error)
+            refused.append(args)
+            continue
+        _assert_same(results)
+    has_overrides = "\ngradients:" in (SPECS / f"{name}.yaml").read_text(encoding="utf-8")
+    assert refused or not has_overrides, "an op with gradient overrides exported"
+    for args in refused:
+        with torch.no_grad():
+            graph = _exported(functional, args)
+            want = functional(*args)
+            got = graph(*(a for a in args if isinstance(a, torch.Tensor)))
+        torch.testing.assert_close(got, want)
+
+
+def test_export_of_a_module_of_generated_ops(ops):
+    """Strict and non-strict export of a small network; the graph trains as eager."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = ops.Linear(4, 8), ops.Linear(8, 2, bias=False)
+
+        def forward(self, x):
+            return ops.softplus(self.second(ops.gelu_tanh(self.first(x))))
+
+    model = Net()
+    x = torch.randn(5, 4)
+    want = model(x)
+    want.sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    for strict in (False, True):
+        graph = torch.export.export(model, (x,), strict=strict).module()
+        model.zero_grad()
+        got = graph(x)
+        torch.testing.assert_close(got, want)
+        if strict:  # strict export keeps no autograd graph of a custom Function: training fails loudly
+            assert not got.requires_grad
+            continue
+        grads = torch.autograd.grad(got.sum(), list(graph.parameters()))
+        for g, w in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("name", ["sign_ste", "grad_reverse", "safe_sqrt"])
+def test_strict_export_refuses_too(ops, name):
+    t = spec_tests(name)
+    with pytest.raises(Exception, match="would drop"):
+        _exported(t.OP.functional, t.sample_inputs(), strict=True)
+
+
+def test_jit_trace_keeps_the_gradient_but_cannot_be_saved(ops, tmp_path):
+    """What the README says of TorchScript: trace works in process (the op is one Python node,
+    with its backward); saving and scripting do not."""
+    x = torch.linspace(-2, 2, 9, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(ops.sign_ste, (x,))
+    (got,) = torch.autograd.grad(traced(x).sum(), x)
+    torch.testing.assert_close(got, (x.abs() <= 1).float())  # the override, not sign's zero
+    with pytest.raises(RuntimeError, match="Could not export Python function"):
+        torch.jit.save(traced, str(tmp_path / "op.pt"))
+    with pytest.raises(Exception):  # noqa: B017  (TorchScript's error types vary)
+        torch.jit.script(ops.sign_ste)

@@ -53,6 +53,10 @@ def affine(x, weight, bias=None):
         grad_weight = grad*x
         grad_bias = grad
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, weight, bias):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", affine, (x, weight, bias), {})
     check_shapes(
         "affine",
         ("x", x, None),

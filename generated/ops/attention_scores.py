@@ -54,6 +54,10 @@ def attention_scores(q, k):
         grad_q = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
         grad_k = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (q, k):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", attention_scores, (q, k), {})
     check_shapes(
         "attention_scores",
         ("q", q, ("...", "L", "D")),

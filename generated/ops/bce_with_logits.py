@@ -45,6 +45,10 @@ def bce_with_logits(logits, target):
         grad_logits = grad*(sigmoid(logits) - target)
         grad_target = -grad*logits
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (logits, target):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", bce_with_logits, (logits, target), {})
     check_shapes(
         "bce_with_logits",
         ("logits", logits, None),

@@ -55,6 +55,10 @@ def bilinear(x1, x2, weight, bias=None):
         grad_weight = x1.T @ (x2*unsqueeze(grad.T, dim=-1))
         grad_bias = sum(grad, dim=0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x1, x2, weight, bias):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", bilinear, (x1, x2, weight, bias), {})
     check_shapes(
         "bilinear",
         ("x1", x1, ("N", "in1_features")),

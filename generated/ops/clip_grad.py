@@ -38,4 +38,14 @@ def clip_grad(x, bound=1.0):
     Gradients (overrides marked):
         grad_x = clamp(grad, -bound, bound)  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, bound):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", clip_grad, (x, bound), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "clip_grad(): torch.export inlines this op's forward and would drop the gradient "
+            "override of x; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return ClipGradFunction.apply(x, bound)

@@ -68,6 +68,10 @@ def cosine_similarity(x1, x2, eps=1e-08):
             dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))),
             0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x1, x2, eps):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", cosine_similarity, (x1, x2, eps), {})
     check_shapes(
         "cosine_similarity",
         ("x1", x1, ("...", "D")),

@@ -39,4 +39,8 @@ def elu(x, alpha=1.0):
     Gradients:
         grad_x = grad*where(x > 0, 1, alpha*exp(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, alpha):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", elu, (x, alpha), {})
     return EluFunction.apply(x, alpha)

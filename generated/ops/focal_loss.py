@@ -75,6 +75,10 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
             sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1
             - target)*(1 - sigmoid(logits)))**gamma)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (logits, target, alpha, gamma):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", focal_loss, (logits, target, alpha, gamma), {})
     check_shapes(
         "focal_loss",
         ("logits", logits, None),

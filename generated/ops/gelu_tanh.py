@@ -11,7 +11,11 @@ class GeluTanhFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(1.5957691216057308).sigmoid_().mul_(x)
+        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
+        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+            y = torch.nn.functional.gelu(x, approximate="tanh")
+        else:
+            y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(1.5957691216057308).sigmoid_().mul_(x)
         return y
 
     @staticmethod
@@ -38,4 +42,8 @@ def gelu_tanh(x):
         grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))**2)*(0.134145*x**2 + 1)/(2*sqrt(pi)) +
             tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))/2 + 1/2)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", gelu_tanh, (x,), {})
     return GeluTanhFunction.apply(x)

@@ -38,4 +38,14 @@ def grad_reverse(x, alpha=1.0):
     Gradients (overrides marked):
         grad_x = -alpha*grad  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, alpha):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", grad_reverse, (x, alpha), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "grad_reverse(): torch.export inlines this op's forward and would drop the "
+            "gradient override of x; export under torch.no_grad() for inference, or capture "
+            "with torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return GradReverseFunction.apply(x, alpha)

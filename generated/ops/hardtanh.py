@@ -42,4 +42,8 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     Gradients:
         grad_x = grad*where(min(x, max_val) > min_val, (x < max_val), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, min_val, max_val):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", hardtanh, (x, min_val, max_val), {})
     return HardtanhFunction.apply(x, min_val, max_val)

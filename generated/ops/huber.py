@@ -51,6 +51,10 @@ def huber(input, target, delta=1.0):
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
         grad_target = -grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (input, target, delta):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", huber, (input, target, delta), {})
     check_shapes(
         "huber",
         ("input", input, None),

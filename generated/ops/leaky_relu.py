@@ -39,4 +39,8 @@ def leaky_relu(x, negative_slope=0.01):
     Gradients:
         grad_x = grad*where(x > 0, 1, negative_slope)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, negative_slope):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", leaky_relu, (x, negative_slope), {})
     return LeakyReluFunction.apply(x, negative_slope)

@@ -46,6 +46,10 @@ def linear(input, weight, bias=None):
         grad_weight = grad.T @ input
         grad_bias = sum(grad, dim=0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (input, weight, bias):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", linear, (input, weight, bias), {})
     check_shapes(
         "linear",
         ("input", input, ("N", "in_features")),

@@ -39,6 +39,10 @@ def log_softmax(x):
     Gradients:
         grad_x = grad - exp(y)*sum(grad, dim=-1, keepdim=true)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", log_softmax, (x,), {})
     check_shapes(
         "log_softmax",
         ("x", x, ("...", "N")),

@@ -45,4 +45,8 @@ def logsigmoid(x):
     Gradients:
         grad_x = grad*sigmoid(-x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", logsigmoid, (x,), {})
     return LogsigmoidFunction.apply(x)

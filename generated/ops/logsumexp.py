@@ -40,6 +40,10 @@ def logsumexp(x):
     Gradients:
         grad_x = exp(x - unsqueeze(y, dim=-1))*unsqueeze(grad, dim=-1)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", logsumexp, (x,), {})
     check_shapes(
         "logsumexp",
         ("x", x, ("...", "N")),

@@ -11,7 +11,11 @@ class MishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
+        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
+        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+            y = torch.nn.functional.mish(x)
+        else:
+            y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
         return y
 
     @staticmethod
@@ -51,4 +55,8 @@ def mish(x):
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", mish, (x,), {})
     return MishFunction.apply(x)

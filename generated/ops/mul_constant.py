@@ -35,4 +35,8 @@ def mul_constant(tensor, constant):
     Gradients:
         grad_tensor = constant*grad
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (tensor, constant):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", mul_constant, (tensor, constant), {})
     return MulConstantFunction.apply(tensor, constant)

@@ -46,4 +46,14 @@ def quantize_ste(x, scale=0.5):
     Gradients (overrides marked):
         grad_x = grad*inside  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, scale):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", quantize_ste, (x, scale), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "quantize_ste(): torch.export inlines this op's forward and would drop the "
+            "gradient override of x; export under torch.no_grad() for inference, or capture "
+            "with torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return QuantizeSteFunction.apply(x, scale)

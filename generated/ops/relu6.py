@@ -37,4 +37,8 @@ def relu6(x):
     Gradients:
         grad_x = grad*where(min(x, 6) > 0, (x < 6), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", relu6, (x,), {})
     return Relu6Function.apply(x)

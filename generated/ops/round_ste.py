@@ -36,4 +36,14 @@ def round_ste(x):
     Gradients (overrides marked):
         grad_x = grad  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", round_ste, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "round_ste(): torch.export inlines this op's forward and would drop the gradient "
+            "override of x; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return RoundSteFunction.apply(x)

@@ -38,4 +38,14 @@ def safe_sqrt(x):
     Gradients:
         grad_x = grad*where(x > 0, 1/(2*sqrt(where(x > 0, x, 1))), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", safe_sqrt, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "safe_sqrt(): torch.export inlines this op's forward and would drop its guarded "
+            "`where` branches; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return SafeSqrtFunction.apply(x)

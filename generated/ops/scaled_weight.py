@@ -42,6 +42,10 @@ def scaled_weight(x, weights):
         grad_x = grad*weights
         grad_weights = grad*x
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, weights):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", scaled_weight, (x, weights), {})
     check_shapes(
         "scaled_weight",
         ("x", x, None),

@@ -41,4 +41,8 @@ def selu(x):
     Gradients:
         grad_x = 1.0507009873554805*grad*where(x > 0, 1, 1.6732632423543772*exp(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", selu, (x,), {})
     return SeluFunction.apply(x)

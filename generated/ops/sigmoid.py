@@ -37,4 +37,8 @@ def sigmoid(x):
     Gradients:
         grad_x = grad*y*(1 - y)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", sigmoid, (x,), {})
     return SigmoidFunction.apply(x)

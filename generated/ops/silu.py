@@ -41,4 +41,8 @@ def silu(x):
     Gradients:
         grad_x = grad*(x*(1 - sigmoid(x))*sigmoid(x) + sigmoid(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", silu, (x,), {})
     return SiluFunction.apply(x)

@@ -47,4 +47,14 @@ def sinc(x):
             (cos(pi*where(abs(x) >= 0.0001, x, 1)) - sinc(where(abs(x) >= 0.0001, x, 1)))/where(where(abs(x) >= 0.0001,
             x, 1) == 0, 1, where(abs(x) >= 0.0001, x, 1))))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", sinc, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "sinc(): torch.export inlines this op's forward and would drop its guarded "
+            "`where` branches; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return SincFunction.apply(x)

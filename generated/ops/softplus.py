@@ -39,4 +39,8 @@ def softplus(x, beta=1.0):
     Gradients:
         grad_x = grad*sigmoid(beta*x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, beta):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", softplus, (x, beta), {})
     return SoftplusFunction.apply(x, beta)

@@ -37,4 +37,8 @@ def softsign(x):
     Gradients:
         grad_x = grad/(abs(x) + 1)**2
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", softsign, (x,), {})
     return SoftsignFunction.apply(x)

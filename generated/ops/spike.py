@@ -42,4 +42,14 @@ def spike(v, threshold=1.0, slope=10.0):
     Gradients (overrides marked):
         grad_v = grad/(slope*abs(threshold - v) + 1)**2  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (v, threshold, slope):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", spike, (v, threshold, slope), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "spike(): torch.export inlines this op's forward and would drop the gradient "
+            "override of v; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
     return SpikeFunction.apply(v, threshold, slope)

@@ -44,4 +44,8 @@ def tanhshrink(x):
     Gradients:
         grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if isinstance(arg, torch.fx.Proxy):
+                return arg.tracer.create_proxy("call_function", tanhshrink, (x,), {})
     return TanhshrinkFunction.apply(x)[0]

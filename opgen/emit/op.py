@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.derive.gradients import Derived, Variant, dimension_names
+from opgen.emit.capture import call_tuple, export_refusal, recorded_forward
 from opgen.emit.display import display_lines
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.kernel_lines import backward_lines, forward_printer
@@ -25,6 +26,7 @@ from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.formula.written import Piece
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan, Temp
+from opgen.plan.capture import capture_loss
 from opgen.spec import quote
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer, ctx_namer
@@ -35,7 +37,7 @@ DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
 
 @dataclass(frozen=True, kw_only=True)
 class OpNames:
-    """Internal names of one op module, none equal to a spec name (built by keyword: 16 names)."""
+    """Internal names of one op module, none equal to a spec name (built by keyword: 17 names)."""
 
     torch: str
     math: str
@@ -53,6 +55,7 @@ class OpNames:
     size_attrs: dict[str, str]  # named dimension -> ctx attribute holding its size
     size_locals: dict[str, str]  # named dimension -> forward's local variable holding its size
     check_shapes: str  # the module-level helper that checks argument shapes at call time
+    arg: str  # the functional's loop variable looking for an FX Proxy
 
 
 def spec_names(spec: Spec) -> set[str]:
@@ -104,6 +107,7 @@ def make_names(plan: Plan) -> OpNames:
         size_attrs=size_attrs,
         size_locals=size_locals,
         check_shapes=check_shapes,
+        arg=namer.fresh("arg"),
     )
 
 
@@ -251,14 +255,14 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     sizes = size_sources(derived.spec, tuple(names.size_locals))
     lines = [f"{names.size_locals[d]} = {_size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
-    printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
-    bodies = [
-        (v.absent, _forward_variant(plan, v, printer, aliases))
-        for v, aliases in zip(derived.variants, plan.aliases, strict=True)
-    ]
-    lines += _branches(bodies, optional, is_none)
-    lines.append(f"return {', '.join(plan.returned)}")
-    return lines
+    bodies = {}
+    for kind, kind_printer in (("plain", printer), ("in_place", forward_printer(printer))):  # Note [forward in place]
+        variants = zip(derived.variants, plan.aliases, strict=True)
+        body = _branches(
+            [(v.absent, _forward_variant(plan, v, kind_printer, a)) for v, a in variants], optional, is_none
+        )
+        bodies[kind] = [*body, f"return {', '.join(plan.returned)}"]
+    return lines + recorded_forward(bodies["in_place"], bodies["plain"], names.torch)
 
 
 def _unpack(targets: list[str]) -> str:
@@ -572,6 +576,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,
+        call_tuple=call_tuple([i.name for i in spec.inputs]),
+        export_refusal=export_refusal(spec.name, loss) if (loss := capture_loss(plan)) else None,
         uses_math=quote.uses_math(code, names.math),
     )
     return text

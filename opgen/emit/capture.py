@@ -1,0 +1,66 @@
+"""Printing what a graph capture needs of a generated op: export's refusal, a plain forward.
+
+Used by `opgen.emit.op` and its template (which also writes the functional's FX leaf); which
+ops refuse export is decided in `opgen.plan.capture`.
+
+Note [captured graphs keep the gradient]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A graph capture that traces through `Function.apply` inlines `forward` and drops `backward`:
+training the captured graph then differentiates the forward formula, not the op's backward.
+For a derived gradient that is the same function (up to rounding), but for a gradient
+override (`sign_ste`, `grad_reverse`, ...) or a guarded `where` (`safe_sqrt`: autograd of the
+inlined formula is NaN where the op's gradient is finite) it silently is not. So:
+
+- `torch.fx.symbolic_trace`: the functional, called with a `Proxy` while FX traces, records
+  itself as one `call_function` node (what `torch.fx.wrap` does, but wherever the functional
+  is called from, and before the call-time checks that read shapes): the captured graph
+  calls the functional, so its backward is the op's.
+- `torch.export` (strict or not) has no leaf functions: the functional of an op whose
+  gradient the inlined forward would lose raises while exporting with grad mode on, naming
+  the op and what to do (export under `torch.no_grad()` for inference; FX or the
+  `torch.library` form to train). Other ops export and train as their formula.
+- A recorded forward must not work in place on tensors autograd saved (Note [forward in
+  place]), nor combine a batched and an unbatched tensor in place under vmap: forward's
+  in-place form is kept for eager calls, and the plain formula runs while exporting or
+  under a functorch transform.
+"""
+
+from __future__ import annotations
+
+from opgen.spec import quote
+
+Lines = list[str]
+
+
+def recorded_forward(in_place: Lines, plain: Lines, torch: str) -> Lines:
+    """Forward's body: the plain formula where it is recorded or vmapped, when it differs."""
+    if in_place == plain:
+        return in_place
+    test = f"{torch}.compiler.is_exporting() or {torch}._C._are_functorch_transforms_active()"
+    return [
+        "# recorded (export) or vmapped: Note [captured graphs keep the gradient]",
+        f"if {test}:",
+        *("    " + line if line else line for line in plain[:-1]),
+        "else:",
+        *("    " + line if line else line for line in in_place[:-1]),
+        in_place[-1],
+    ]
+
+
+def export_refusal(name: str, loss: str) -> Lines:
+    """The message the functional raises while exporting, as string literals of one line each."""
+    words = (
+        f"{name}(): torch.export inlines this op's forward and would drop {loss}; export under "
+        "torch.no_grad() for inference, or capture with torch.fx.symbolic_trace (the op stays one node) to train"
+    ).split(" ")
+    lines, line = [], ""
+    for word in words:
+        if line and len(line) + len(word) > 80:
+            lines.append(line)
+            line = ""
+        line += word + " "
+    return [quote.string(text) for text in [*lines, line.rstrip()]]
+
+
+def call_tuple(args: list[str]) -> str:
+    return f"({args[0]},)" if len(args) == 1 else f"({', '.join(args)})"

@@ -1,0 +1,25 @@
+"""Which generated ops a graph capture that inlines `forward` would give a different gradient.
+
+Used by `opgen.emit.op` (the functional's export refusal, Note [captured graphs keep the
+gradient] in `opgen.emit.capture`); receives the `Plan`, returns a description or None.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from opgen.derive.guard import guard_branches
+from opgen.plan.backward import Plan
+
+
+def capture_loss(plan: Plan) -> str | None:
+    """What an inlined forward would lose of this op's gradient, or None when nothing."""
+    derived = plan.derived
+    overridden = [g.input for g in derived.spec.gradients]
+    if overridden:
+        return f"the gradient override of {', '.join(overridden)}"
+    tensors = derived.symbols.tensors
+    exprs = [e for v in derived.variants for _, e in (*v.lets, *v.outputs)]
+    if any(isinstance(e, sympy.Expr) and guard_branches(e, tensors) != e for e in exprs):
+        return "its guarded `where` branches"
+    return None
