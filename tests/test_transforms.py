@@ -288,3 +288,62 @@ def test_jit_trace_keeps_the_gradient_but_cannot_be_saved(ops, tmp_path):
         torch.jit.save(traced, str(tmp_path / "op.pt"))
     with pytest.raises(Exception):  # noqa: B017  (TorchScript's error types vary)
         torch.jit.script(ops.sign_ste)
+
+
+# -- autocast (Note [autocast] in opgen.emit.capture) ------------------------------------------------
+
+
+def _autocast_step(f, args, enabled=True):
+    """Forward under CPU bf16 autocast, backward after it: the output and each tensor's gradient."""
+    xs = [a.detach().float().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+        out = f(*xs)
+    if out.requires_grad:
+        out.float().sum().backward()
+    return out, [x.grad for x in xs if isinstance(x, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_bf16_autocast_training_step_of_every_spec(ops, name):
+    """An op with `@` computes in bf16 as torch.matmul does (nn.Linear's dtypes); autocast
+    leaves elementwise ops in float32, as PyTorch's. Every gradient has its
+    input's dtype and, within bf16's precision, the float32 gradient of the plain formula."""
+    t = spec_tests(name)
+    args = t.sample_inputs()
+    got, got_grads = _autocast_step(lambda *a: t.OP(*a)[0], args)
+    want, want_grads = _autocast_step(lambda *a: t.reference(*a)[t.OP.outputs[0]], args, enabled=False)
+    matrix = "@" in (SPECS / f"{name}.yaml").read_text(encoding="utf-8")
+    assert got.dtype == (torch.bfloat16 if matrix else torch.float32), got.dtype
+    torch.testing.assert_close(got.float(), want.float().expand_as(got), rtol=0.05, atol=0.05)
+    tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    for k, g, w in zip(tensors, got_grads, want_grads, strict=True):
+        if g is not None:
+            assert g.dtype == torch.float32
+        if k in t.OP.checked and w is not None:  # overrides are checked in float64 elsewhere
+            finite = torch.isfinite(w)  # the plain formula's NaN where the op guards a `where`
+            torch.testing.assert_close(g[finite], w[finite], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_training_step_of_linear_and_bilinear_modules_as_torch_nn(ops, bias):
+    torch.manual_seed(0)
+    pairs = [
+        (ops.Linear(4, 3, bias=bias), torch.nn.Linear(4, 3, bias=bias), (torch.randn(5, 4),)),
+        (
+            ops.Bilinear(4, 2, 3, bias=bias),
+            torch.nn.Bilinear(4, 2, 3, bias=bias),
+            (torch.randn(5, 4), torch.randn(5, 2)),
+        ),
+    ]
+    for ours, theirs, inputs in pairs:
+        ours.load_state_dict(theirs.state_dict())
+        got, _ = _autocast_step(ours, inputs)
+        want, _ = _autocast_step(theirs, inputs)
+        # `@` runs in bf16 (as nn.Linear); CPU autocast has no rule for nn.Bilinear (float32).
+        assert got.dtype == torch.bfloat16 and want.dtype == (
+            torch.bfloat16 if ours.__class__ is ops.Linear else torch.float32
+        )
+        torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.05)
+        for (k, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+            assert p.grad.dtype == q.grad.dtype == torch.float32, k
+            torch.testing.assert_close(p.grad, q.grad, rtol=0.05, atol=0.05)

@@ -8,6 +8,17 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    device = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class AttentionScoresFunction(torch.autograd.Function):
     """The autograd Function of `attention_scores`; see `attention_scores` for the formulas."""
 
@@ -63,4 +74,6 @@ def attention_scores(q, k):
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(AttentionScoresFunction, q, k)
     return AttentionScoresFunction.apply(q, k)

@@ -6,6 +6,17 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    device = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class LinearFunction(torch.autograd.Function):
     """The autograd Function of `linear`; see `linear` for the formulas."""
 
@@ -56,6 +67,8 @@ def linear(input, weight, bias=None):
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(LinearFunction, input, weight, bias)
     return LinearFunction.apply(input, weight, bias)
 
 

@@ -64,3 +64,32 @@ def export_refusal(name: str, loss: str) -> Lines:
 
 def call_tuple(args: list[str]) -> str:
     return f"({args[0]},)" if len(args) == 1 else f"({', '.join(args)})"
+
+
+def autocast_helper(name: str, torch: str) -> Lines:
+    """The module-level function a matrix op's functional calls under autocast (Note [autocast]).
+
+    Note [autocast]
+    ~~~~~~~~~~~~~~~
+    Under `torch.autocast` PyTorch's matrix ops (`matmul`, `linear`, `bilinear`, ...) cast their
+    floating inputs to the autocast dtype and compute in it; a custom Function is not on
+    autocast's lists, so `x @ w.T + b` made bf16 @ then a float32 add, and backward (which runs
+    after the autocast region) multiplied a bf16 gradient by a float32 weight. A generated op
+    whose formulas use `@` does what `torch.amp.custom_fwd(cast_inputs=...)` does, in the
+    functional (Functions with `setup_context` have no ctx in forward): while autocast is on
+    for the inputs' device it casts the floating tensor inputs, as recorded operations, and
+    runs the Function with autocast off. Forward, the saved tensors and backward are then all
+    in the autocast dtype, the outputs have nn.Linear's dtype, and autograd casts each gradient
+    back to its input's dtype. Elementwise ops are left to type promotion, as PyTorch's are.
+    """
+    return [
+        f"def {name}(function, *args):",
+        '    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""',
+        f"    device = next(a.device.type for a in args if isinstance(a, {torch}.Tensor))",
+        f"    if not {torch}.is_autocast_enabled(device):",
+        "        return function.apply(*args)",
+        f"    dtype = {torch}.get_autocast_dtype(device)",
+        f"    args = [a.to(dtype) if isinstance(a, {torch}.Tensor) and a.is_floating_point() else a for a in args]",
+        f"    with {torch}.autocast(device, enabled=False):",
+        "        return function.apply(*args)",
+    ]

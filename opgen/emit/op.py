@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.derive.gradients import Derived, Variant, dimension_names
-from opgen.emit.capture import call_tuple, export_refusal, recorded_forward
+from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, recorded_forward
 from opgen.emit.display import display_lines
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.kernel_lines import backward_lines, forward_printer
@@ -26,7 +26,7 @@ from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.formula.written import Piece
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan, Temp
-from opgen.plan.capture import capture_loss
+from opgen.plan.capture import autocasts, capture_loss
 from opgen.spec import quote
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer, ctx_namer
@@ -37,7 +37,7 @@ DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
 
 @dataclass(frozen=True, kw_only=True)
 class OpNames:
-    """Internal names of one op module, none equal to a spec name (built by keyword: 17 names)."""
+    """Internal names of one op module, none equal to a spec name (built by keyword: 18 names)."""
 
     torch: str
     math: str
@@ -56,6 +56,7 @@ class OpNames:
     size_locals: dict[str, str]  # named dimension -> forward's local variable holding its size
     check_shapes: str  # the module-level helper that checks argument shapes at call time
     arg: str  # the functional's loop variable looking for an FX Proxy
+    autocast: str  # the module-level helper a matrix op calls under autocast
 
 
 def spec_names(spec: Spec) -> set[str]:
@@ -108,6 +109,7 @@ def make_names(plan: Plan) -> OpNames:
         size_locals=size_locals,
         check_shapes=check_shapes,
         arg=namer.fresh("arg"),
+        autocast=namer.fresh("_autocast_apply"),
     )
 
 
@@ -541,6 +543,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
+    if autocasts(plan):
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch)]
     setup = setup_body(plan, names)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
@@ -577,6 +581,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         ],
         helpers=helpers,
         call_tuple=call_tuple([i.name for i in spec.inputs]),
+        autocasts=autocasts(plan),
         export_refusal=export_refusal(spec.name, loss) if (loss := capture_loss(plan)) else None,
         uses_math=quote.uses_math(code, names.math),
     )

@@ -1,7 +1,7 @@
-"""Which generated ops a graph capture that inlines `forward` would give a different gradient.
+"""How a generated op meets graph captures and autocast: decisions from its formulas.
 
-Used by `opgen.emit.op` (the functional's export refusal, Note [captured graphs keep the
-gradient] in `opgen.emit.capture`); receives the `Plan`, returns a description or None.
+Used by `opgen.emit.op`: `capture_loss` (the functional's export refusal, Note [captured
+graphs keep the gradient] in `opgen.emit.capture`), `autocasts` (Note [autocast] there).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import sympy
 
 from opgen.derive.guard import guard_branches
+from opgen.formula.tensor import MatMul
 from opgen.plan.backward import Plan
 
 
@@ -23,3 +24,8 @@ def capture_loss(plan: Plan) -> str | None:
     if any(isinstance(e, sympy.Expr) and guard_branches(e, tensors) != e for e in exprs):
         return "its guarded `where` branches"
     return None
+
+
+def autocasts(plan: Plan) -> bool:
+    """The op multiplies matrices (`@`): under autocast it casts its inputs as `torch.matmul` does."""
+    return any(e.has(MatMul) for v in plan.derived.variants for _, e in (*v.lets, *v.outputs))
