@@ -347,3 +347,80 @@ def test_bf16_training_step_of_linear_and_bilinear_modules_as_torch_nn(ops, bias
         for (k, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
             assert p.grad.dtype == q.grad.dtype == torch.float32, k
             torch.testing.assert_close(p.grad, q.grad, rtol=0.05, atol=0.05)
+
+
+# -- dtypes and modes (Note [float inputs] in opgen.emit.capture) -----------------------------------
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_int_complex_and_non_tensor_inputs_are_type_errors_naming_the_argument(ops, name):
+    t = spec_tests(name)
+    base = t.sample_inputs()
+    for k in t.OP.checked:
+        if base[k] is None:
+            continue
+        for bad in (base[k].round().long(), base[k].to(torch.complex128), 2.0):
+            args = list(base)
+            args[k] = bad
+            with pytest.raises(TypeError, match=f"argument '{t.OP.inputs[k]}' must be a"):
+                t.OP.functional(*args)
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_computes_in_its_dtype(ops, name, dtype):
+    """Outputs and gradients have the inputs' dtype and the float64 values within its precision."""
+    t = spec_tests(name)
+    args = t.sample_inputs()
+    low = [a.detach().to(dtype).requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+    exact = [a.detach().to(dtype).double().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+    got, want = t.OP(*low)[0], t.OP(*exact)[0]
+    assert got.dtype == dtype
+    scale = want.detach().abs().max().clamp(min=1)
+    torch.testing.assert_close(got.double(), want.detach(), rtol=0.05, atol=0.02 * scale.item())
+    if got.requires_grad:
+        present = [k for k in t.OP.tensor_inputs if low[k] is not None]
+        grads = torch.autograd.grad(got.sum(), [low[k] for k in present], allow_unused=True, materialize_grads=True)
+        assert all(g.dtype == dtype for g in grads)
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_no_grad_and_inference_mode_record_nothing(ops, name):
+    t = spec_tests(name)
+    args = t.sample_inputs()
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            outs = t.OP(*args)
+        # No graph (a view of an input, as `x.view_as(x)`, keeps PyTorch's requires_grad of views)
+        assert all(o.grad_fn is None for o in outs)
+
+
+def _strided(x: torch.Tensor, how: str) -> torch.Tensor:
+    """The same values, not contiguous: transposed storage, a strided slice, or an expanded row."""
+    if how == "transposed" and x.dim() >= 2:
+        return x.detach().mT.contiguous().mT
+    if how == "sliced":
+        return torch.stack([x.detach(), torch.zeros_like(x)], dim=-1)[..., 0]
+    if how == "expanded" and x.dim() >= 1:
+        return x.detach()[:1].expand_as(x)
+    return x.detach()
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+@pytest.mark.parametrize("how", ["transposed", "sliced", "expanded"])
+def test_non_contiguous_and_expanded_inputs(ops, name, how):
+    t = spec_tests(name)
+    args = t.sample_inputs()
+    strided = [_strided(a, how) if isinstance(a, torch.Tensor) else a for a in args]
+    dense = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in strided]
+    results = []
+    for given in (strided, dense):
+        xs = [a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in given]
+        out = t.OP(*xs)[0]
+        tensors = [a for a in xs if isinstance(a, torch.Tensor)]
+        grads = torch.autograd.grad(out.sum(), tensors, allow_unused=True, materialize_grads=True)
+        results.append((out.detach(), grads))
+    (got, got_grads), (want, want_grads) = results
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)

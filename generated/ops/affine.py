@@ -63,6 +63,20 @@ def affine(x, weight, bias=None):
         ("weight", weight, None),
         ("bias", bias, None),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"affine(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(
+            "affine(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{getattr(weight, 'dtype', type(weight).__name__)}"
+        )
+    if bias is not None and (not isinstance(bias, torch.Tensor) or not bias.is_floating_point()):
+        raise TypeError(
+            "affine(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{getattr(bias, 'dtype', type(bias).__name__)}"
+        )
     return AffineFunction.apply(x, weight, bias)
 
 

@@ -74,6 +74,16 @@ def attention_scores(q, k):
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+        raise TypeError(
+            "attention_scores(): argument 'q' must be a real floating-point Tensor, got "
+            f"{getattr(q, 'dtype', type(q).__name__)}"
+        )
+    if not isinstance(k, torch.Tensor) or not k.is_floating_point():
+        raise TypeError(
+            "attention_scores(): argument 'k' must be a real floating-point Tensor, got "
+            f"{getattr(k, 'dtype', type(k).__name__)}"
+        )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(AttentionScoresFunction, q, k)
     return AttentionScoresFunction.apply(q, k)

@@ -54,4 +54,14 @@ def bce_with_logits(logits, target):
         ("logits", logits, None),
         ("target", target, None),
     )
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(
+            "bce_with_logits(): argument 'logits' must be a real floating-point Tensor, got "
+            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+        )
+    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+        raise TypeError(
+            "bce_with_logits(): argument 'target' must be a real floating-point Tensor, got "
+            f"{getattr(target, 'dtype', type(target).__name__)}"
+        )
     return BceWithLogitsFunction.apply(logits, target)

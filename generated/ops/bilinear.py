@@ -77,6 +77,26 @@ def bilinear(x1, x2, weight, bias=None):
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )
+    if not isinstance(x1, torch.Tensor) or not x1.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'x1' must be a real floating-point Tensor, got "
+            f"{getattr(x1, 'dtype', type(x1).__name__)}"
+        )
+    if not isinstance(x2, torch.Tensor) or not x2.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'x2' must be a real floating-point Tensor, got "
+            f"{getattr(x2, 'dtype', type(x2).__name__)}"
+        )
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{getattr(weight, 'dtype', type(weight).__name__)}"
+        )
+    if bias is not None and (not isinstance(bias, torch.Tensor) or not bias.is_floating_point()):
+        raise TypeError(
+            "bilinear(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{getattr(bias, 'dtype', type(bias).__name__)}"
+        )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(BilinearFunction, x1, x2, weight, bias)
     return BilinearFunction.apply(x1, x2, weight, bias)

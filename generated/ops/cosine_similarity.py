@@ -77,4 +77,14 @@ def cosine_similarity(x1, x2, eps=1e-08):
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
+    if not isinstance(x1, torch.Tensor) or not x1.is_floating_point():
+        raise TypeError(
+            "cosine_similarity(): argument 'x1' must be a real floating-point Tensor, got "
+            f"{getattr(x1, 'dtype', type(x1).__name__)}"
+        )
+    if not isinstance(x2, torch.Tensor) or not x2.is_floating_point():
+        raise TypeError(
+            "cosine_similarity(): argument 'x2' must be a real floating-point Tensor, got "
+            f"{getattr(x2, 'dtype', type(x2).__name__)}"
+        )
     return CosineSimilarityFunction.apply(x1, x2, eps)

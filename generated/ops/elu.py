@@ -43,4 +43,8 @@ def elu(x, alpha=1.0):
         for arg in (x, alpha):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", elu, (x, alpha), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"elu(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return EluFunction.apply(x, alpha)

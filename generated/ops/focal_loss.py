@@ -84,4 +84,14 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
         ("logits", logits, None),
         ("target", target, None),
     )
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(
+            "focal_loss(): argument 'logits' must be a real floating-point Tensor, got "
+            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+        )
+    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+        raise TypeError(
+            "focal_loss(): argument 'target' must be a real floating-point Tensor, got "
+            f"{getattr(target, 'dtype', type(target).__name__)}"
+        )
     return FocalLossFunction.apply(logits, target, alpha, gamma)

@@ -48,4 +48,9 @@ def grad_reverse(x, alpha=1.0):
             "gradient override of x; export under torch.no_grad() for inference, or capture "
             "with torch.fx.symbolic_trace (the op stays one node) to train"
         )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "grad_reverse(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return GradReverseFunction.apply(x, alpha)

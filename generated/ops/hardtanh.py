@@ -46,4 +46,9 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
         for arg in (x, min_val, max_val):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", hardtanh, (x, min_val, max_val), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "hardtanh(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return HardtanhFunction.apply(x, min_val, max_val)

@@ -60,4 +60,14 @@ def huber(input, target, delta=1.0):
         ("input", input, None),
         ("target", target, None),
     )
+    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+        raise TypeError(
+            "huber(): argument 'input' must be a real floating-point Tensor, got "
+            f"{getattr(input, 'dtype', type(input).__name__)}"
+        )
+    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+        raise TypeError(
+            "huber(): argument 'target' must be a real floating-point Tensor, got "
+            f"{getattr(target, 'dtype', type(target).__name__)}"
+        )
     return HuberFunction.apply(input, target, delta)

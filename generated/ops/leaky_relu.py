@@ -43,4 +43,9 @@ def leaky_relu(x, negative_slope=0.01):
         for arg in (x, negative_slope):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", leaky_relu, (x, negative_slope), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "leaky_relu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return LeakyReluFunction.apply(x, negative_slope)

@@ -67,6 +67,21 @@ def linear(input, weight, bias=None):
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
+    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+        raise TypeError(
+            "linear(): argument 'input' must be a real floating-point Tensor, got "
+            f"{getattr(input, 'dtype', type(input).__name__)}"
+        )
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(
+            "linear(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{getattr(weight, 'dtype', type(weight).__name__)}"
+        )
+    if bias is not None and (not isinstance(bias, torch.Tensor) or not bias.is_floating_point()):
+        raise TypeError(
+            "linear(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{getattr(bias, 'dtype', type(bias).__name__)}"
+        )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(LinearFunction, input, weight, bias)
     return LinearFunction.apply(input, weight, bias)

@@ -47,4 +47,9 @@ def log_softmax(x):
         "log_softmax",
         ("x", x, ("...", "N")),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "log_softmax(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return LogSoftmaxFunction.apply(x)

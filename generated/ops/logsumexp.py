@@ -48,4 +48,9 @@ def logsumexp(x):
         "logsumexp",
         ("x", x, ("...", "N")),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "logsumexp(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return LogsumexpFunction.apply(x)

@@ -59,4 +59,8 @@ def mish(x):
         for arg in (x,):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", mish, (x,), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"mish(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return MishFunction.apply(x)

@@ -39,4 +39,9 @@ def mul_constant(tensor, constant):
         for arg in (tensor, constant):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", mul_constant, (tensor, constant), {})
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        raise TypeError(
+            "mul_constant(): argument 'tensor' must be a real floating-point Tensor, got "
+            f"{getattr(tensor, 'dtype', type(tensor).__name__)}"
+        )
     return MulConstantFunction.apply(tensor, constant)

@@ -72,6 +72,16 @@ def rbf_kernel(x, y, gamma=0.5):
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "rbf_kernel(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+        raise TypeError(
+            "rbf_kernel(): argument 'y' must be a real floating-point Tensor, got "
+            f"{getattr(y, 'dtype', type(y).__name__)}"
+        )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(RbfKernelFunction, x, y, gamma)
     return RbfKernelFunction.apply(x, y, gamma)

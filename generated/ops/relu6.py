@@ -41,4 +41,8 @@ def relu6(x):
         for arg in (x,):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", relu6, (x,), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"relu6(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return Relu6Function.apply(x)

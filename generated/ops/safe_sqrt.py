@@ -48,4 +48,9 @@ def safe_sqrt(x):
             "`where` branches; export under torch.no_grad() for inference, or capture with "
             "torch.fx.symbolic_trace (the op stays one node) to train"
         )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "safe_sqrt(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SafeSqrtFunction.apply(x)

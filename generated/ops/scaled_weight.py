@@ -51,6 +51,16 @@ def scaled_weight(x, weights):
         ("x", x, None),
         ("weights", weights, None),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "scaled_weight(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+        raise TypeError(
+            "scaled_weight(): argument 'weights' must be a real floating-point Tensor, got "
+            f"{getattr(weights, 'dtype', type(weights).__name__)}"
+        )
     return ScaledWeightFunction.apply(x, weights)
 
 

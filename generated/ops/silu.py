@@ -45,4 +45,8 @@ def silu(x):
         for arg in (x,):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", silu, (x,), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"silu(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SiluFunction.apply(x)

@@ -57,4 +57,8 @@ def sinc(x):
             "`where` branches; export under torch.no_grad() for inference, or capture with "
             "torch.fx.symbolic_trace (the op stays one node) to train"
         )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"sinc(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SincFunction.apply(x)

@@ -47,4 +47,8 @@ def softmax(x):
         "softmax",
         ("x", x, ("...", "N")),
     )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"softmax(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SoftmaxFunction.apply(x)

@@ -43,4 +43,9 @@ def softplus(x, beta=1.0):
         for arg in (x, beta):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", softplus, (x, beta), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "softplus(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SoftplusFunction.apply(x, beta)

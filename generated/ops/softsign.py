@@ -41,4 +41,9 @@ def softsign(x):
         for arg in (x,):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", softsign, (x,), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "softsign(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SoftsignFunction.apply(x)

@@ -52,4 +52,8 @@ def spike(v, threshold=1.0, slope=10.0):
             "override of v; export under torch.no_grad() for inference, or capture with "
             "torch.fx.symbolic_trace (the op stays one node) to train"
         )
+    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+        raise TypeError(
+            f"spike(): argument 'v' must be a real floating-point Tensor, got {getattr(v, 'dtype', type(v).__name__)}"
+        )
     return SpikeFunction.apply(v, threshold, slope)

@@ -43,4 +43,8 @@ def swish(x, beta=1.0):
         for arg in (x, beta):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", swish, (x, beta), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            f"swish(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     return SwishFunction.apply(x, beta)

@@ -48,4 +48,9 @@ def tanhshrink(x):
         for arg in (x,):
             if isinstance(arg, torch.fx.Proxy):
                 return arg.tracer.create_proxy("call_function", tanhshrink, (x,), {})
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(
+            "tanhshrink(): argument 'x' must be a real floating-point Tensor, got "
+            f"{getattr(x, 'dtype', type(x).__name__)}"
+        )
     return TanhshrinkFunction.apply(x)[0]

@@ -93,3 +93,36 @@ def autocast_helper(name: str, torch: str) -> Lines:
         f"    with {torch}.autocast(device, enabled=False):",
         "        return function.apply(*args)",
     ]
+
+
+def float_checks(op: str, inputs: list[tuple[str, bool]], torch: str) -> Lines:
+    """The functional's checks that each (input, optional) is a real floating-point tensor.
+
+    Note [float inputs]
+    ~~~~~~~~~~~~~~~~~~~
+    A formula with a gradient is a real, floating-point function: an integer tensor would
+    compute in integers or fail inside forward, and a complex one would get gradients that are
+    not conjugated (the derivation is over the reals). The functional refuses both with a
+    TypeError naming the argument, as PyTorch's float ops do. Inputs no gradient flows to (a
+    mask only compared) may have any dtype. float16 and bfloat16 compute in their own dtype,
+    each operation rounding, as a composition of PyTorch ops does.
+    """
+    lines = []
+    for name, optional in inputs:
+        test = f"not isinstance({name}, {torch}.Tensor) or not {name}.is_floating_point()"
+        lines += [
+            f"if {name} is not None and ({test}):" if optional else f"if {test}:",
+            "    raise TypeError(",
+            *_message(f"{op}(): argument {name!r} must be a real floating-point Tensor, got ", name),
+            "    )",
+        ]
+    return lines
+
+
+def _message(text: str, name: str) -> Lines:
+    """`text` then the argument's dtype (or type), as ruff format leaves it: one f-string when it fits."""
+    got = f"{{getattr({name}, 'dtype', type({name}).__name__)}}"
+    one = f'        f{quote.string(text + "{")[:-2]}{got}"'
+    if len(one) + 4 <= 120:  # the functional's body is indented once more
+        return [one]
+    return [f"        {quote.string(text)}", f'        f"{got}"']

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.derive.gradients import Derived, Variant, dimension_names
-from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, recorded_forward
+from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks, recorded_forward
 from opgen.emit.display import display_lines
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.kernel_lines import backward_lines, forward_printer
@@ -26,7 +26,7 @@ from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.formula.written import Piece
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan, Temp
-from opgen.plan.capture import autocasts, capture_loss
+from opgen.plan.capture import autocasts, capture_loss, float_inputs
 from opgen.spec import quote
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer, ctx_namer
@@ -582,6 +582,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers=helpers,
         call_tuple=call_tuple([i.name for i in spec.inputs]),
         autocasts=autocasts(plan),
+        float_checks=float_checks(spec.name, float_inputs(plan), names.torch),
         export_refusal=export_refusal(spec.name, loss) if (loss := capture_loss(plan)) else None,
         uses_math=quote.uses_math(code, names.math),
     )

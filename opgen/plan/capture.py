@@ -1,7 +1,8 @@
-"""How a generated op meets graph captures and autocast: decisions from its formulas.
+"""How a generated op meets graph captures, autocast and dtypes: decisions from its formulas.
 
 Used by `opgen.emit.op`: `capture_loss` (the functional's export refusal, Note [captured
-graphs keep the gradient] in `opgen.emit.capture`), `autocasts` (Note [autocast] there).
+graphs keep the gradient] in `opgen.emit.capture`), `autocasts` (Note [autocast] there),
+`float_inputs` (Note [float inputs] there).
 """
 
 from __future__ import annotations
@@ -29,3 +30,10 @@ def capture_loss(plan: Plan) -> str | None:
 def autocasts(plan: Plan) -> bool:
     """The op multiplies matrices (`@`): under autocast it casts its inputs as `torch.matmul` does."""
     return any(e.has(MatMul) for v in plan.derived.variants for _, e in (*v.lets, *v.outputs))
+
+
+def float_inputs(plan: Plan) -> list[tuple[str, bool]]:
+    """The Tensor inputs a gradient flows to, each with whether it is optional: they must be
+    real floating-point tensors."""
+    names = {g.input for bp in plan.backward for g in bp.grads if g.contributions or g.overridden}
+    return [(i.name, i.type.optional) for i in plan.derived.spec.tensor_inputs if i.name in names]
