@@ -424,3 +424,119 @@ def test_non_contiguous_and_expanded_inputs(ops, name, how):
     torch.testing.assert_close(got, want)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)
+
+
+# -- Modules as drop-ins for torch.nn's ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [[5, 4], [2, 5, 4], [3, 2, 5, 4], [1, 4]])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_takes_leading_batch_dimensions_as_nn_linear(ops, shape, bias):
+    torch.manual_seed(0)
+    ours, theirs = ops.Linear(4, 3, bias=bias).double(), torch.nn.Linear(4, 3, bias=bias).double()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(shape, dtype=torch.float64)
+    for m in (ours, theirs):
+        m.zero_grad()
+        m(x).square().sum().backward()
+    torch.testing.assert_close(ours(x), theirs(x))
+    for (k, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _modules(ops):
+    torch.manual_seed(0)
+    return [
+        (ops.Linear(4, 3), (torch.randn(2, 5, 4),)),
+        (ops.Linear(4, 3, bias=False), (torch.randn(5, 4),)),
+        (ops.Bilinear(4, 2, 3), (torch.randn(5, 4), torch.randn(5, 2))),
+        (ops.Affine(4), (torch.randn(5, 4),)),
+        (ops.ScaledWeight(4), (torch.randn(5, 4),)),
+    ]
+
+
+def _grads(module, inputs):
+    module.zero_grad()
+    out = module(*inputs)
+    out.square().sum().backward()
+    return out.detach(), {k: p.grad.clone() for k, p in module.named_parameters()}
+
+
+def test_modules_state_dict_deepcopy_pickle_to_dtype_and_checkpoint(ops):
+    import copy
+    import pickle
+
+    from torch.utils.checkpoint import checkpoint
+
+    for module, inputs in _modules(ops):
+        kind = type(module).__name__
+        want, want_grads = _grads(module, inputs)
+        fresh = copy.deepcopy(module)
+        for p in fresh.parameters():
+            torch.nn.init.zeros_(p)
+        fresh.load_state_dict(module.state_dict())
+        for other in (fresh, copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+            got, got_grads = _grads(other, inputs)
+            torch.testing.assert_close(got, want, msg=lambda m, c=kind: f"{c}: {m}")
+            for k in want_grads:
+                torch.testing.assert_close(got_grads[k], want_grads[k])
+        double = copy.deepcopy(module).to(torch.float64)
+        assert all(p.dtype == torch.float64 for p in double.parameters())
+        got, _ = _grads(double, [x.double() for x in inputs])
+        torch.testing.assert_close(got, want.double(), rtol=1e-5, atol=1e-5)
+        xs = [x.clone().requires_grad_() for x in inputs]
+        module.zero_grad()
+        checkpoint(module, *xs, use_reentrant=False).square().sum().backward()
+        for k, p in module.named_parameters():
+            torch.testing.assert_close(p.grad, want_grads[k], msg=lambda m, k=k, c=kind: f"{c}.{k}: {m}")
+
+
+DDP_SCRIPT = """
+import os, socket, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import generated as ops
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(ops.Linear(4, 8), ops.Affine(8), ops.Linear(8, 2))
+
+def run(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=__import__("datetime").timedelta(seconds=60))
+    net = torch.nn.parallel.DistributedDataParallel(model())
+    x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(1))
+    ops.mish(net(x[3 * rank : 3 * rank + 3])).square().mean().backward()
+    if rank == 0:
+        torch.save({k: p.grad for k, p in net.module.named_parameters()}, out)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(port, sys.argv[1]), nprocs=2)
+"""
+
+
+def test_ddp_with_gloo_on_two_processes_gives_one_process_gradients(ops, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script, out = tmp_path / "ddp.py", tmp_path / "grads.pt"
+    script.write_text(DDP_SCRIPT, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = torch.load(out)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(ops.Linear(4, 8), ops.Affine(8), ops.Linear(8, 2))
+    x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(1))
+    # DDP averages the two halves' gradients: the mean over each half, averaged = the mean over all
+    ops.mish(net(x)).square().mean().backward()
+    for k, p in net.named_parameters():
+        torch.testing.assert_close(got[k], p.grad, msg=lambda m, k=k: f"{k}: {m}")

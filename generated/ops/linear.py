@@ -32,8 +32,9 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        input, weight, _ = inputs
+        input, weight, bias = inputs
         ctx.save_for_backward(input, weight)
+        ctx.bias_shape = None if bias is None else bias.shape
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -42,9 +43,11 @@ class LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_input = grad_out @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_out.T @ input
+            grad_weight = grad_out.mT @ input
+            grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum(0)
+            grad_bias = grad_out.sum(-2)
+            grad_bias = grad_bias.sum_to_size(ctx.bias_shape)
         return grad_input, grad_weight, grad_bias
 
 
@@ -55,7 +58,7 @@ def linear(input, weight, bias=None):
     Gradients:
         grad_input = grad @ weight
         grad_weight = grad.T @ input
-        grad_bias = sum(grad, dim=0)
+        grad_bias = sum(grad, dim=-2)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (input, weight, bias):
@@ -63,7 +66,7 @@ def linear(input, weight, bias=None):
                 return arg.tracer.create_proxy("call_function", linear, (input, weight, bias), {})
     check_shapes(
         "linear",
-        ("input", input, ("N", "in_features")),
+        ("input", input, ("...", "N", "in_features")),
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
