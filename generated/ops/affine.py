@@ -55,7 +55,7 @@ def affine(x, weight, bias=None):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, weight, bias):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", affine, (x, weight, bias), {})
     check_shapes(
         "affine",
@@ -63,19 +63,20 @@ def affine(x, weight, bias=None):
         ("weight", weight, None),
         ("bias", bias, None),
     )
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
-            f"affine(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+            "affine(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+    if not torch.is_tensor(weight) or not weight.is_floating_point():
         raise TypeError(
             "affine(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{getattr(weight, 'dtype', type(weight).__name__)}"
+            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
         )
-    if bias is not None and (not isinstance(bias, torch.Tensor) or not bias.is_floating_point()):
+    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
         raise TypeError(
             "affine(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{getattr(bias, 'dtype', type(bias).__name__)}"
+            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
         )
     return AffineFunction.apply(x, weight, bias)
 

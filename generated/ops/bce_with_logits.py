@@ -47,21 +47,21 @@ def bce_with_logits(logits, target):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (logits, target):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", bce_with_logits, (logits, target), {})
     check_shapes(
         "bce_with_logits",
         ("logits", logits, None),
         ("target", target, None),
     )
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+    if not torch.is_tensor(logits) or not logits.is_floating_point():
         raise TypeError(
             "bce_with_logits(): argument 'logits' must be a real floating-point Tensor, got "
-            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
         )
-    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+    if not torch.is_tensor(target) or not target.is_floating_point():
         raise TypeError(
             "bce_with_logits(): argument 'target' must be a real floating-point Tensor, got "
-            f"{getattr(target, 'dtype', type(target).__name__)}"
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
     return BceWithLogitsFunction.apply(logits, target)

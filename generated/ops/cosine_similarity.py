@@ -70,21 +70,21 @@ def cosine_similarity(x1, x2, eps=1e-08):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x1, x2, eps):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", cosine_similarity, (x1, x2, eps), {})
     check_shapes(
         "cosine_similarity",
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
-    if not isinstance(x1, torch.Tensor) or not x1.is_floating_point():
+    if not torch.is_tensor(x1) or not x1.is_floating_point():
         raise TypeError(
             "cosine_similarity(): argument 'x1' must be a real floating-point Tensor, got "
-            f"{getattr(x1, 'dtype', type(x1).__name__)}"
+            f"{x1.dtype if torch.is_tensor(x1) else x1.__class__.__name__}"
         )
-    if not isinstance(x2, torch.Tensor) or not x2.is_floating_point():
+    if not torch.is_tensor(x2) or not x2.is_floating_point():
         raise TypeError(
             "cosine_similarity(): argument 'x2' must be a real floating-point Tensor, got "
-            f"{getattr(x2, 'dtype', type(x2).__name__)}"
+            f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
         )
     return CosineSimilarityFunction.apply(x1, x2, eps)

@@ -77,21 +77,21 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (logits, target, alpha, gamma):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", focal_loss, (logits, target, alpha, gamma), {})
     check_shapes(
         "focal_loss",
         ("logits", logits, None),
         ("target", target, None),
     )
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+    if not torch.is_tensor(logits) or not logits.is_floating_point():
         raise TypeError(
             "focal_loss(): argument 'logits' must be a real floating-point Tensor, got "
-            f"{getattr(logits, 'dtype', type(logits).__name__)}"
+            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
         )
-    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+    if not torch.is_tensor(target) or not target.is_floating_point():
         raise TypeError(
             "focal_loss(): argument 'target' must be a real floating-point Tensor, got "
-            f"{getattr(target, 'dtype', type(target).__name__)}"
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
     return FocalLossFunction.apply(logits, target, alpha, gamma)

@@ -44,11 +44,11 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, min_val, max_val):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", hardtanh, (x, min_val, max_val), {})
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "hardtanh(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return HardtanhFunction.apply(x, min_val, max_val)

@@ -53,21 +53,21 @@ def huber(input, target, delta=1.0):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (input, target, delta):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", huber, (input, target, delta), {})
     check_shapes(
         "huber",
         ("input", input, None),
         ("target", target, None),
     )
-    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+    if not torch.is_tensor(input) or not input.is_floating_point():
         raise TypeError(
             "huber(): argument 'input' must be a real floating-point Tensor, got "
-            f"{getattr(input, 'dtype', type(input).__name__)}"
+            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
         )
-    if not isinstance(target, torch.Tensor) or not target.is_floating_point():
+    if not torch.is_tensor(target) or not target.is_floating_point():
         raise TypeError(
             "huber(): argument 'target' must be a real floating-point Tensor, got "
-            f"{getattr(target, 'dtype', type(target).__name__)}"
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
     return HuberFunction.apply(input, target, delta)

@@ -41,11 +41,11 @@ def leaky_relu(x, negative_slope=0.01):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, negative_slope):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", leaky_relu, (x, negative_slope), {})
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "leaky_relu(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return LeakyReluFunction.apply(x, negative_slope)

@@ -8,11 +8,12 @@ from .._shape_checks import check_shapes
 
 def _autocast_apply(function, *args):
     """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    device = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
         return function.apply(*args)
     dtype = torch.get_autocast_dtype(device)
-    args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
     with torch.autocast(device, enabled=False):
         return function.apply(*args)
 
@@ -62,7 +63,7 @@ def linear(input, weight, bias=None):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (input, weight, bias):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", linear, (input, weight, bias), {})
     check_shapes(
         "linear",
@@ -70,20 +71,20 @@ def linear(input, weight, bias=None):
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
-    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+    if not torch.is_tensor(input) or not input.is_floating_point():
         raise TypeError(
             "linear(): argument 'input' must be a real floating-point Tensor, got "
-            f"{getattr(input, 'dtype', type(input).__name__)}"
+            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
         )
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+    if not torch.is_tensor(weight) or not weight.is_floating_point():
         raise TypeError(
             "linear(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{getattr(weight, 'dtype', type(weight).__name__)}"
+            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
         )
-    if bias is not None and (not isinstance(bias, torch.Tensor) or not bias.is_floating_point()):
+    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
         raise TypeError(
             "linear(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{getattr(bias, 'dtype', type(bias).__name__)}"
+            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
         )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(LinearFunction, input, weight, bias)

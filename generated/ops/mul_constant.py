@@ -37,11 +37,11 @@ def mul_constant(tensor, constant):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (tensor, constant):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", mul_constant, (tensor, constant), {})
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+    if not torch.is_tensor(tensor) or not tensor.is_floating_point():
         raise TypeError(
             "mul_constant(): argument 'tensor' must be a real floating-point Tensor, got "
-            f"{getattr(tensor, 'dtype', type(tensor).__name__)}"
+            f"{tensor.dtype if torch.is_tensor(tensor) else tensor.__class__.__name__}"
         )
     return MulConstantFunction.apply(tensor, constant)

@@ -48,7 +48,7 @@ def quantize_ste(x, scale=0.5):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, scale):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", quantize_ste, (x, scale), {})
     if torch.compiler.is_exporting() and torch.is_grad_enabled():
         raise RuntimeError(
@@ -56,9 +56,9 @@ def quantize_ste(x, scale=0.5):
             "gradient override of x; export under torch.no_grad() for inference, or capture "
             "with torch.fx.symbolic_trace (the op stays one node) to train"
         )
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "quantize_ste(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return QuantizeSteFunction.apply(x, scale)

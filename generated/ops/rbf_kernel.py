@@ -8,11 +8,12 @@ from .._shape_checks import check_shapes
 
 def _autocast_apply(function, *args):
     """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    device = next(a.device.type for a in args if isinstance(a, torch.Tensor))
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
         return function.apply(*args)
     dtype = torch.get_autocast_dtype(device)
-    args = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
     with torch.autocast(device, enabled=False):
         return function.apply(*args)
 
@@ -65,22 +66,22 @@ def rbf_kernel(x, y, gamma=0.5):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, y, gamma):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", rbf_kernel, (x, y, gamma), {})
     check_shapes(
         "rbf_kernel",
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "rbf_kernel(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+    if not torch.is_tensor(y) or not y.is_floating_point():
         raise TypeError(
             "rbf_kernel(): argument 'y' must be a real floating-point Tensor, got "
-            f"{getattr(y, 'dtype', type(y).__name__)}"
+            f"{y.dtype if torch.is_tensor(y) else y.__class__.__name__}"
         )
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(RbfKernelFunction, x, y, gamma)

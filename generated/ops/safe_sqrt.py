@@ -40,7 +40,7 @@ def safe_sqrt(x):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x,):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", safe_sqrt, (x,), {})
     if torch.compiler.is_exporting() and torch.is_grad_enabled():
         raise RuntimeError(
@@ -48,9 +48,9 @@ def safe_sqrt(x):
             "`where` branches; export under torch.no_grad() for inference, or capture with "
             "torch.fx.symbolic_trace (the op stays one node) to train"
         )
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "safe_sqrt(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return SafeSqrtFunction.apply(x)

@@ -44,22 +44,22 @@ def scaled_weight(x, weights):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x, weights):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", scaled_weight, (x, weights), {})
     check_shapes(
         "scaled_weight",
         ("x", x, None),
         ("weights", weights, None),
     )
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "scaled_weight(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+    if not torch.is_tensor(weights) or not weights.is_floating_point():
         raise TypeError(
             "scaled_weight(): argument 'weights' must be a real floating-point Tensor, got "
-            f"{getattr(weights, 'dtype', type(weights).__name__)}"
+            f"{weights.dtype if torch.is_tensor(weights) else weights.__class__.__name__}"
         )
     return ScaledWeightFunction.apply(x, weights)
 

@@ -43,10 +43,11 @@ def silu(x):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x,):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", silu, (x,), {})
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
-            f"silu(): argument 'x' must be a real floating-point Tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+            "silu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return SiluFunction.apply(x)

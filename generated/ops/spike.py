@@ -44,7 +44,7 @@ def spike(v, threshold=1.0, slope=10.0):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (v, threshold, slope):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", spike, (v, threshold, slope), {})
     if torch.compiler.is_exporting() and torch.is_grad_enabled():
         raise RuntimeError(
@@ -52,8 +52,9 @@ def spike(v, threshold=1.0, slope=10.0):
             "override of v; export under torch.no_grad() for inference, or capture with "
             "torch.fx.symbolic_trace (the op stays one node) to train"
         )
-    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+    if not torch.is_tensor(v) or not v.is_floating_point():
         raise TypeError(
-            f"spike(): argument 'v' must be a real floating-point Tensor, got {getattr(v, 'dtype', type(v).__name__)}"
+            "spike(): argument 'v' must be a real floating-point Tensor, got "
+            f"{v.dtype if torch.is_tensor(v) else v.__class__.__name__}"
         )
     return SpikeFunction.apply(v, threshold, slope)

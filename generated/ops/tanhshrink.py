@@ -46,11 +46,11 @@ def tanhshrink(x):
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x,):
-            if isinstance(arg, torch.fx.Proxy):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
                 return arg.tracer.create_proxy("call_function", tanhshrink, (x,), {})
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
             "tanhshrink(): argument 'x' must be a real floating-point Tensor, got "
-            f"{getattr(x, 'dtype', type(x).__name__)}"
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     return TanhshrinkFunction.apply(x)[0]

@@ -85,11 +85,12 @@ def autocast_helper(name: str, torch: str) -> Lines:
     return [
         f"def {name}(function, *args):",
         '    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""',
-        f"    device = next(a.device.type for a in args if isinstance(a, {torch}.Tensor))",
+        f"    tensors = [a for a in args if {torch}.is_tensor(a)]  # no builtins: an op may be named `isinstance`",
+        "    device = tensors[0].device.type",
         f"    if not {torch}.is_autocast_enabled(device):",
         "        return function.apply(*args)",
         f"    dtype = {torch}.get_autocast_dtype(device)",
-        f"    args = [a.to(dtype) if isinstance(a, {torch}.Tensor) and a.is_floating_point() else a for a in args]",
+        f"    args = [a.to(dtype) if {torch}.is_tensor(a) and a.is_floating_point() else a for a in args]",
         f"    with {torch}.autocast(device, enabled=False):",
         "        return function.apply(*args)",
     ]
@@ -109,19 +110,19 @@ def float_checks(op: str, inputs: list[tuple[str, bool]], torch: str) -> Lines:
     """
     lines = []
     for name, optional in inputs:
-        test = f"not isinstance({name}, {torch}.Tensor) or not {name}.is_floating_point()"
+        test = f"not {torch}.is_tensor({name}) or not {name}.is_floating_point()"  # no builtins: spec names
         lines += [
             f"if {name} is not None and ({test}):" if optional else f"if {test}:",
             "    raise TypeError(",
-            *_message(f"{op}(): argument {name!r} must be a real floating-point Tensor, got ", name),
+            *_message(f"{op}(): argument {name!r} must be a real floating-point Tensor, got ", name, torch),
             "    )",
         ]
     return lines
 
 
-def _message(text: str, name: str) -> Lines:
+def _message(text: str, name: str, torch: str) -> Lines:
     """`text` then the argument's dtype (or type), as ruff format leaves it: one f-string when it fits."""
-    got = f"{{getattr({name}, 'dtype', type({name}).__name__)}}"
+    got = f"{{{name}.dtype if {torch}.is_tensor({name}) else {name}.__class__.__name__}}"
     one = f'        f{quote.string(text + "{")[:-2]}{got}"'
     if len(one) + 4 <= 120:  # the functional's body is indented once more
         return [one]
