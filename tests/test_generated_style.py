@@ -220,7 +220,7 @@ def test_kernel_arguments_and_derivatives_are_computed_once(tmp_path, formula, r
 )
 def test_double_backward_branch_computes_each_call_once(tmp_path, formula, call):
     source, op = _op(tmp_path, "recorded_ops", f"name: op\ninputs:\n  x: Tensor\noutputs:\n  y: {formula}\n")
-    recorded = source.split("if torch.is_grad_enabled():")[1].split("else:")[0]
+    recorded = re.split(r"\):[^\n]*\n", source.split("torch.is_grad_enabled(")[1], maxsplit=1)[1].split("else:")[0]
     assert recorded.count(call) == 1, recorded
     x = torch.linspace(-4, 4, 17, dtype=torch.float64, requires_grad=True)
     native = torch.nn.functional.silu if "sigmoid" in formula else torch.nn.functional.mish

@@ -1,4 +1,7 @@
-"""The `linear` spec of the format page, section 4: module, repr, gradients equal to F.linear's.
+"""specs/linear.yaml: the format page's `linear` (section 4) with leading batch dimensions
+(`Tensor[..., N, in_features]`, so `Linear` takes what nn.Linear takes; the page's 2-D example
+is generated as written by tests/test_spec_format_examples.py): module, repr, gradients equal
+to F.linear's.
 
 Behaviour is checked against PyTorch's own `torch.nn.functional.linear`, and the memory
 contract (backward saves the input and the weight, never the output or the product) with
@@ -79,8 +82,9 @@ def test_backward_is_the_hand_written_linear():
     for line in (
         "input, weight = ctx.saved_tensors",
         "grad_input = grad_out @ weight",
-        "grad_weight = grad_out.T @ input",
-        "grad_bias = grad_out.sum(0)",
+        "grad_weight = grad_out.mT @ input",  # batch dimensions summed by sum_to_size (a no-op in 2-D)
+        "grad_weight = grad_weight.sum_to_size(weight.shape)",
+        "grad_bias = grad_out.sum(-2)",
     ):
         assert line in backward
     assert "einsum" not in backward

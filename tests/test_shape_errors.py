@@ -65,7 +65,7 @@ def bad_calls(ops):
     return [
         ("inner dimension", lambda: ops.linear(x, torch.randn(3, 5), b)),
         ("bias size", lambda: ops.linear(x, w, torch.randn(4))),
-        ("input rank", lambda: ops.linear(torch.randn(5, 2, 4), w, b)),
+        ("input rank", lambda: ops.linear(torch.randn(4), w, b)),  # batch dimensions are allowed, not fewer
         ("weight rank", lambda: ops.linear(x, torch.randn(4), None)),
         ("0-d softmax", lambda: ops.softmax(torch.tensor(1.0))),
         ("module input", lambda: ops.Linear(4, 3)(torch.randn(2, 5))),

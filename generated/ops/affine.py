@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class AffineFunction(torch.autograd.Function):
     """The autograd Function of `affine`; see `affine` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, weight, bias):
         if bias is None:
@@ -74,12 +76,31 @@ def affine(x, weight, bias=None):
         grad_weight = grad*x
         grad_bias = grad
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, weight, bias):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", affine, (x, weight, bias), {})
     check_shapes(
         "affine",
         ("x", x, None),
         ("weight", weight, None),
         ("bias", bias, None),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "affine(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
+    if not torch.is_tensor(weight) or not weight.is_floating_point():
+        raise TypeError(
+            "affine(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
+        )
+    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
+        raise TypeError(
+            "affine(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
+        )
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
 

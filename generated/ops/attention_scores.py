@@ -8,8 +8,22 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class AttentionScoresFunction(torch.autograd.Function):
     """The autograd Function of `attention_scores`; see `attention_scores` for the formulas."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k):
@@ -74,10 +88,26 @@ def attention_scores(q, k):
         grad_q = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
         grad_k = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (q, k):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", attention_scores, (q, k), {})
     check_shapes(
         "attention_scores",
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
+    if not torch.is_tensor(q) or not q.is_floating_point():
+        raise TypeError(
+            "attention_scores(): argument 'q' must be a real floating-point Tensor, got "
+            f"{q.dtype if torch.is_tensor(q) else q.__class__.__name__}"
+        )
+    if not torch.is_tensor(k) or not k.is_floating_point():
+        raise TypeError(
+            "attention_scores(): argument 'k' must be a real floating-point Tensor, got "
+            f"{k.dtype if torch.is_tensor(k) else k.__class__.__name__}"
+        )
     function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(function, q, k)
     return function.apply(q, k)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class BceWithLogitsFunction(torch.autograd.Function):
     """The autograd Function of `bce_with_logits`; see `bce_with_logits` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(logits, target):
         loss = torch.nn.functional.softplus(logits) - logits * target
@@ -63,10 +65,24 @@ def bce_with_logits(logits, target):
         grad_logits = grad*(sigmoid(logits) - target)
         grad_target = -grad*logits
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (logits, target):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", bce_with_logits, (logits, target), {})
     check_shapes(
         "bce_with_logits",
         ("logits", logits, None),
         ("target", target, None),
     )
+    if not torch.is_tensor(logits) or not logits.is_floating_point():
+        raise TypeError(
+            "bce_with_logits(): argument 'logits' must be a real floating-point Tensor, got "
+            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
+        )
+    if not torch.is_tensor(target) or not target.is_floating_point():
+        raise TypeError(
+            "bce_with_logits(): argument 'target' must be a real floating-point Tensor, got "
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
+        )
     function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction
     return function.apply(logits, target)

@@ -6,8 +6,22 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class BilinearFunction(torch.autograd.Function):
     """The autograd Function of `bilinear`; see `bilinear` for the formulas."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x1, x2, weight, bias):
@@ -79,6 +93,10 @@ def bilinear(x1, x2, weight, bias=None):
         grad_weight = x1.T @ (x2*unsqueeze(grad.T, dim=-1))
         grad_bias = sum(grad, dim=0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x1, x2, weight, bias):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", bilinear, (x1, x2, weight, bias), {})
     check_shapes(
         "bilinear",
         ("x1", x1, ("N", "in1_features")),
@@ -86,7 +104,29 @@ def bilinear(x1, x2, weight, bias=None):
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )
+    if not torch.is_tensor(x1) or not x1.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'x1' must be a real floating-point Tensor, got "
+            f"{x1.dtype if torch.is_tensor(x1) else x1.__class__.__name__}"
+        )
+    if not torch.is_tensor(x2) or not x2.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'x2' must be a real floating-point Tensor, got "
+            f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
+        )
+    if not torch.is_tensor(weight) or not weight.is_floating_point():
+        raise TypeError(
+            "bilinear(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
+        )
+    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
+        raise TypeError(
+            "bilinear(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
+        )
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(function, x1, x2, weight, bias)
     return function.apply(x1, x2, weight, bias)
 
 

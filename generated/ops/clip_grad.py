@@ -7,6 +7,8 @@ import torch
 class ClipGradFunction(torch.autograd.Function):
     """The autograd Function of `clip_grad`; see `clip_grad` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, bound):
         y = x.view_as(x)
@@ -58,5 +60,20 @@ def clip_grad(x, bound=1.0):
     Gradients (overrides marked):
         grad_x = clamp(grad, -bound, bound)  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, bound):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", clip_grad, (x, bound), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "clip_grad(): torch.export inlines this op's forward and would drop the gradient "
+            "override of x; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "clip_grad(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
     return function.apply(x, bound)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class CosineSimilarityFunction(torch.autograd.Function):
     """The autograd Function of `cosine_similarity`; see `cosine_similarity` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x1, x2, eps):
         norm1 = torch.nn.functional.threshold(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps, eps)
@@ -102,10 +104,24 @@ def cosine_similarity(x1, x2, eps=1e-08):
             dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))),
             0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x1, x2, eps):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", cosine_similarity, (x1, x2, eps), {})
     check_shapes(
         "cosine_similarity",
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
+    if not torch.is_tensor(x1) or not x1.is_floating_point():
+        raise TypeError(
+            "cosine_similarity(): argument 'x1' must be a real floating-point Tensor, got "
+            f"{x1.dtype if torch.is_tensor(x1) else x1.__class__.__name__}"
+        )
+    if not torch.is_tensor(x2) or not x2.is_floating_point():
+        raise TypeError(
+            "cosine_similarity(): argument 'x2' must be a real floating-point Tensor, got "
+            f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
+        )
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)

@@ -7,6 +7,8 @@ import torch
 class EluFunction(torch.autograd.Function):
     """The autograd Function of `elu`; see `elu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, alpha):
         y = torch.nn.functional.elu(x, alpha)
@@ -51,5 +53,14 @@ def elu(x, alpha=1.0):
     Gradients:
         grad_x = grad*where(x > 0, 1, alpha*exp(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, alpha):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", elu, (x, alpha), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "elu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _EluFunctionNoJvp if torch.compiler.is_compiling() else EluFunction
     return function.apply(x, alpha)

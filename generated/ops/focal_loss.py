@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class FocalLossFunction(torch.autograd.Function):
     """The autograd Function of `focal_loss`; see `focal_loss` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(logits, target, alpha, gamma):
         p = torch.sigmoid(logits)
@@ -105,10 +107,24 @@ def focal_loss(logits, target, alpha=0.25, gamma=2.0):
             sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1
             - target)*(1 - sigmoid(logits)))**gamma)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (logits, target, alpha, gamma):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", focal_loss, (logits, target, alpha, gamma), {})
     check_shapes(
         "focal_loss",
         ("logits", logits, None),
         ("target", target, None),
     )
+    if not torch.is_tensor(logits) or not logits.is_floating_point():
+        raise TypeError(
+            "focal_loss(): argument 'logits' must be a real floating-point Tensor, got "
+            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
+        )
+    if not torch.is_tensor(target) or not target.is_floating_point():
+        raise TypeError(
+            "focal_loss(): argument 'target' must be a real floating-point Tensor, got "
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
+        )
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
     return function.apply(logits, target, alpha, gamma)

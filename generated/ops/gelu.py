@@ -7,6 +7,8 @@ import torch
 class GeluFunction(torch.autograd.Function):
     """The autograd Function of `gelu`; see `gelu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.gelu(x)
@@ -48,5 +50,14 @@ def gelu(x):
     Gradients:
         grad_x = grad*(sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*x/2)/2 + 1/2)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", gelu, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "gelu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _GeluFunctionNoJvp if torch.compiler.is_compiling() else GeluFunction
     return function.apply(x)

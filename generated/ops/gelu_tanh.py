@@ -9,9 +9,15 @@ import torch
 class GeluTanhFunction(torch.autograd.Function):
     """The autograd Function of `gelu_tanh`; see `gelu_tanh` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
-        y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(2 * math.sqrt(2 / math.pi)).sigmoid_().mul_(x)
+        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
+        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+            y = torch.nn.functional.gelu(x, approximate="tanh")
+        else:
+            y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(2 * math.sqrt(2 / math.pi)).sigmoid_().mul_(x)
         return y
 
     @staticmethod
@@ -51,5 +57,14 @@ def gelu_tanh(x):
         grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))**2)*(0.134145*x**2 + 1)/(2*sqrt(pi)) +
             tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))/2 + 1/2)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", gelu_tanh, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "gelu_tanh(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
     return function.apply(x)

@@ -7,6 +7,8 @@ import torch
 class GradReverseFunction(torch.autograd.Function):
     """The autograd Function of `grad_reverse`; see `grad_reverse` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, alpha):
         y = x.view_as(x)
@@ -58,5 +60,20 @@ def grad_reverse(x, alpha=1.0):
     Gradients (overrides marked):
         grad_x = -alpha*grad  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, alpha):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", grad_reverse, (x, alpha), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "grad_reverse(): torch.export inlines this op's forward and would drop the "
+            "gradient override of x; export under torch.no_grad() for inference, or capture "
+            "with torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "grad_reverse(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
     return function.apply(x, alpha)

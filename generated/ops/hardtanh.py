@@ -7,6 +7,8 @@ import torch
 class HardtanhFunction(torch.autograd.Function):
     """The autograd Function of `hardtanh`; see `hardtanh` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, min_val, max_val):
         y = torch.nn.functional.hardtanh(x, min_val, max_val)
@@ -55,5 +57,14 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     Gradients:
         grad_x = grad*where(min(x, max_val) > min_val, (x < max_val), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, min_val, max_val):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", hardtanh, (x, min_val, max_val), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "hardtanh(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction
     return function.apply(x, min_val, max_val)

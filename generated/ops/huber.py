@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class HuberFunction(torch.autograd.Function):
     """The autograd Function of `huber`; see `huber` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(input, target, delta):
         diff = input - target
@@ -72,10 +74,24 @@ def huber(input, target, delta=1.0):
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
         grad_target = -grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (input, target, delta):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", huber, (input, target, delta), {})
     check_shapes(
         "huber",
         ("input", input, None),
         ("target", target, None),
     )
+    if not torch.is_tensor(input) or not input.is_floating_point():
+        raise TypeError(
+            "huber(): argument 'input' must be a real floating-point Tensor, got "
+            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
+        )
+    if not torch.is_tensor(target) or not target.is_floating_point():
+        raise TypeError(
+            "huber(): argument 'target' must be a real floating-point Tensor, got "
+            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
+        )
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
     return function.apply(input, target, delta)

@@ -7,6 +7,8 @@ import torch
 class LeakyReluFunction(torch.autograd.Function):
     """The autograd Function of `leaky_relu`; see `leaky_relu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, negative_slope):
         y = torch.nn.functional.leaky_relu(x, negative_slope)
@@ -51,5 +53,14 @@ def leaky_relu(x, negative_slope=0.01):
     Gradients:
         grad_x = grad*where(x > 0, 1, negative_slope)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, negative_slope):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", leaky_relu, (x, negative_slope), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "leaky_relu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction
     return function.apply(x, negative_slope)

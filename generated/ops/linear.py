@@ -6,8 +6,22 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class LinearFunction(torch.autograd.Function):
     """The autograd Function of `linear`; see `linear` for the formulas."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(input, weight, bias):
@@ -19,9 +33,10 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        input, weight, _ = inputs
+        input, weight, bias = inputs
         out = output
         ctx.save_for_backward(input, weight)
+        ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_forward(input, weight, out)
 
     @staticmethod
@@ -31,9 +46,11 @@ class LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_input = grad_out @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_out.T @ input
+            grad_weight = grad_out.mT @ input
+            grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum(0)
+            grad_bias = grad_out.sum(-2)
+            grad_bias = grad_bias.sum_to_size(ctx.bias_shape)
         return grad_input, grad_weight, grad_bias
 
     @staticmethod
@@ -65,15 +82,36 @@ def linear(input, weight, bias=None):
     Gradients:
         grad_input = grad @ weight
         grad_weight = grad.T @ input
-        grad_bias = sum(grad, dim=0)
+        grad_bias = sum(grad, dim=-2)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (input, weight, bias):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", linear, (input, weight, bias), {})
     check_shapes(
         "linear",
-        ("input", input, ("N", "in_features")),
+        ("input", input, ("...", "N", "in_features")),
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
+    if not torch.is_tensor(input) or not input.is_floating_point():
+        raise TypeError(
+            "linear(): argument 'input' must be a real floating-point Tensor, got "
+            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
+        )
+    if not torch.is_tensor(weight) or not weight.is_floating_point():
+        raise TypeError(
+            "linear(): argument 'weight' must be a real floating-point Tensor, got "
+            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
+        )
+    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
+        raise TypeError(
+            "linear(): argument 'bias' must be a real floating-point Tensor, got "
+            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
+        )
     function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(function, input, weight, bias)
     return function.apply(input, weight, bias)
 
 

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class LogSoftmaxFunction(torch.autograd.Function):
     """The autograd Function of `log_softmax`; see `log_softmax` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.log_softmax(x, -1)
@@ -50,9 +52,18 @@ def log_softmax(x):
     Gradients:
         grad_x = grad - exp(y)*sum(grad, dim=-1, keepdim=true)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", log_softmax, (x,), {})
     check_shapes(
         "log_softmax",
         ("x", x, ("...", "N")),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "log_softmax(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction
     return function.apply(x)

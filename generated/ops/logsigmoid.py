@@ -7,6 +7,8 @@ import torch
 class LogsigmoidFunction(torch.autograd.Function):
     """The autograd Function of `logsigmoid`; see `logsigmoid` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.logsigmoid(x)
@@ -23,7 +25,12 @@ class LogsigmoidFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: no in-place operations
+            if (
+                torch.is_grad_enabled()  # double backward: no in-place operations
+                or torch.compiler.is_compiling()  # Note [in place under vmap]
+                or torch._C._are_functorch_transforms_active()
+                or torch._C._functorch.is_legacy_batchedtensor(grad_y)
+            ):
                 grad_x = grad_y * torch.sigmoid(-x)
             else:  # in place on its own temporaries (Note [forward in place])
                 grad_x = torch.neg(x).sigmoid_().mul_(grad_y)
@@ -32,7 +39,12 @@ class LogsigmoidFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, tangent_x):
         (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: no in-place operations
+        if (
+            torch.is_grad_enabled()  # double backward: no in-place operations
+            or torch.compiler.is_compiling()  # Note [in place under vmap]
+            or torch._C._are_functorch_transforms_active()
+            or torch._C._functorch.is_legacy_batchedtensor(tangent_x)
+        ):
             tangent_y = tangent_x * torch.sigmoid(-x)
         else:  # in place on its own temporaries (Note [forward in place])
             tangent_y = torch.neg(x).sigmoid_().mul_(tangent_x)
@@ -54,5 +66,14 @@ def logsigmoid(x):
     Gradients:
         grad_x = grad*sigmoid(-x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", logsigmoid, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "logsigmoid(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _LogsigmoidFunctionNoJvp if torch.compiler.is_compiling() else LogsigmoidFunction
     return function.apply(x)

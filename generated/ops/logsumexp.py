@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class LogsumexpFunction(torch.autograd.Function):
     """The autograd Function of `logsumexp`; see `logsumexp` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = x.logsumexp(-1)
@@ -51,9 +53,18 @@ def logsumexp(x):
     Gradients:
         grad_x = exp(x - unsqueeze(y, dim=-1))*unsqueeze(grad, dim=-1)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", logsumexp, (x,), {})
     check_shapes(
         "logsumexp",
         ("x", x, ("...", "N")),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "logsumexp(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _LogsumexpFunctionNoJvp if torch.compiler.is_compiling() else LogsumexpFunction
     return function.apply(x)

@@ -7,9 +7,15 @@ import torch
 class MishFunction(torch.autograd.Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
-        y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
+        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
+        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+            y = torch.nn.functional.mish(x)
+        else:
+            y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
         return y
 
     @staticmethod
@@ -23,7 +29,12 @@ class MishFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: no in-place operations
+            if (
+                torch.is_grad_enabled()  # double backward: no in-place operations
+                or torch.compiler.is_compiling()  # Note [in place under vmap]
+                or torch._C._are_functorch_transforms_active()
+                or torch._C._functorch.is_legacy_batchedtensor(grad_y)
+            ):
                 grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
                 grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
             else:  # in place on its own temporaries (Note [forward in place])
@@ -38,7 +49,12 @@ class MishFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, tangent_x):
         (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: no in-place operations
+        if (
+            torch.is_grad_enabled()  # double backward: no in-place operations
+            or torch.compiler.is_compiling()  # Note [in place under vmap]
+            or torch._C._are_functorch_transforms_active()
+            or torch._C._functorch.is_legacy_batchedtensor(tangent_x)
+        ):
             tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
             tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
         else:  # in place on its own temporaries (Note [forward in place])
@@ -66,5 +82,14 @@ def mish(x):
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", mish, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "mish(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
     return function.apply(x)

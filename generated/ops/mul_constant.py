@@ -7,6 +7,8 @@ import torch
 class MulConstantFunction(torch.autograd.Function):
     """The autograd Function of `mul_constant`; see `mul_constant` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(tensor, constant):
         out = constant * tensor
@@ -45,5 +47,14 @@ def mul_constant(tensor, constant):
     Gradients:
         grad_tensor = constant*grad
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (tensor, constant):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", mul_constant, (tensor, constant), {})
+    if not torch.is_tensor(tensor) or not tensor.is_floating_point():
+        raise TypeError(
+            "mul_constant(): argument 'tensor' must be a real floating-point Tensor, got "
+            f"{tensor.dtype if torch.is_tensor(tensor) else tensor.__class__.__name__}"
+        )
     function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
     return function.apply(tensor, constant)

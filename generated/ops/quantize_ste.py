@@ -7,6 +7,8 @@ import torch
 class QuantizeSteFunction(torch.autograd.Function):
     """The autograd Function of `quantize_ste`; see `quantize_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, scale):
         level = torch.clamp(torch.round(x / scale), -8, 7)
@@ -57,5 +59,20 @@ def quantize_ste(x, scale=0.5):
     Gradients (overrides marked):
         grad_x = grad*inside  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, scale):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", quantize_ste, (x, scale), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "quantize_ste(): torch.export inlines this op's forward and would drop the "
+            "gradient override of x; export under torch.no_grad() for inference, or capture "
+            "with torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "quantize_ste(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
     return function.apply(x, scale)

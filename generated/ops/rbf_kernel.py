@@ -6,8 +6,22 @@ import torch
 from .._shape_checks import check_shapes
 
 
+def _autocast_apply(function, *args):
+    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
+    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return function.apply(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = [a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    with torch.autocast(device, enabled=False):
+        return function.apply(*args)
+
+
 class RbfKernelFunction(torch.autograd.Function):
     """The autograd Function of `rbf_kernel`; see `rbf_kernel` for the formulas."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, y, gamma):
@@ -72,10 +86,26 @@ def rbf_kernel(x, y, gamma=0.5):
         grad_x = 2*((gamma*grad*k) @ y - x*sum(gamma*grad*k, dim=-1, keepdim=true))
         grad_y = 2*((gamma*grad*k).T @ x - y*sum(gamma*grad*k, dim=-2, keepdim=true).T)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, y, gamma):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", rbf_kernel, (x, y, gamma), {})
     check_shapes(
         "rbf_kernel",
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "rbf_kernel(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
+    if not torch.is_tensor(y) or not y.is_floating_point():
+        raise TypeError(
+            "rbf_kernel(): argument 'y' must be a real floating-point Tensor, got "
+            f"{y.dtype if torch.is_tensor(y) else y.__class__.__name__}"
+        )
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
+    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
+        return _autocast_apply(function, x, y, gamma)
     return function.apply(x, y, gamma)

@@ -7,6 +7,8 @@ import torch
 class Relu6Function(torch.autograd.Function):
     """The autograd Function of `relu6`; see `relu6` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.hardtanh(x, 0, 6)
@@ -48,5 +50,14 @@ def relu6(x):
     Gradients:
         grad_x = grad*where(min(x, 6) > 0, (x < 6), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", relu6, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "relu6(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _Relu6FunctionNoJvp if torch.compiler.is_compiling() else Relu6Function
     return function.apply(x)

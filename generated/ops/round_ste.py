@@ -7,6 +7,8 @@ import torch
 class RoundSteFunction(torch.autograd.Function):
     """The autograd Function of `round_ste`; see `round_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.round(x)
@@ -45,5 +47,20 @@ def round_ste(x):
     Gradients (overrides marked):
         grad_x = grad  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", round_ste, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "round_ste(): torch.export inlines this op's forward and would drop the gradient "
+            "override of x; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "round_ste(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
     return function.apply(x)

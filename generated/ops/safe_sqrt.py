@@ -7,6 +7,8 @@ import torch
 class SafeSqrtFunction(torch.autograd.Function):
     """The autograd Function of `safe_sqrt`; see `safe_sqrt` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.where(x > 0, torch.sqrt(x), 0)
@@ -49,5 +51,20 @@ def safe_sqrt(x):
     Gradients:
         grad_x = grad*where(x > 0, 1/(2*sqrt(x)), 0)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", safe_sqrt, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "safe_sqrt(): torch.export inlines this op's forward and would drop its guarded "
+            "`where` branches; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "safe_sqrt(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
     return function.apply(x)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class ScaledWeightFunction(torch.autograd.Function):
     """The autograd Function of `scaled_weight`; see `scaled_weight` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, weights):
         y = weights * x
@@ -60,11 +62,25 @@ def scaled_weight(x, weights):
         grad_x = grad*weights
         grad_weights = grad*x
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, weights):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", scaled_weight, (x, weights), {})
     check_shapes(
         "scaled_weight",
         ("x", x, None),
         ("weights", weights, None),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "scaled_weight(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
+    if not torch.is_tensor(weights) or not weights.is_floating_point():
+        raise TypeError(
+            "scaled_weight(): argument 'weights' must be a real floating-point Tensor, got "
+            f"{weights.dtype if torch.is_tensor(weights) else weights.__class__.__name__}"
+        )
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
     return function.apply(x, weights)
 

@@ -7,6 +7,8 @@ import torch
 class SeluFunction(torch.autograd.Function):
     """The autograd Function of `selu`; see `selu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         alpha = 1.6732632423543772
@@ -52,5 +54,14 @@ def selu(x):
     Gradients:
         grad_x = 1.0507009873554805*grad*where(x > 0, 1, 1.6732632423543772*exp(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", selu, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "selu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SeluFunctionNoJvp if torch.compiler.is_compiling() else SeluFunction
     return function.apply(x)

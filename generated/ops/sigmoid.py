@@ -7,6 +7,8 @@ import torch
 class SigmoidFunction(torch.autograd.Function):
     """The autograd Function of `sigmoid`; see `sigmoid` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.sigmoid(x)
@@ -48,5 +50,14 @@ def sigmoid(x):
     Gradients:
         grad_x = grad*y*(1 - y)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", sigmoid, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "sigmoid(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SigmoidFunctionNoJvp if torch.compiler.is_compiling() else SigmoidFunction
     return function.apply(x)

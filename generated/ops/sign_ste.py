@@ -7,6 +7,8 @@ import torch
 class SignSteFunction(torch.autograd.Function):
     """The autograd Function of `sign_ste`; see `sign_ste` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.sign(x)
@@ -46,5 +48,20 @@ def sign_ste(x):
     Gradients (overrides marked):
         grad_x = grad*(abs(x) <= 1)  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", sign_ste, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "sign_ste(): torch.export inlines this op's forward and would drop the gradient "
+            "override of x; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "sign_ste(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
     return function.apply(x)

@@ -7,6 +7,8 @@ import torch
 class SiluFunction(torch.autograd.Function):
     """The autograd Function of `silu`; see `silu` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.nn.functional.silu(x)
@@ -56,5 +58,14 @@ def silu(x):
     Gradients:
         grad_x = grad*(x*(1 - sigmoid(x))*sigmoid(x) + sigmoid(x))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", silu, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "silu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SiluFunctionNoJvp if torch.compiler.is_compiling() else SiluFunction
     return function.apply(x)

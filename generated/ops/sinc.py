@@ -9,6 +9,8 @@ import torch
 class SincFunction(torch.autograd.Function):
     """The autograd Function of `sinc`; see `sinc` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.where(torch.abs(x) < 0.0001, 1 - math.pi**2 / 6 * x**2, torch.sinc(x))
@@ -59,5 +61,20 @@ def sinc(x):
     Gradients:
         grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, (cos(pi*x) - sinc(x))/x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", sinc, (x,), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "sinc(): torch.export inlines this op's forward and would drop its guarded "
+            "`where` branches; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "sinc(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
     return function.apply(x)

@@ -9,6 +9,8 @@ from .._shape_checks import check_shapes
 class SoftmaxFunction(torch.autograd.Function):
     """The autograd Function of `softmax`; see `softmax` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = torch.softmax(x, -1)
@@ -50,9 +52,18 @@ def softmax(x):
     Gradients:
         grad_x = y*(grad - sum(grad*y, dim=-1, keepdim=true))
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", softmax, (x,), {})
     check_shapes(
         "softmax",
         ("x", x, ("...", "N")),
     )
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "softmax(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction
     return function.apply(x)

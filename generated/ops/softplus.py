@@ -7,6 +7,8 @@ import torch
 class SoftplusFunction(torch.autograd.Function):
     """The autograd Function of `softplus`; see `softplus` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, beta):
         y = torch.nn.functional.softplus(x, beta)
@@ -51,5 +53,14 @@ def softplus(x, beta=1.0):
     Gradients:
         grad_x = grad*sigmoid(beta*x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, beta):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", softplus, (x, beta), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "softplus(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SoftplusFunctionNoJvp if torch.compiler.is_compiling() else SoftplusFunction
     return function.apply(x, beta)

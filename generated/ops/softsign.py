@@ -7,6 +7,8 @@ import torch
 class SoftsignFunction(torch.autograd.Function):
     """The autograd Function of `softsign`; see `softsign` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         y = x / (torch.abs(x) + 1)
@@ -48,5 +50,14 @@ def softsign(x):
     Gradients:
         grad_x = grad/(abs(x) + 1)**2
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", softsign, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "softsign(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction
     return function.apply(x)

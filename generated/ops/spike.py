@@ -7,6 +7,8 @@ import torch
 class SpikeFunction(torch.autograd.Function):
     """The autograd Function of `spike`; see `spike` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(v, threshold, slope):
         s = (v - threshold >= 0).to(v.dtype)
@@ -55,5 +57,20 @@ def spike(v, threshold=1.0, slope=10.0):
     Gradients (overrides marked):
         grad_v = grad/(slope*abs(threshold - v) + 1)**2  (override)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (v, threshold, slope):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", spike, (v, threshold, slope), {})
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            "spike(): torch.export inlines this op's forward and would drop the gradient "
+            "override of v; export under torch.no_grad() for inference, or capture with "
+            "torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+    if not torch.is_tensor(v) or not v.is_floating_point():
+        raise TypeError(
+            "spike(): argument 'v' must be a real floating-point Tensor, got "
+            f"{v.dtype if torch.is_tensor(v) else v.__class__.__name__}"
+        )
     function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
     return function.apply(v, threshold, slope)

@@ -7,6 +7,8 @@ import torch
 class SwishFunction(torch.autograd.Function):
     """The autograd Function of `swish`; see `swish` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, beta):
         y = x * torch.sigmoid(beta * x)
@@ -53,5 +55,14 @@ def swish(x, beta=1.0):
     Gradients:
         grad_x = grad*(beta*x*(1 - sigmoid(beta*x)) + 1)*sigmoid(beta*x)
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x, beta):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", swish, (x, beta), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "swish(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
     return function.apply(x, beta)

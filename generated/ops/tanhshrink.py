@@ -7,6 +7,8 @@ import torch
 class TanhshrinkFunction(torch.autograd.Function):
     """The autograd Function of `tanhshrink`; see `tanhshrink` for the formulas."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x):
         saved_tanh = torch.tanh(x)
@@ -57,5 +59,14 @@ def tanhshrink(x):
     Gradients:
         grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
     """
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
+        for arg in (x,):
+            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
+                return arg.tracer.create_proxy("call_function", tanhshrink, (x,), {})
+    if not torch.is_tensor(x) or not x.is_floating_point():
+        raise TypeError(
+            "tanhshrink(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
+        )
     function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
     return function.apply(x)[0]

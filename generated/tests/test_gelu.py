@@ -54,6 +54,10 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, GeluFunction, sample_inputs())
 
 
+def test_vmap_equals_a_loop():
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
 def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 

@@ -60,6 +60,10 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, GradReverseFunction, sample_inputs())
 
 
+def test_vmap_equals_a_loop():
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
 def test_saves_the_planned_inputs_and_outputs():
     harness.check_saved(OP, GradReverseFunction, sample_inputs(), SAVED)
 

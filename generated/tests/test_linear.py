@@ -15,6 +15,7 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [5], "input": [3, 4], "weight": [5, 4]}
+BATCHED_SHAPES = {"bias": [5], "input": [2, 3, 4], "weight": [5, 4]}  # with batch dimensions for `...`
 SAVED = ["input", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
@@ -58,6 +59,10 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, LinearFunction, sample_inputs())
 
 
+def test_vmap_equals_a_loop():
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
 def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
@@ -68,6 +73,12 @@ def test_gradgradcheck():
 
 def test_saves_the_planned_inputs_and_outputs():
     harness.check_saved(OP, LinearFunction, sample_inputs(), SAVED)
+
+
+def test_batched_inputs():
+    args = sample_inputs(BATCHED_SHAPES, seed=3)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 def test_wrong_shape_is_a_value_error():

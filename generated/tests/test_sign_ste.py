@@ -56,6 +56,10 @@ def test_function_apply_equals_functional():
     harness.check_function_apply(OP, SignSteFunction, sample_inputs())
 
 
+def test_vmap_equals_a_loop():
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
 def test_saves_the_planned_inputs_and_outputs():
     harness.check_saved(OP, SignSteFunction, sample_inputs(), SAVED)
 

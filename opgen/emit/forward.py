@@ -8,6 +8,7 @@ reads (tensors, non-tensor inputs, shapes, named dimension sizes).
 from __future__ import annotations
 
 from opgen.derive.gradients import Variant
+from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
@@ -72,14 +73,14 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     sizes = size_sources(derived.spec, tuple(names.size_locals))
     lines = [f"{names.size_locals[d]} = {size_text(derived.spec, *where)}" for d, where in sizes.items()]
     printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
-    printer = forward_printer(printer)  # autograd does not record forward (Note [forward in place])
-    bodies = [
-        (v.absent, _forward_variant(plan, v, printer, aliases))
-        for v, aliases in zip(derived.variants, plan.aliases, strict=True)
-    ]
-    lines += variant_branches(bodies, optional, is_none)
-    lines.append(f"return {', '.join(plan.returned)}")
-    return lines
+    bodies = {}
+    for kind, kind_printer in (("plain", printer), ("in_place", forward_printer(printer))):  # Note [forward in place]
+        variants = zip(derived.variants, plan.aliases, strict=True)
+        body = variant_branches(
+            [(v.absent, _forward_variant(plan, v, kind_printer, a)) for v, a in variants], optional, is_none
+        )
+        bodies[kind] = [*body, f"return {', '.join(plan.returned)}"]
+    return lines + recorded_forward(bodies["in_place"], bodies["plain"], names.torch)
 
 
 def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> Lines:

@@ -10,7 +10,8 @@ Note [fused backward]
 A compiled function cannot be differentiated again (AOTAutograd has no double backward),
 so `backward` calls the compiled gradients only when autograd is not recording
 (`torch.is_grad_enabled()` is false unless `create_graph=True`); otherwise it runs the
-plain differentiable code below, exactly as without fusion. The compiled gradients are
+plain differentiable code below, exactly as without fusion; so it does under vmap, which
+compiled code does not take from eager (Note [in place under vmap]). The compiled gradients are
 the derivative formulas themselves (primitives written out), so inductor sees one
 expression per gradient.
 """
@@ -111,8 +112,13 @@ def fuse(
     gradients = _fresh("gradients", taken)
     position = iter(range(len(returned)))
     results = ", ".join(f"{gradients}[{next(position)}]" if i.is_tensor else "None" for i in spec.inputs)
+    first = grads_in[spec.outputs[0].name]
     fast = [
-        f"if not {torch}.is_grad_enabled():  # first order only: see opgen's Note [fused backward]",
+        "if not (",  # first order only, not vmapped: see opgen's Note [fused backward]
+        f"    {torch}.is_grad_enabled()",
+        f"    or {torch}._C._are_functorch_transforms_active()",
+        f"    or (not {torch}.compiler.is_compiling() and {torch}._C._functorch.is_legacy_batchedtensor({first}))",
+        "):",
         f"    {gradients} = {backward_name}({', '.join(inputs)})",
         f"    return {results}",
     ]

@@ -29,6 +29,17 @@ def forward_printer(printer: TorchPrinter) -> TorchPrinter:
     setting): every temporary of a 1M-element float32 formula is a fresh 4 MB buffer, and on
     CPU getting the memory costs as much as the arithmetic. Backward, which autograd records
     under `create_graph=True`, prints the plain calls, except where it tests for that.
+
+    Note [in place under vmap]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Under vmap the incoming gradient may be batched while the saved input is not (`jacrev`,
+    per-example cotangents; `autograd.grad(is_grads_batched=True)`, which gradcheck's
+    `check_batched_grad` uses), and `unbatched.mul_(batched)` is an error. An in-place backward
+    kernel therefore takes the plain branch when the incoming gradient is a batched tensor of
+    the legacy vmap (what `is_grads_batched` uses) or a functorch transform is active.
+    torch.compile takes that branch too (it cannot trace the legacy test; Inductor fuses the
+    plain operations anyway).
+    Forward needs no test: tests/test_transforms.py batches each input of every spec alone.
     """
     return printer.with_symbols({}, frozenset(), no_grad=True)
 
@@ -48,15 +59,32 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
     if primitive.backward_in_place:
         g, u = node.args
         unrecorded = _IN_PLACE[primitive](var, printer._print(g), printer._print(u), printer)
-        comment, why = "  # in place on its own temporaries (Note [forward in place])", "no in-place operations"
+        comment, why = "  # in place on its own temporaries (Note [forward in place])", ""
     else:
         unrecorded, comment = assign(var, node, printer, indent + 4), ""
         why = f"{primitive.__name__}'s kernel has no derivative"
+    if primitive.backward_in_place:
+        head = _in_place_test(printer, printer._print(node.args[0]))
+    else:
+        head = [f"if {printer.torch}.is_grad_enabled():  # double backward: {why}"]
     return [
-        f"if {printer.torch}.is_grad_enabled():  # double backward: {why}",
+        *head,
         *(f"    {line}" for line in recorded),
         f"else:{comment}",
         *(f"    {line}" for line in unrecorded),
+    ]
+
+
+def _in_place_test(printer: TorchPrinter, g: str) -> list[str]:
+    """The test of an in-place backward kernel: double backward or vmap take the plain formula."""
+    torch = printer.torch
+    return [
+        "if (",
+        f"    {torch}.is_grad_enabled()  # double backward: no in-place operations",
+        f"    or {torch}.compiler.is_compiling()  # Note [in place under vmap]",
+        f"    or {torch}._C._are_functorch_transforms_active()",
+        f"    or {torch}._C._functorch.is_legacy_batchedtensor({g})",
+        "):",
     ]
 
 

@@ -24,7 +24,7 @@ from opgen.spec.names import Namer, ctx_namer
 
 @dataclass(frozen=True, kw_only=True)
 class OpNames:
-    """Internal names of one op module, none equal to a spec name (built by keyword: 16 names)."""
+    """Internal names of one op module, none equal to a spec name (built by keyword: 18 names)."""
 
     torch: str
     math: str
@@ -42,6 +42,8 @@ class OpNames:
     size_attrs: dict[str, str]  # named dimension -> ctx attribute holding its size
     size_locals: dict[str, str]  # named dimension -> forward's local variable holding its size
     check_shapes: str  # the module-level helper that checks argument shapes at call time
+    arg: str  # the functional's loop variable looking for an FX Proxy
+    autocast: str  # the module-level helper a matrix op calls under autocast
 
 
 def spec_names(spec: Spec) -> set[str]:
@@ -93,6 +95,8 @@ def make_names(plan: Plan) -> OpNames:
         size_attrs=size_attrs,
         size_locals=size_locals,
         check_shapes=check_shapes,
+        arg=namer.fresh("arg"),
+        autocast=namer.fresh("_autocast_apply"),
     )
 
 

@@ -10,6 +10,7 @@ comes from opgen.emit.docstring; the file's shape lives in the Jinja template `o
 from __future__ import annotations
 
 from opgen.emit.backward import backward_body
+from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
@@ -28,6 +29,7 @@ from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
 from opgen.emit.statements import Lines
 from opgen.plan.backward import Plan
+from opgen.plan.capture import autocasts, capture_loss, float_inputs
 from opgen.spec import quote
 from opgen.spec.model import Spec
 
@@ -64,6 +66,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
+    if autocasts(plan):
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch)]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
@@ -104,9 +108,22 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,
+        **_capture_context(plan, names),
         uses_math=quote.uses_math(code, names.math),
     )
     return text
+
+
+def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
+    """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture)."""
+    spec = plan.derived.spec
+    loss = capture_loss(plan)
+    return {
+        "call_tuple": call_tuple([i.name for i in spec.inputs]),
+        "autocasts": autocasts(plan),
+        "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),
+        "export_refusal": export_refusal(spec.name, loss) if loss else None,
+    }
 
 
 def _forward_mode(

@@ -81,6 +81,8 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
         printer = _knowing(printer, symbol, part)
         expr = expr.xreplace({part: symbol})
         text = printer.doprint_expr(expr)
+    if len(var) + 3 + len(text) > width and len(text) <= width - 4:
+        return [*lines, f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
     return [*lines, f"{var} = {text}"]
 
 

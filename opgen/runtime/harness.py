@@ -152,7 +152,8 @@ def check_gradients(op, args, second_order=False, positions=None):
     if not positions:
         return
     fixed = [a.detach() if isinstance(a, torch.Tensor) and k not in positions else a for k, a in enumerate(args)]
-    assert torch.autograd.gradcheck(*only(op, fixed, positions), check_forward_ad=True)
+    # check_batched_grad: backward under vmap too (Note [in place under vmap] in opgen's emit)
+    assert torch.autograd.gradcheck(*only(op, fixed, positions), check_forward_ad=True, check_batched_grad=True)
     if second_order:
         assert torch.autograd.gradgradcheck(*only(op, fixed, positions), check_fwd_over_rev=True)
 
@@ -323,3 +324,22 @@ def check_extremes(op, args, extremes, places, reference, native=None):
         if not accurate(grad, slope, rival_grad, slope_slack):
             bad.append(f"derivative at {name} = {point} ({at}): {grad.item()!r}, exact {slope!r}")
     assert not bad, "\n".join(bad)
+
+
+def check_vmap(op, samples):
+    """torch.func.vmap of the op over the samples (every present Tensor input batched) equals a
+    Python loop over them, output by output."""
+    base = samples[0]
+    present = op.present(base)
+
+    def call(*tensors):
+        args = list(base)
+        for k, tensor in zip(present, tensors, strict=True):
+            args[k] = tensor
+        return tuple(op(*args))
+
+    got = torch.func.vmap(call)(*(torch.stack([s[k] for s in samples]) for k in present))
+    rows = [call(*(s[k] for k in present)) for s in samples]
+    for j, name in enumerate(op.outputs):
+        want = torch.stack([row[j] for row in rows])
+        torch.testing.assert_close(got[j], want, msg=lambda m, name=name: f"vmap of {name}: {m}")
