@@ -29,6 +29,16 @@ CASES: dict[str, tuple[str, Callable[..., tuple[torch.Tensor, ...]], int]] = {
         lambda x0: (torch.sin(x0), x0.detach()),
         1,
     ),
+    "view_not_differentiable": (  # a view of an input: autograd rebases it unless it is detached
+        """
+        inputs: {x0: "Tensor[N, K]", x1: "Tensor[N, K]"}
+        outputs:
+          o0: x1 * x0
+          o1: {formula: x0.T, differentiable: false}
+        """,
+        lambda x0, x1: (x1 * x0, x0.T.detach()),
+        2,
+    ),
     "output_of_non_differentiable": (
         """
         inputs: {x: Tensor}

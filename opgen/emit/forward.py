@@ -7,6 +7,8 @@ reads (tensors, non-tensor inputs, shapes, named dimension sizes).
 
 from __future__ import annotations
 
+import sympy
+
 from opgen.derive.gradients import Variant
 from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
@@ -14,7 +16,7 @@ from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
-from opgen.formula.tensor import BATCH, dim_size
+from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
 from opgen.plan.backward import Plan
 from opgen.spec.model import Spec
@@ -40,7 +42,18 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines += assign(name, expr, printer, indent)
         if name in expand:
             lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
+        if name not in differentiable and name not in aliases and (name in expand or _is_view(expr)):
+            # A view of an input is rebased by autograd whatever setup_context marks: detach it.
+            lines.append(f"{name} = {name}.detach()")
     return lines
+
+
+def _is_view(expr: sympy.Basic) -> bool:
+    """Whether `expr` prints as a view of a tensor forward already has (`x.T`, `x.mT`, `x.unsqueeze(-1)`)."""
+    viewed = expr
+    while isinstance(viewed, (Transpose, Unsqueeze)):
+        viewed = viewed.args[0]
+    return viewed is not expr and isinstance(viewed, sympy.Symbol)
 
 
 def _expanded(source: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> str:
