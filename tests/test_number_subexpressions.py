@@ -414,6 +414,18 @@ MORE = {
         lambda x, a: (a < a) * x + a,
         lambda: [rand(3, 4), rand(4)],
     ),
+    # Through `.T`: the gradient of x is the transpose of a vanished term, a zero.
+    "vanishing_factor_through_a_transpose": Case(
+        """
+        inputs:
+          x: Tensor[..., N, K]
+          a: float
+        outputs:
+          y: -where(a < a, x.T, a) + 0 * x.T
+        """,
+        lambda x, a: -torch.where(torch.tensor(a < a), x.mT, n(a)) + 0 * x.mT,
+        lambda: [rand(3, 4), 0.5],
+    ),
     "vanishing_factor_of_two_outputs": Case(
         """
         inputs:

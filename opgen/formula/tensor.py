@@ -63,6 +63,8 @@ class TensorOp(Function):
 
 def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr | None:
     """A linear node of `-2*g` is `-2` times the node of `g`: `-(g.sum(-1))`, not `(-g).sum(-1)`."""
+    if operand == 0:  # a linear node of zero is zero (a gradient whose every term vanished)
+        return sympy.S.Zero
     coeff, body = operand.as_coeff_Mul()
     if coeff == 1 or body == 1:
         return None
@@ -85,6 +87,8 @@ class MatMul(TensorOp):
 
     @classmethod
     def eval(cls, a: Expr, b: Expr) -> Expr | None:
+        if a == 0 or b == 0:
+            return sympy.S.Zero
         ca, ba = a.as_coeff_Mul()
         cb, bb = b.as_coeff_Mul()
         if (ca == 1 and cb == 1) or ba == 1 or bb == 1:

@@ -171,7 +171,7 @@ def _plan_variant(
         for contribution in gradient.contributions:
             factor = reduced[position]
             position += 1
-            if factor != 0 or gradient.overridden or contribution.output is None:
+            if factor != 0 or gradient.overridden:
                 contributions.append(Contribution(contribution.output, factor))
             # else a factor that vanished once written out (`(a < a) * x`): no term, and with none
             # left the gradient is a zero tensor of the input's shape (Note [gradient shapes]).
