@@ -235,5 +235,6 @@ def _check_messages(err: str, specs: dict[str, bytes]) -> None:
         assert row >= 1 and col >= 1, f"a location before the start of the file: {line!r}"
         source = specs.get(match["file"])
         if source is not None:
-            rows = source.count(b"\n") + 1
+            # Lines as YAML counts them: `\r\n`, a lone `\r` and NEL/LS/PS end a line too.
+            rows = len(re.split("\r\n|[\r\n\x85\u2028\u2029]", source.decode("utf-8", "replace")))
             assert row <= rows + 1, f"line {row} of a {rows}-line spec: {line!r}"
