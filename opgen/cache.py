@@ -47,16 +47,18 @@ from opgen.spec.model import Spec
 
 CACHE_VARIABLE = "OPGEN_CACHE_DIR"
 KEEP = 4  # generator subfolders kept (Note [generation cache])
-FORMAT = 1  # the layout of an entry; part of the generator's digest
+FORMAT = 2  # the layout of an entry; part of the generator's digest
 DEPENDENCIES = ("sympy", "mpmath", "jinja2", "PyYAML")
 
 
 @dataclass(frozen=True)
 class Entry:
-    """What the cache keeps for one spec: its files, and whether they use the package's shared shape checks."""
+    """What the cache keeps for one spec: its files, whether they use the package's shared shape
+    checks, and the located warnings generating them gave (`FILE:LINE:COL: warning: ...` lines)."""
 
     files: dict[str, str]
     shape_checks: bool
+    warnings: tuple[str, ...] = ()
 
 
 def _version(distribution: str) -> str:
@@ -141,10 +143,12 @@ class Cache:
         """The entry stored under `key` if it is whole and holds exactly the files `expected`, else None."""
         try:
             data = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8"))
-            files, shape_checks = data["files"], data["shape_checks"]
+            files, shape_checks, warnings = data["files"], data["shape_checks"], data["warnings"]
             valid = (
                 data["key"] == key
                 and isinstance(shape_checks, bool)
+                and isinstance(warnings, list)
+                and all(isinstance(text, str) for text in warnings)
                 and isinstance(files, dict)
                 and set(files) == expected
                 and all(isinstance(text, str) for text in files.values())
@@ -155,11 +159,11 @@ class Cache:
             self.misses += 1
             return None
         self.hits += 1
-        return Entry(files, shape_checks)
+        return Entry(files, shape_checks, tuple(warnings))
 
     def put(self, key: str, entry: Entry) -> None:
         """Store `entry` under `key` atomically; a cache that cannot be written is skipped."""
-        data = {"key": key, "files": entry.files, "shape_checks": entry.shape_checks}
+        data = {"key": key, "files": entry.files, "shape_checks": entry.shape_checks, "warnings": list(entry.warnings)}
         with contextlib.suppress(OSError):
             new = not self.folder.is_dir()
             self.folder.mkdir(parents=True, exist_ok=True)

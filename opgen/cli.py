@@ -102,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         count = len(result.problems.report())
         print(f"opgen: {count} problem{'s' if count != 1 else ''}; nothing was written", file=sys.stderr)
         return 2
+    if args.command == "generate":
+        for line in result.warnings:
+            print(line, file=sys.stderr)
     problem = names.after_build(out, result.files)
     if problem:
         return _error(f"-o {args.out}: {problem}")

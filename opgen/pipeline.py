@@ -43,6 +43,7 @@ class Result:
     files: dict[str, str] = field(default_factory=dict)  # path inside the package -> text
     problems: Problems = field(default_factory=Problems)
     specs: list[Spec] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # `FILE:LINE:COL: warning: ...`, in spec order
 
 
 def find_spec_files(args: list[str], problems: Problems) -> list[tuple[Path, str]]:
@@ -101,6 +102,7 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
     from opgen.optimize.rewrite import rewrite
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
+    from opgen.plan.domain import domain_warnings
     from opgen.plan.extremes import applies as needs_oracle
     from opgen.plan.forward import with_forward
 
@@ -131,7 +133,8 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
             }
         except PrintError as error:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
-        return Entry(files, bool(shape_checks(spec)))
+        warnings = tuple(f"{loc}: warning: {message}" for loc, message in domain_warnings(spec, written))
+        return Entry(files, bool(shape_checks(spec)), warnings)
     return None
 
 
@@ -189,6 +192,7 @@ def build(
                 cache.put(key, entry)
         if entry is not None:
             result.files.update(entry.files)
+            result.warnings.extend(entry.warnings)
             shape_checked |= entry.shape_checks
     if not result.problems:
         result.files.update(package_files(result.specs, renderer, shape_checked))

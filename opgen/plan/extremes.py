@@ -62,10 +62,10 @@ def places(spec: Spec) -> dict[str, dict[str, float]]:
 
 def extreme_rows(spec: Spec, written: Derived | None) -> list[Row]:
     """The rows of `spec`, from `written`, its derivation as written (None: no rows)."""
-    if not applies(spec) or written is None:
+    if not applies(spec) or written is None or not spec.tests.extremes:
         return []
     compiled = _Compiled(written)
-    arguments = {place: _arguments(spec, others) for place, others in places(spec).items()}
+    arguments = {place: input_arguments(spec, others) for place, others in places(spec).items()}
     rows: list[Row] = []
     for k, inp in enumerate(spec.inputs):
         if not inp.is_tensor:
@@ -73,7 +73,7 @@ def extreme_rows(spec: Spec, written: Derived | None) -> list[Row]:
         low, high = spec.tests.domain_of(inp.name)
         for place, values in arguments.items():
             for point in sorted({float32(p) for p in (*POINTS, low, high)}):
-                row = _row(compiled, inp.name, point, [*values[:k], _mpf(point), *values[k + 1 :]])
+                row = _row(compiled, inp.name, point, [*values[:k], mpf(point), *values[k + 1 :]])
                 if row is not None:
                     rows.append((*row, place))
     return rows
@@ -119,6 +119,10 @@ class _NotReal(ArithmeticError):
     """A value of the formula left the real numbers (Note [real rows])."""
 
 
+# What evaluating a formula with mpmath raises where the formula has no real value (or one too large).
+MPMATH_ERRORS = (ZeroDivisionError, ValueError, TypeError, OverflowError, _NotReal)
+
+
 def _real(value: Any) -> Any:
     if isinstance(value, (mpmath.mpc, complex)) or (isinstance(value, mpmath.mpf) and mpmath.isnan(value)):
         raise _NotReal
@@ -159,7 +163,7 @@ _MPMATH: dict[str, Any] = {
     **{name: _of_reals(f) for name, f in vars(mpmath).items() if not name.startswith("_") and inspect.isroutine(f)},
     **{name: _of_reals(f) for name, f in (("abs", abs), ("max", max), ("min", min))},  # Python's, as printed
     **{name: _of_reals(f) for name, f in _OWN.items()},
-    "where": lambda c, a, b: _real(a if c else b),
+    "_real": _real,
 }
 
 
@@ -170,6 +174,11 @@ class _Printer(MpmathPrinter):
         if expr.exp.is_number:
             return super()._print_Pow(expr, rational=rational)
         return f"_power({self._print(expr.base)}, {self._print(expr.exp)})"
+
+    def _print_where(self, expr: sympy.Function) -> str:
+        """A conditional expression: only the branch taken is evaluated (Note [real rows])."""
+        condition, taken, other = (self._print(a) for a in expr.args)
+        return f"(_real({taken}) if ({condition}) else _real({other}))"
 
 
 def _printer() -> _Printer:
@@ -220,11 +229,16 @@ class _Compiled:
         return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
 
 
+def compile_outputs(derived: Derived) -> list[Callable[..., Any]]:
+    """Each output of `derived` as an mpmath function of the spec's inputs, in order."""
+    return _Compiled(derived).outputs
+
+
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
     try:
         with mpmath.workdps(DIGITS):
             value = function(*args)
-    except (ZeroDivisionError, ValueError, TypeError, OverflowError, _NotReal):
+    except MPMATH_ERRORS:
         return None  # a branch or function undefined here, or not real (Note [real rows])
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
         return None
@@ -232,20 +246,20 @@ def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
     return result if abs(result) <= FLOAT32_MAX else None
 
 
-def _mpf(value: float) -> Any:
+def mpf(value: float) -> Any:
     with mpmath.workdps(DIGITS):
         return mpmath.mpf(value)  # the float's exact binary value, which the op receives
 
 
-def _arguments(spec: Spec, others: dict[str, float]) -> list[Any]:
+def input_arguments(spec: Spec, others: dict[str, float]) -> list[Any]:
     """Every input's value, in order: the Tensor inputs where `others` puts them, the rest at their test values."""
     args: list[Any] = []
     for inp in spec.inputs:
         if inp.is_tensor:
-            args.append(_mpf(others[inp.name]))
+            args.append(mpf(others[inp.name]))
         else:
             given = spec.test_value(inp)
-            args.append(given if isinstance(given, bool) else _mpf(given))
+            args.append(given if isinstance(given, bool) else mpf(given))
     return args
 
 
@@ -291,7 +305,7 @@ def _slope(total: Callable[..., Any], args: list[Any], k: int) -> float | None:
             if not all(agree):
                 return None
             value = float((left + right) / 2)
-    except (ZeroDivisionError, ValueError, TypeError, OverflowError, _NotReal):
+    except MPMATH_ERRORS:
         return None
     if abs(value) < FLOAT32_TINY:
         return 0.0  # no float32 tells it from 0; what is left is the differences' rounding

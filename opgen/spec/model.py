@@ -149,6 +149,7 @@ class TestConfig:
     gradgrad: bool = True
     points: tuple[tuple[str, tuple[float, ...]], ...] = ()  # input -> values at kinks and edges
     native: str | None = None  # a key of `opgen.spec.native.NATIVE_OPS`
+    extremes: bool = True  # the float32 accuracy test at extreme inputs (`opgen.plan.extremes`)
 
     def domain_of(self, name: str) -> tuple[float, float]:
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))

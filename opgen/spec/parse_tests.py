@@ -16,7 +16,7 @@ from opgen.spec.model import Input, Scalar, TestConfig
 from opgen.spec.native import NATIVE_OPS
 from opgen.spec.parse_common import check_keys, int_list, need_map, number, scalar_default, suggest
 
-TEST_KEYS = ("domain", "shapes", "values", "gradgrad", "points", "native")
+TEST_KEYS = ("domain", "shapes", "values", "gradgrad", "points", "native", "extremes")
 
 
 def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -> TestConfig:
@@ -27,15 +27,21 @@ def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -
     domain = _each(mapping.get("domain"), "tests.domain", problems, lambda *entry: _domain(by_name, *entry))
     shapes = _each(mapping.get("shapes"), "tests.shapes", problems, lambda *entry: _shape(by_name, dims, *entry))
     values = _each(mapping.get("values"), "tests.values", problems, lambda *entry: _value(by_name, *entry))
-    gradgrad = True
-    if (node_ := mapping.get("gradgrad")) is not None:
-        if not isinstance(node_, RawScalar) or not isinstance(node_.value, bool):
-            problems.add(SpecError(node_.loc, "tests.gradgrad must be true or false"))
-        else:
-            gradgrad = node_.value
+    gradgrad = _flag(mapping.get("gradgrad"), "tests.gradgrad", problems)
     points = _parse_points(mapping.get("points"), by_name, problems)
     native = _parse_native(mapping.get("native"), spec_inputs, problems)
-    return TestConfig(domain, shapes, values, gradgrad, points, native)
+    extremes = _flag(mapping.get("extremes"), "tests.extremes", problems)
+    return TestConfig(domain, shapes, values, gradgrad, points, native, extremes)
+
+
+def _flag(node: Raw | None, what: str, problems: Problems) -> bool:
+    """A true/false key, true when absent."""
+    if node is None:
+        return True
+    if not isinstance(node, RawScalar) or not isinstance(node.value, bool):
+        problems.add(SpecError(node.loc, f"{what} must be true or false"))
+        return True
+    return node.value
 
 
 T = TypeVar("T")

@@ -110,6 +110,8 @@ def _tests(spec: Spec) -> list[tuple[str, str]]:
         entries.append(("gradgrad", "false"))
     if tests.native is not None:
         entries.append(("native", quoted(tests.native)))
+    if not tests.extremes:
+        entries.append(("extremes", "false"))
     return entries
 
 

@@ -1,0 +1,104 @@
+"""Warnings for generated tests that are bound to fail: a test domain outside the formula's.
+
+Receives a `Spec` and its derivation as written (the oracle of `opgen.plan.extremes`); returns
+located warnings, never errors: the op itself is fine, but its generated tests draw samples
+from each Tensor input's test domain (`tests: domain`, default [-3, 3]) and compare with plain
+autograd there, so where the formula as written is not a finite real number (`log(x)` at
+x < 0) or does not fit in float32 inside that domain, they fail with a bare NaN or inf
+mismatch. The warning says where and which `tests:` key to set.
+
+Points: each Tensor input in turn at GRID interior points of its domain, the others mid-domain
+(the middle of a domain is where the tests' samples are densest) and every `tests: points` row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mpmath
+
+from opgen.derive.gradients import Derived
+from opgen.errors import Loc
+from opgen.plan.extremes import (
+    DIGITS,
+    FLOAT32_MAX,
+    MPMATH_ERRORS,
+    compile_outputs,
+    float32,
+    input_arguments,
+    mpf,
+    places,
+)
+from opgen.spec.model import Spec
+
+GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
+
+
+def domain_warnings(spec: Spec, written: Derived | None) -> list[tuple[Loc, str]]:
+    """`(where, message)` for each output the generated tests will find undefined or out of float32
+    range inside the test domain (one warning per output and moving input)."""
+    if written is None:
+        return []
+    outputs = compile_outputs(written)
+    middle = places(spec)["middle"]
+    found: list[tuple[Loc, str]] = []
+    for k, inp in enumerate(spec.inputs):
+        if not inp.is_tensor:
+            continue
+        low, high = spec.tests.domain_of(inp.name)
+        given = any(n == inp.name for n, _, _ in spec.tests.domain)
+        grid = [float32(low + (high - low) * (j + 0.5) / GRID) for j in range(GRID)]
+        base = input_arguments(spec, middle)
+        for output, function in zip(spec.outputs, outputs, strict=True):
+            for point in grid:
+                problem = _problem(function, [*base[:k], mpf(point), *base[k + 1 :]])
+                if problem is not None:
+                    domain = f"[{low:g}, {high:g}]" + ("" if given else ", the default")
+                    found.append(
+                        (
+                            output.formula.loc,
+                            f"`{output.name}` {problem} at {inp.name} = {point:.6g}, inside the test domain of "
+                            f"`{inp.name}` ({domain}): its generated tests will fail there; set "
+                            f"`tests: domain: {{{inp.name}: [LOW, HIGH]}}` to where the formula is defined",
+                        )
+                    )
+                    break
+    return found + _point_warnings(spec, outputs, middle)
+
+
+def _point_warnings(spec: Spec, outputs: list[Callable[..., Any]], middle: dict[str, float]) -> list[tuple[Loc, str]]:
+    """The `tests: points` rows where an output is not a finite float32 number."""
+    if not spec.tests.points:
+        return []
+    found: list[tuple[Loc, str]] = []
+    rows = len(spec.tests.points[0][1])
+    for j in range(rows):
+        at = {**middle, **{name: float32(values[j]) for name, values in spec.tests.points}}
+        args = input_arguments(spec, at)
+        for output, function in zip(spec.outputs, outputs, strict=True):
+            problem = _problem(function, args)
+            if problem is not None:
+                row = ", ".join(f"{name} = {values[j]:g}" for name, values in spec.tests.points)
+                found.append(
+                    (
+                        output.formula.loc,
+                        f"`{output.name}` {problem} at the `tests: points` row {row}: "
+                        "its generated tests will fail there; drop the row or move it into the formula's domain",
+                    )
+                )
+    return found
+
+
+def _problem(function: Callable[..., Any], args: list[Any]) -> str | None:
+    """What is wrong with `function(*args)` for a float32 test, or None."""
+    try:
+        with mpmath.workdps(DIGITS):
+            value = function(*args)
+    except OverflowError:
+        return "overflows float32"
+    except MPMATH_ERRORS:
+        return "is not a finite real number"
+    if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
+        return "is not a finite real number"
+    return "overflows float32" if abs(float(value)) > FLOAT32_MAX else None
