@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import opgen
 from opgen.cache import CACHE_VARIABLE, Cache, default_folder
 from opgen.emit.render import Renderer
 from opgen.pipeline import build
@@ -68,13 +69,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    """opgen's installed version (the source tree's when it is not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("opgen")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    """opgen's version, and the torch releases the code it generates supports."""
+    return f"{opgen.__version__} (generated code: {opgen.TORCH_REQUIREMENT})"
 
 
 def _error(message: str) -> int:
