@@ -1,0 +1,40 @@
+"""The benchmark scripts run (tiny sizes: a smoke test, never a timing test) and their safety
+column tells a finite op from one that overflows."""
+
+from __future__ import annotations
+
+import torch
+from conftest import SPECS
+
+from benchmarks import run, tensor
+from benchmarks.run import Case
+
+
+def test_tensor_benchmark_prints_a_row_per_tensor_spec_with_a_native_op(capsys):
+    assert tensor.main(["--rows", "6", "--dim", "5", "--matrix-dim", "4", "--repeats", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    expected = [s.name for s in tensor.tensor_specs(SPECS)]
+    assert {"softmax", "logsumexp", "linear"} <= set(expected)
+    for name in expected:
+        assert f"| {name} |" in out
+    assert "| NO |" not in out, "every library op is finite where PyTorch's is"
+
+
+def test_the_finite_column_catches_a_textbook_softmax():
+    spec = next(s for s in tensor.tensor_specs(SPECS) if s.name == "softmax")
+    x = torch.randn(4, 6, requires_grad=True)
+
+    def textbook(x):
+        return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+    native = tensor.NATIVE["softmax"]
+    assert not tensor.finite_at_extremes(Case(spec, {"generated": textbook, "native": native}, [x], [0]))
+    assert tensor.finite_at_extremes(Case(spec, {"generated": native, "native": native}, [x], [0]))
+
+
+def test_elementwise_benchmark_runs(capsys, tmp_path):
+    argv = ["--size", "16", "--repeats", "1", "--warmup", "0", "--no-fused", "--ops", "silu", "softplus"]
+    assert run.main([*argv, "--csv", str(tmp_path / "out.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "| silu |" in out and "| softplus |" in out
+    assert (tmp_path / "out.csv").read_text().count("silu") >= 3  # generated, naive, native rows
