@@ -173,14 +173,21 @@ def saved_bytes(case: Case, variant: str) -> int:
     return sum(storages.values())
 
 
-def measure(cases: list[Case], repeats: int, warmup: int) -> None:
-    grads = [torch.randn(cases[0].args[cases[0].tensors[0]].shape, generator=torch.Generator().manual_seed(1))]  # type: ignore[union-attr]
-    grads = grads * 4
+def _elementwise_grads(case: Case) -> list[torch.Tensor]:
+    """Incoming gradients for up to four outputs shaped like the first Tensor input."""
+    shape = case.args[case.tensors[0]].shape  # type: ignore[union-attr]
+    return [torch.randn(shape, generator=torch.Generator().manual_seed(1))] * 4
+
+
+def measure(
+    cases: list[Case], repeats: int, warmup: int, grads_for: Callable[[Case], list[torch.Tensor]] = _elementwise_grads
+) -> None:
+    grads = {id(case): grads_for(case) for case in cases}
     for case in cases:
         for variant in case.calls:
             case.saved[variant] = saved_bytes(case, variant)
             for _ in range(warmup):
-                run_once(case, variant, grads)
+                run_once(case, variant, grads[id(case)])
             case.times[variant] = []
     # Interleaved: every round runs every op and variant once, in a rotating order, so slow
     # drifts of the machine (other processes, frequency) spread over all of them alike.
@@ -189,7 +196,7 @@ def measure(cases: list[Case], repeats: int, warmup: int) -> None:
             variants = list(case.calls)
             shift = round_ % len(variants)
             for variant in variants[shift:] + variants[:shift]:
-                case.times[variant].append(run_once(case, variant, grads))
+                case.times[variant].append(run_once(case, variant, grads[id(case)]))
 
 
 def median_ms(case: Case, variant: str) -> float | None:

@@ -19,14 +19,13 @@ import argparse
 import importlib
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.run import ROOT, Case, geomean, machine, median_ms, ratio, saved_bytes
+from benchmarks.run import ROOT, Case, geomean, machine, measure, median_ms, ratio
 from opgen.errors import Problems
 from opgen.pipeline import find_spec_files, source_name
 from opgen.spec.load import load_file
@@ -128,31 +127,10 @@ def finite_at_extremes(case: Case, scale: float = 1e4) -> bool:
     return all(g or not n for g, n in zip(results["generated"], results["native"], strict=True))
 
 
-def run_once(case: Case, variant: str, grad: torch.Tensor) -> float:
-    inputs = [case.args[k] for k in case.tensors]
-    start = time.perf_counter()
-    out = case.calls[variant](*case.args)
-    torch.autograd.grad(out, inputs, grad, allow_unused=True)  # type: ignore[arg-type]
-    return time.perf_counter() - start
-
-
-def measure(cases: list[Case], repeats: int, warmup: int) -> None:
-    """Every op and variant once per round, in a rotating order (as `benchmarks.run.measure`)."""
-    grads = {}
-    for case in cases:
-        out = case.calls["native"](*case.args)
-        grads[case.spec.name] = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))  # type: ignore[union-attr]
-        for variant in case.calls:
-            case.saved[variant] = saved_bytes(case, variant)
-            for _ in range(warmup):
-                run_once(case, variant, grads[case.spec.name])
-            case.times[variant] = []
-    for round_ in range(repeats):
-        for case in cases:
-            variants = list(case.calls)
-            shift = round_ % len(variants)
-            for variant in variants[shift:] + variants[:shift]:
-                case.times[variant].append(run_once(case, variant, grads[case.spec.name]))
+def _output_grad(case: Case) -> list[torch.Tensor]:
+    """The incoming gradient: shaped like the op's (first) output."""
+    out = case.calls["native"](*case.args)
+    return [torch.randn(out.shape, generator=torch.Generator().manual_seed(1))]  # type: ignore[union-attr]
 
 
 def table(cases: list[Case]) -> str:
@@ -201,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     specs = [s for s in tensor_specs(Path(args.specs)) if not args.ops or s.name in args.ops]
     cases = [make_case(s, args.rows, args.dim, args.matrix_dim, k, args.compile) for k, s in enumerate(specs)]
-    measure(cases, args.repeats, args.warmup)
+    measure(cases, args.repeats, args.warmup, _output_grad)
     print(f"[{args.rows}, {args.dim}] float32, forward + backward, median of {args.repeats}; {machine()}")
     print("Times share the machine's cores with whatever else runs: ratios are noisy, rerun to compare.\n")
     print(table(cases))
