@@ -76,7 +76,8 @@ def _tools(folder: Path) -> dict[str, str]:
     """An environment whose `python` and `opgen` are this test run's, with the repository importable."""
     bin_dir = folder / ".bin"
     bin_dir.mkdir()
-    for name, command in (("python", f'exec "{sys.executable}" "$@"'), ("opgen", f'exec "{sys.executable}" -m opgen "$@"')):
+    shims = {"python": f'exec "{sys.executable}" "$@"', "opgen": f'exec "{sys.executable}" -m opgen "$@"'}
+    for name, command in shims.items():
         shim = bin_dir / name
         shim.write_text(f"#!/bin/sh\n{command}\n")
         shim.chmod(0o755)
