@@ -124,11 +124,9 @@ def _path_of(block: Block) -> str | None:
 def test_the_code_blocks_of_the_page_run(page: Path, tmp_path: Path) -> None:
     env = _tools(tmp_path)
     session: list[Block] = []
-    ran = 0
     for block in blocks(page):
         if block.skipped or block.lang not in RUN:
             continue
-        ran += 1
         if RUN[block.lang] == "python":
             session.append(block)
             continue
@@ -142,8 +140,6 @@ def test_the_code_blocks_of_the_page_run(page: Path, tmp_path: Path) -> None:
             (tmp_path / path).write_text(block.text, encoding="utf-8")
     if session:
         _run_python(session, tmp_path, env)
-    if page.name not in ("index.md",):
-        assert ran, f"{page.relative_to(ROOT)} has no block that runs"
 
 
 def _specs(page: Path) -> list[Block]:
