@@ -53,7 +53,11 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.page)}:{self.line}"
+
+
+def _shown(page: Path) -> str:
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
 
 
 def _section(text: str, offset: int) -> str:
@@ -75,7 +79,7 @@ def blocks(page: Path) -> list[Block]:
 def _tools(folder: Path) -> dict[str, str]:
     """An environment whose `python` and `opgen` are this test run's, with the repository importable."""
     bin_dir = folder / ".bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     shims = {"python": f'exec "{sys.executable}" "$@"', "opgen": f'exec "{sys.executable}" -m opgen "$@"'}
     for name, command in shims.items():
         shim = bin_dir / name
@@ -99,7 +103,7 @@ for where, line, text in json.load(open(sys.argv[1], encoding="utf-8")):
 
 def _run_python(session: list[Block], folder: Path, env: dict[str, str]) -> None:
     script = folder / ".session.json"
-    script.write_text(json.dumps([[str(b.page.relative_to(ROOT)), b.line, b.text] for b in session]))
+    script.write_text(json.dumps([[_shown(b.page), b.line, b.text] for b in session]))
     result = subprocess.run(
         [sys.executable, "-c", SESSION, str(script)], cwd=folder, env=env, capture_output=True, text=True
     )
@@ -122,6 +126,10 @@ def _path_of(block: Block) -> str | None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_code_blocks_of_the_page_run(page: Path, tmp_path: Path) -> None:
+    run_page(page, tmp_path)
+
+
+def run_page(page: Path, tmp_path: Path) -> None:
     env = _tools(tmp_path)
     session: list[Block] = []
     for block in blocks(page):
@@ -140,6 +148,19 @@ def test_the_code_blocks_of_the_page_run(page: Path, tmp_path: Path) -> None:
             (tmp_path / path).write_text(block.text, encoding="utf-8")
     if session:
         _run_python(session, tmp_path, env)
+
+
+def test_a_page_runs_in_order_and_a_failing_block_names_its_line(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```yaml\n# specs/a.yaml\nname: a\n```\n\n"
+        "```python\nvalue = 2\n```\n\n"
+        "```python\nassert open('specs/a.yaml').read() == '# specs/a.yaml\\nname: a\\n'\nassert value == 2\n```\n\n"
+        "<!-- docs-test: skip: never runs -->\n```sh\nexit 1\n```\n\n```text\nnot code\n```\n\n"
+        "```sh\ntest -f specs/a.yaml\n```\n\n```python\nvalue\n```\n"
+    )
+    with pytest.raises(AssertionError, match=r"(?s)page.md:29: the Python blocks from here failed.*line 29.*NameError"):
+        run_page(page, tmp_path / "run")
 
 
 def _specs(page: Path) -> list[Block]:
