@@ -1,1 +1,1 @@
-"""Benchmarks of the generated ops: `python -m benchmarks.run` (see the README's "Benchmarks")."""
+"""Benchmarks of the generated ops: `python -m benchmarks.run` (see docs/benchmarks.md)."""

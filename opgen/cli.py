@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import opgen
+from opgen import catalogue
 from opgen.cache import CACHE_VARIABLE, Cache, default_folder
 from opgen.emit.render import Renderer
 from opgen.pipeline import build
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
             metavar="SECONDS",
             help=f"how long to wait for another opgen run writing OUT (default {write.swap.LOCK_WAIT:g})",
         )
+    catalogue.add_parser(commands)
     return parser
 
 
@@ -80,6 +82,8 @@ def _error(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "docs":
+        return catalogue.main(args)
     out = Path(args.out)
     problem = names.before_build(out.name)
     if problem:

@@ -4,7 +4,7 @@ Every limit is far above what a real op needs (the largest spec in `specs/` is u
 of each) and below where opgen gets slow; a spec over one gets a located `SpecError` naming
 the limit. What no size limit can foresee is stopped by the time budget: each spec gets
 `budget_seconds()` of wall-clock time to load, derive and emit (Note [spec budget]).
-The README's "Limits" table lists them; keep the two in step.
+The "Limits" table of docs/spec-format.md lists them; keep the two in step.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: the spec stage reads these limits without
 
 @dataclass(frozen=True)
 class Limit:
-    """One resource limit; `name` is its row in the README's Limits table."""
+    """One resource limit; `name` is its row in the Limits table of docs/spec-format.md."""
 
     name: str
     value: int

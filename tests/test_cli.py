@@ -214,11 +214,11 @@ def test_installed_wheel_finds_its_templates(tmp_path):
     assert (target / "opgen" / "templates" / "op.py.j2").is_file()
 
 
-def test_readme_shows_the_generated_swish_function():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_tutorial_shows_the_generated_swish_function():
+    readme = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
     source = (GENERATED / "ops" / "swish.py").read_text(encoding="utf-8")
     listing = source[source.index("class SwishFunction") :].rstrip()
-    assert f"```python\n{listing}\n```" in readme, "refresh the swish listing in the README"
+    assert f"```python\n{listing}\n```" in readme, "refresh the swish listing in docs/tutorial.md"
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from opgen.plan.extremes import extreme_rows
 from opgen.spec.load import load_text
 from opgen.spec.parse import parse_spec
 
-# opgen's stage packages in the order data flows (README, "How opgen is built"), then the
+# opgen's stage packages in the order data flows (docs/design.md), then the
 # modules that sequence them; a module may import its own stage and earlier ones. `None`: a
 # helper of every stage, which imports no stage.
 STAGES: dict[str, int | None] = {
@@ -37,6 +37,7 @@ STAGES: dict[str, int | None] = {
     "cache": 7,
     "pipeline": 7,
     "write": 8,
+    "catalogue": 8,
     "cli": 9,
     "__main__": 9,
     "__init__": 9,

@@ -250,7 +250,7 @@ def test_celu_at_its_switch(celu_ops, tmp_path_factory, name):
     `where(x >= 0, ...)` is F.celu to the second derivative (F.celu's double backward takes the
     branch `x >= 0` at 0); with `x > 0` the second derivative at 0 is the other branch's, 1/alpha.
     The max/min form follows torch.relu at each of its two kinks, as Note [kink conventions] says,
-    so its slope at 0 is 0, where F.celu's is 1 (README, "Gradients at kinks").
+    so its slope at 0 is 0, where F.celu's is 1 (docs/formula-language.md, "Gradients at kinks").
     """
     formula, orders = CELU[name]
     alpha = 1.5
