@@ -33,6 +33,7 @@ from .ops.sign_ste import SignSteFunction, sign_ste
 from .ops.silu import SiluFunction, silu
 from .ops.sinc import SincFunction, sinc
 from .ops.softmax import SoftmaxFunction, softmax
+from .ops.softmax_naive import SoftmaxNaiveFunction, softmax_naive
 from .ops.softplus import SoftplusFunction, softplus
 from .ops.softsign import SoftsignFunction, softsign
 from .ops.spike import SpikeFunction, spike
@@ -76,6 +77,7 @@ __all__ = [
     "SiluFunction",
     "SincFunction",
     "SoftmaxFunction",
+    "SoftmaxNaiveFunction",
     "SoftplusFunction",
     "SoftsignFunction",
     "SpikeFunction",
@@ -113,6 +115,7 @@ __all__ = [
     "silu",
     "sinc",
     "softmax",
+    "softmax_naive",
     "softplus",
     "softsign",
     "spike",

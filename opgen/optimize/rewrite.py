@@ -29,6 +29,9 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     where(c, u, s) == k     -> false (or true)          (both branches agree: Note
                                                         [conditions of guarded values])
 
+Over reductions (`log(sum(exp(u)))`, the textbook softmax) the rules need the static shapes:
+Note [stable rewrites over reductions] in opgen/optimize/reductions.py.
+
 Gradients are also put over a common denominator (`sympy.together`) where that makes them
 shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
 
@@ -45,6 +48,9 @@ from sympy import Expr, S
 
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
+from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
+from opgen.optimize import reductions
+from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
 
@@ -276,24 +282,44 @@ _RULES = {
     sympy.Ne: _equality,
 }
 
+# Note [stable rewrites over reductions] in opgen/optimize/reductions.py: these see shapes.
+_TENSOR_RULES = {
+    sympy.log: reductions.log_of,
+    sympy.exp: reductions.exponential,
+    sympy.Add: reductions.total,
+    sympy.Mul: reductions.product,
+    ReduceSum: reductions.reduce_sum,
+    ReduceLogSumExp: reductions.logsumexp,
+    Softmax: reductions.softmax,
+}
 
-def _once(expr: sympy.Basic) -> sympy.Basic:
+
+def _once(expr: sympy.Basic, shapes: Shapes | None) -> sympy.Basic:
     if expr.is_Atom or not expr.args:
         return expr
-    args = tuple(_once(a) for a in expr.args)
+    args = tuple(_once(a, shapes) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
     rule = _RULES.get(type(node))
     if rule is not None:
         replaced = rule(node)
         if replaced is not None:
             return replaced
+    tensor_rule = _TENSOR_RULES.get(type(node))
+    if tensor_rule is not None and node.has(TensorOp):
+        replaced = tensor_rule(node, shapes)
+        if replaced is not None:
+            return replaced
     return node
 
 
-def rewrite(expr: Expr) -> Expr:
-    """`expr` with every stable rewrite applied, until none applies (Note [stable rewrites])."""
+def rewrite(expr: Expr, shapes: Shapes | None = None) -> Expr:
+    """`expr` with every stable rewrite applied, until none applies (Note [stable rewrites]).
+
+    `shapes` (the static shape of each symbol) lets the rules over reductions see what is
+    constant along a reduced dimension; without it only numbers are.
+    """
     for _ in range(MAX_PASSES):
-        rewritten = _once(expr)
+        rewritten = _once(expr, shapes)
         if rewritten == expr:
             break
         expr = rewritten
@@ -305,14 +331,17 @@ def _shorter(expr: Expr) -> Expr:
     return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr
 
 
+def _rewritten(factor: Expr, shapes: Shapes) -> Expr:
+    return rewrite(_shorter(rewrite(factor, shapes)), shapes)
+
+
 def rewrite_gradients(derived: Derived) -> Derived:
     """`derived` with every gradient factor rewritten (the forward was rewritten before `derive`)."""
+    shapes = derived.shapes
     variants = []
     for variant in derived.variants:
         gradients = tuple(
-            replace(
-                g, contributions=tuple(replace(c, factor=rewrite(_shorter(rewrite(c.factor)))) for c in g.contributions)
-            )
+            replace(g, contributions=tuple(replace(c, factor=_rewritten(c.factor, shapes)) for c in g.contributions))
             for g in variant.gradients
         )
         variants.append(replace(variant, gradients=gradients))
