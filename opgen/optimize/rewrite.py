@@ -24,8 +24,8 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
     u * sign(u)             -> abs(u)
-    u**a * u**b             -> u**(a + b)              (SymPy's d u**g = g * u**g / u:
-                                                        0/0 at u = 0, u**(g - 1) is not)
+    u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
+                                                        also with one base negated)
     where(c, u, s) == k     -> false (or true)          (both branches agree: Note
                                                         [conditions of guarded values])
 
@@ -47,6 +47,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.derive.gradients import Derived
+from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.optimize import reductions
@@ -185,20 +186,9 @@ def _pow(node: sympy.Pow) -> Expr | None:
     return None
 
 
-def _same_base(factors: list[Expr]) -> Expr | None:
-    """u**a * u**b -> u**(a + b): SymPy keeps `u**g / u` apart when `g` is a symbol."""
-    exponents: dict[Expr, list[Expr]] = {}
-    for factor in factors:
-        base, power = factor.as_base_exp()
-        exponents.setdefault(base, []).append(power)
-    if all(len(powers) == 1 for powers in exponents.values()):
-        return None
-    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))
-
-
 def _mul(node: sympy.Mul) -> Expr | None:
     factors = list(node.args)
-    combined = _same_base(factors)
+    combined = same_base(factors)  # Note [power rule] in opgen/derive/powers.py
     if combined is not None:
         return combined
     # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
