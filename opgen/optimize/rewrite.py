@@ -19,6 +19,9 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
     log(sigmoid(u))         -> logsigmoid(u)
+    log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
+    r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
+                                                        [conjugate form] in opgen/optimize/cancellation.py)
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
     log(exp(a) + exp(b))    -> logaddexp(a, b)
     sqrt(a**2 + b**2)       -> hypot(a, b)
@@ -51,6 +54,7 @@ from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.optimize import reductions
+from opgen.optimize.cancellation import conjugate, is_conjugate_form
 from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
@@ -64,6 +68,28 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
 
     def _as_elementary(self) -> Expr:
         return -sympy.log(1 + sympy.exp(-self.args[0]))
+
+
+class logcosh(fn._Elementwise):  # noqa: N801
+    """log(cosh(u)), printed as `|u| + softplus(-2|u|) - log(2)`, which cannot overflow (opgen.emit.kernel_print).
+
+    Its derivative is tanh(u), as plain autograd's of log(cosh(u)): 0 at u = 0, where the
+    printed form has a kink whose derivative would be sign(u) * (1 - 2 sigmoid(-2|u|)).
+    """
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.tanh(self.args[0])
+
+    def stable_form(self) -> Expr:
+        """What forward computes: `|u| + softplus(-2|u|) - log(2)`, and below |u| = 1, where that
+        cancels, `log1p(2 sinh(u/2)**2)` (Note [printed stable forms] in opgen/emit/statements.py)."""
+        u = self.args[0]
+        size = sympy.Abs(u)
+        small = fn.log1p(2 * sympy.sinh(u / 2) ** 2)
+        return fn.where(sympy.StrictLessThan(size, 1), small, size + fn.softplus(-2 * size) - sympy.log(2))
+
+    def _as_elementary(self) -> Expr:
+        return sympy.log(sympy.cosh(self.args[0]))
 
 
 class sinc(fn._Elementwise):  # noqa: N801
@@ -151,6 +177,8 @@ def _log(node: sympy.log) -> Expr | None:
         return -sympy.log(arg.base)
     if isinstance(arg, fn.sigmoid):
         return logsigmoid(arg.args[0])
+    if isinstance(arg, sympy.cosh):
+        return logcosh(arg.args[0])
     if isinstance(arg, sympy.Add) and len(arg.args) == 2 and all(_is_exp(a) for a in arg.args):
         a, b = sorted((_exp_arg(t) for t in arg.args), key=sympy.default_sort_key)
         return logaddexp(a, b)
@@ -263,9 +291,13 @@ def _equality(node: sympy.Basic) -> sympy.Basic | None:
     return taken if taken == other and taken in (S.true, S.false) else None
 
 
+def _sum(node: sympy.Add) -> Expr | None:
+    return _add(node) or conjugate(node, hypot)
+
+
 _RULES = {
     sympy.log: _log,
-    sympy.Add: _add,
+    sympy.Add: _sum,
     sympy.Pow: _pow,
     sympy.Mul: _mul,
     sympy.Eq: _equality,
@@ -287,6 +319,8 @@ _TENSOR_RULES = {
 def _once(expr: sympy.Basic, shapes: Shapes | None) -> sympy.Basic:
     if expr.is_Atom or not expr.args:
         return expr
+    if isinstance(expr, fn.where) and is_conjugate_form(expr, hypot):
+        return expr  # its last branch is the sum as written, taken where it does not cancel
     args = tuple(_once(a, shapes) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
     rule = _RULES.get(type(node))
