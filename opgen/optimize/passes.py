@@ -17,7 +17,7 @@ from sympy import Expr
 
 from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
-from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, Softmax
+from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
 from opgen.optimize.lower import lower
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
 
@@ -68,7 +68,7 @@ def _through_lets(formulas: Formulas) -> Formulas:
         symbol = formulas.symbols.lets.get(name)
         if symbol is not None:
             inlined[symbol] = full
-        if full == expr:
+        if full == expr or not full.has(ReduceSum, ReduceLogSumExp):  # no reduction: nothing to gain
             continue
         stable = rewrite(full, formulas.shapes)
         if _stable_nodes(stable) > _stable_nodes(rewrite(expr, formulas.shapes)):
