@@ -36,6 +36,7 @@ from .ops.sign_ste import SignSteFunction, sign_ste
 from .ops.silu import SiluFunction, silu
 from .ops.sinc import SincFunction, sinc
 from .ops.softmax import SoftmaxFunction, softmax
+from .ops.softmax_naive import SoftmaxNaiveFunction, softmax_naive
 from .ops.softplus import SoftplusFunction, softplus
 from .ops.softsign import SoftsignFunction, softsign
 from .ops.spike import SpikeFunction, spike
@@ -82,6 +83,7 @@ __all__ = [
     "SiluFunction",
     "SincFunction",
     "SoftmaxFunction",
+    "SoftmaxNaiveFunction",
     "SoftplusFunction",
     "SoftsignFunction",
     "SpikeFunction",
@@ -119,6 +121,7 @@ __all__ = [
     "silu",
     "sinc",
     "softmax",
+    "softmax_naive",
     "softplus",
     "softsign",
     "spike",

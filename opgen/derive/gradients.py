@@ -20,6 +20,7 @@ from sympy import Expr, S
 
 from opgen import limits
 from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.derive.powers import combine_powers
 from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import tensor, written
@@ -114,7 +115,7 @@ def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
         raise SpecError(loc, f"{what}: SymPy could not differentiate this formula; give the gradient in `gradients:`")
     if expr.has(sympy.zoo, sympy.nan):
         raise SpecError(loc, f"{what}: the derived formula is undefined (division by zero)")
-    return expr
+    return combine_powers(expr)  # Note [power rule]
 
 
 def _tensor_gradient(

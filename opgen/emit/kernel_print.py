@@ -161,6 +161,9 @@ class KernelPrinting:
             return f"({self._print(larger + fn.log1p(sympy.exp(-sympy.Abs(a - b))))})"
         return self._binary("logaddexp", expr)
 
+    def _print_logcosh(self, expr: Any) -> str:
+        return self._print(expr.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
+
     def _print_hypot(self, expr: sympy.Function) -> str:
         if not self.is_tensor(expr):
             return self._call(f"{self.math}.hypot", *expr.args)

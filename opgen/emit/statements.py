@@ -45,6 +45,7 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     is computed once, before."""
     temporaries = _Temporaries(var, printer)
     width = LINE_LENGTH - indent
+    expr = _stable_forms(expr)
     lines: list[str] = []
     if shared:
         replacements, (expr,) = sympy.cse([expr], symbols=temporaries, order="canonical")
@@ -58,6 +59,18 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
             printer = _knowing(printer, symbol, part)
         expr = expr.xreplace(inline)
     return lines + _short(var, expr, printer, temporaries, width)
+
+
+def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
+    """Note [printed stable forms]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A node of the stable rewrites whose derivative is simpler than its value (`logcosh`: its
+    derivative is tanh, its value a `where` of two stable forms) prints as its `stable_form()`,
+    written out here so that a long one is cut into temporaries and its repeated parts shared.
+    """
+    if not any(hasattr(node, "stable_form") for node in sympy.preorder_traversal(expr)):
+        return expr
+    return expr.replace(lambda e: hasattr(e, "stable_form"), lambda e: e.stable_form())
 
 
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:

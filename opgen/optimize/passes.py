@@ -10,11 +10,14 @@ calls another stage.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 from sympy import Expr
 
 from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
+from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
 from opgen.optimize.lower import lower
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
 
@@ -27,12 +30,51 @@ def optimize_formulas(formulas: Formulas) -> Formulas:
 
     def optimize(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
         if chosen.rewrite:
-            expr = rewrite(expr)
+            expr = rewrite(expr, formulas.shapes)
         if chosen.lower:
             expr = lower(expr, numbers)
         return expr
 
+    if chosen.rewrite:
+        formulas = _through_lets(formulas)
     return formulas.transformed(optimize)
+
+
+_STABLE_NODES = (Softmax, LogSoftmax, ReduceLogSumExp)
+
+
+def _stable_nodes(expr: Expr) -> int:
+    return sum(1 for node in sympy.preorder_traversal(expr) if isinstance(node, _STABLE_NODES))
+
+
+def _through_lets(formulas: Formulas) -> Formulas:
+    """Definitions whose stable form spans `let`s (`e: exp(x)`, `y: e / sum(e, ...)`) written inline.
+
+    Note [stable forms through lets]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The rewrites see one formula at a time, and a user names pieces with `let`s. A definition
+    is read with the lets it uses written out; where that gives more stable reduction nodes
+    (softmax, log_softmax, logsumexp: Note [stable rewrites over reductions]) than it has as
+    written, the inlined form replaces it, with any let it still contains whole folded back to
+    its name. A let no formula uses any more is not computed (the forward drops it).
+    """
+    lets = {formulas.symbols.lets[n]: e for n, e in formulas.definitions.items() if n in formulas.symbols.lets}
+    if not lets:
+        return formulas
+    inlined: dict[sympy.Symbol, Expr] = {}
+    definitions = dict(formulas.definitions)
+    for name, expr in formulas.definitions.items():
+        full = expr.xreplace(inlined)
+        symbol = formulas.symbols.lets.get(name)
+        if symbol is not None:
+            inlined[symbol] = full
+        if full == expr or not full.has(ReduceSum, ReduceLogSumExp):  # no reduction: nothing to gain
+            continue
+        stable = rewrite(full, formulas.shapes)
+        if _stable_nodes(stable) > _stable_nodes(rewrite(expr, formulas.shapes)):
+            folds = {value: s for s, value in inlined.items() if not value.is_Atom and s is not symbol}
+            definitions[name] = stable.xreplace(folds)
+    return replace(formulas, definitions=definitions)
 
 
 def optimize_gradients(derived: Derived) -> Derived:

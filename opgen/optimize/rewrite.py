@@ -19,15 +19,21 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
     log(sigmoid(u))         -> logsigmoid(u)
+    log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
+    r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
+                                                        [conjugate form] in opgen/optimize/cancellation.py)
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
     log(exp(a) + exp(b))    -> logaddexp(a, b)
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
     u * sign(u)             -> abs(u)
-    u**a * u**b             -> u**(a + b)              (SymPy's d u**g = g * u**g / u:
-                                                        0/0 at u = 0, u**(g - 1) is not)
+    u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
+                                                        also with one base negated)
     where(c, u, s) == k     -> false (or true)          (both branches agree: Note
                                                         [conditions of guarded values])
+
+Over reductions (`log(sum(exp(u)))`, the textbook softmax) the rules need the static shapes:
+Note [stable rewrites over reductions] in opgen/optimize/reductions.py.
 
 Gradients are also put over a common denominator (`sympy.together`) where that makes them
 shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
@@ -44,7 +50,12 @@ import sympy
 from sympy import Expr, S
 
 from opgen.derive.gradients import Derived
+from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
+from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
+from opgen.optimize import reductions
+from opgen.optimize.cancellation import conjugate, is_conjugate_form
+from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
 
@@ -57,6 +68,28 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
 
     def _as_elementary(self) -> Expr:
         return -sympy.log(1 + sympy.exp(-self.args[0]))
+
+
+class logcosh(fn._Elementwise):  # noqa: N801
+    """log(cosh(u)), printed as `|u| + softplus(-2|u|) - log(2)`, which cannot overflow (opgen.emit.kernel_print).
+
+    Its derivative is tanh(u), as plain autograd's of log(cosh(u)): 0 at u = 0, where the
+    printed form has a kink whose derivative would be sign(u) * (1 - 2 sigmoid(-2|u|)).
+    """
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.tanh(self.args[0])
+
+    def stable_form(self) -> Expr:
+        """What forward computes: `|u| + softplus(-2|u|) - log(2)`, and below |u| = 1, where that
+        cancels, `log1p(2 sinh(u/2)**2)` (Note [printed stable forms] in opgen/emit/statements.py)."""
+        u = self.args[0]
+        size = sympy.Abs(u)
+        small = fn.log1p(2 * sympy.sinh(u / 2) ** 2)
+        return fn.where(sympy.StrictLessThan(size, 1), small, size + fn.softplus(-2 * size) - sympy.log(2))
+
+    def _as_elementary(self) -> Expr:
+        return sympy.log(sympy.cosh(self.args[0]))
 
 
 class sinc(fn._Elementwise):  # noqa: N801
@@ -144,6 +177,8 @@ def _log(node: sympy.log) -> Expr | None:
         return -sympy.log(arg.base)
     if isinstance(arg, fn.sigmoid):
         return logsigmoid(arg.args[0])
+    if isinstance(arg, sympy.cosh):
+        return logcosh(arg.args[0])
     if isinstance(arg, sympy.Add) and len(arg.args) == 2 and all(_is_exp(a) for a in arg.args):
         a, b = sorted((_exp_arg(t) for t in arg.args), key=sympy.default_sort_key)
         return logaddexp(a, b)
@@ -179,20 +214,9 @@ def _pow(node: sympy.Pow) -> Expr | None:
     return None
 
 
-def _same_base(factors: list[Expr]) -> Expr | None:
-    """u**a * u**b -> u**(a + b): SymPy keeps `u**g / u` apart when `g` is a symbol."""
-    exponents: dict[Expr, list[Expr]] = {}
-    for factor in factors:
-        base, power = factor.as_base_exp()
-        exponents.setdefault(base, []).append(power)
-    if all(len(powers) == 1 for powers in exponents.values()):
-        return None
-    return sympy.Mul(*(base ** sympy.Add(*powers) for base, powers in exponents.items()))
-
-
 def _mul(node: sympy.Mul) -> Expr | None:
     factors = list(node.args)
-    combined = _same_base(factors)
+    combined = same_base(factors)  # Note [power rule] in opgen/derive/powers.py
     if combined is not None:
         return combined
     # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
@@ -267,33 +291,59 @@ def _equality(node: sympy.Basic) -> sympy.Basic | None:
     return taken if taken == other and taken in (S.true, S.false) else None
 
 
+def _sum(node: sympy.Add) -> Expr | None:
+    return _add(node) or conjugate(node, hypot)
+
+
 _RULES = {
     sympy.log: _log,
-    sympy.Add: _add,
+    sympy.Add: _sum,
     sympy.Pow: _pow,
     sympy.Mul: _mul,
     sympy.Eq: _equality,
     sympy.Ne: _equality,
 }
 
+# Note [stable rewrites over reductions] in opgen/optimize/reductions.py: these see shapes.
+_TENSOR_RULES = {
+    sympy.log: reductions.log_of,
+    sympy.exp: reductions.exponential,
+    sympy.Add: reductions.total,
+    sympy.Mul: reductions.product,
+    ReduceSum: reductions.reduce_sum,
+    ReduceLogSumExp: reductions.logsumexp,
+    Softmax: reductions.softmax,
+}
 
-def _once(expr: sympy.Basic) -> sympy.Basic:
+
+def _once(expr: sympy.Basic, shapes: Shapes | None) -> sympy.Basic:
     if expr.is_Atom or not expr.args:
         return expr
-    args = tuple(_once(a) for a in expr.args)
+    if isinstance(expr, fn.where) and is_conjugate_form(expr, hypot):
+        return expr  # its last branch is the sum as written, taken where it does not cancel
+    args = tuple(_once(a, shapes) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
     rule = _RULES.get(type(node))
     if rule is not None:
         replaced = rule(node)
         if replaced is not None:
             return replaced
+    tensor_rule = _TENSOR_RULES.get(type(node))
+    if tensor_rule is not None and node.has(TensorOp):
+        replaced = tensor_rule(node, shapes)
+        if replaced is not None:
+            return replaced
     return node
 
 
-def rewrite(expr: Expr) -> Expr:
-    """`expr` with every stable rewrite applied, until none applies (Note [stable rewrites])."""
+def rewrite(expr: Expr, shapes: Shapes | None = None) -> Expr:
+    """`expr` with every stable rewrite applied, until none applies (Note [stable rewrites]).
+
+    `shapes` (the static shape of each symbol) lets the rules over reductions see what is
+    constant along a reduced dimension; without it only numbers are.
+    """
     for _ in range(MAX_PASSES):
-        rewritten = _once(expr)
+        rewritten = _once(expr, shapes)
         if rewritten == expr:
             break
         expr = rewritten
@@ -305,14 +355,17 @@ def _shorter(expr: Expr) -> Expr:
     return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr
 
 
+def _rewritten(factor: Expr, shapes: Shapes) -> Expr:
+    return rewrite(_shorter(rewrite(factor, shapes)), shapes)
+
+
 def rewrite_gradients(derived: Derived) -> Derived:
     """`derived` with every gradient factor rewritten (the forward was rewritten before `derive`)."""
+    shapes = derived.shapes
     variants = []
     for variant in derived.variants:
         gradients = tuple(
-            replace(
-                g, contributions=tuple(replace(c, factor=rewrite(_shorter(rewrite(c.factor)))) for c in g.contributions)
-            )
+            replace(g, contributions=tuple(replace(c, factor=_rewritten(c.factor, shapes)) for c in g.contributions))
             for g in variant.gradients
         )
         variants.append(replace(variant, gradients=gradients))
