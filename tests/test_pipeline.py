@@ -37,6 +37,7 @@ STAGES: dict[str, int | None] = {
     "cache": 7,
     "pipeline": 7,
     "write": 8,
+    "commands": 9,  # the command line's own modules (config, skeleton)
     "cli": 9,
     "__main__": 9,
     "__init__": 9,
