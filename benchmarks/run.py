@@ -5,7 +5,7 @@
 Each op is run four ways, interleaved in one process, on one thread, in float32:
 
 - `generated`: the committed `generated` package (the op as opgen writes it); for `--specs DIR`,
-  the specs of DIR generated into `benchmarks/results/spec_ops`;
+  the specs of DIR generated into `benchmarks/results/benchmarked_ops`;
 - `naive`: the spec's formula in plain torch under autograd -- the `reference` function of
   the op's generated test, which is translated from the formula text without SymPy, opgen's
   derivation or its printer (so it is the formula as written, not as opgen rewrites it);
@@ -125,6 +125,9 @@ def generate_package(specs_folder: str, name: str, *flags: str) -> str:
         sys.exit(f"could not generate {name} from {specs_folder}")
     if str(RESULTS) not in sys.path:
         sys.path.insert(0, str(RESULTS))
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]  # another package of that name imported before: this one is measured
+    importlib.invalidate_caches()
     return out.name
 
 
@@ -133,7 +136,7 @@ def generated_package(specs_folder: str) -> str:
     it equal to what opgen writes), else the specs of `--specs` generated afresh."""
     if Path(specs_folder).resolve() == (ROOT / "specs").resolve():
         return "generated"
-    return generate_package(specs_folder, "spec_ops")
+    return generate_package(specs_folder, "benchmarked_ops")
 
 
 def make_case(spec: Spec, size: int, seed: int, fused_package: str | None, package: str = "generated") -> Case:

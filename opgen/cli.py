@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         description="print each op's formulas after the rewrites, every gradient, what backward saves and the "
         "kernels chosen; writes nothing",
     )
-    show.add_argument("specs", nargs="+", metavar="SPEC", help="a spec file or a folder of *.yaml specs")
+    show.add_argument("specs", nargs="*", metavar="SPEC", help=f"a spec file or a folder of *.yaml specs {CONFIG_HELP}")
     show.add_argument("--latex", action="store_true", help="the formulas and gradients in LaTeX")
     show.add_argument("--policy", choices=POLICIES, help="what backward saves (default: each spec's)")
     new = commands.add_parser(
@@ -241,6 +241,14 @@ def _check(args: argparse.Namespace, out: Path, files: dict[str, str], ops: int)
 def _show(args: argparse.Namespace) -> int:
     from opgen.emit.show import show  # imports SymPy: only `show` pays for it
 
+    if not args.specs:
+        try:
+            args.specs = list(configuration.load(Path.cwd()).specs or ())
+        except SpecError as error:
+            print(error, file=sys.stderr)
+            return 2
+        if not args.specs:
+            return _error("give SPEC on the command line, or set specs in [tool.opgen] of pyproject.toml")
     planned, problems = plan_all(list(args.specs), args.policy)
     if problems:
         return _report(problems, "nothing to show")

@@ -38,6 +38,16 @@ def test_generate_and_check_need_no_arguments_in_a_configured_project(run_cli, t
     assert status == 1 and "run `opgen generate`" in err
 
 
+def test_show_takes_the_specs_of_the_config(run_cli, tmp_path):
+    project(tmp_path)
+    status, out, err = run_cli("show", cwd=tmp_path)
+    assert status == 0, err
+    assert out.startswith("swish (specs/swish.yaml)")
+    (tmp_path / "pyproject.toml").unlink()
+    status, _, err = run_cli("show")
+    assert status == 2 and "give SPEC" in err
+
+
 def test_config_paths_are_relative_to_the_pyproject_from_a_subfolder(run_cli, tmp_path):
     project(tmp_path)
     (tmp_path / "src" / "deep").mkdir(parents=True)

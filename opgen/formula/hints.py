@@ -126,7 +126,7 @@ def qualified_call(node: ast.Call, names: set[str]) -> str:
         close = plausible(name, ALL_FUNCTIONS)
         also = f"; did you mean '{close}'?" if close else f"; the functions are: {', '.join(ALL_FUNCTIONS)}"
         if method:
-            return f"`.{name}()` is not allowed: formulas call functions by name, as f(x){also}"
+            return f"only the functions of the formula language can be called, by name as f(x), not `.{name}()`{also}"
         return f"`{written}` is not a function of the formula language, which calls functions by bare name{also}"
     if method:
         return f"formulas call functions by name, not as methods: write `{instead}`{note}"
