@@ -1,10 +1,11 @@
-"""Forward+backward time and bytes saved for backward of every elementwise op in `specs/`.
+"""Forward+backward time and bytes saved for backward of every elementwise op in `specs/` (or `--specs DIR`).
 
-    .venv/bin/python -m benchmarks.run [--size 1000000] [--repeats 15] [--ops silu mish ...]
+    .venv/bin/python -m benchmarks.run [--size 1000000] [--repeats 15] [--ops silu mish ...] [--specs DIR]
 
 Each op is run four ways, interleaved in one process, on one thread, in float32:
 
-- `generated`: the committed `generated` package (the op as opgen writes it);
+- `generated`: the committed `generated` package (the op as opgen writes it); for `--specs DIR`,
+  the specs of DIR generated into `benchmarks/results/benchmarked_ops`;
 - `naive`: the spec's formula in plain torch under autograd -- the `reference` function of
   the op's generated test, which is translated from the formula text without SymPy, opgen's
   derivation or its printer (so it is the formula as written, not as opgen rewrites it);
@@ -94,10 +95,10 @@ def elementwise_specs(folder: Path) -> list[Spec]:
     return specs
 
 
-def _naive(spec: Spec) -> Callable[..., object]:
-    tests = importlib.import_module(f"generated.tests.test_{spec.name}")
+def _naive(spec: Spec, package: str) -> Callable[..., object]:
+    tests = importlib.import_module(f"{package}.tests.test_{spec.name}")
     # The reference's `T(...)` makes numbers tensors of the harness's dtype: the benchmark's.
-    importlib.import_module("generated.tests.harness").DTYPE = torch.float32
+    importlib.import_module(f"{package}.tests.harness").DTYPE = torch.float32
     names = [o.name for o in spec.outputs]
 
     def naive(*args: object) -> object:
@@ -115,18 +116,30 @@ def _fused(spec: Spec, fused_package: str | None) -> Callable[..., object] | Non
     return getattr(package, spec.name, None)  # type: ignore[no-any-return]
 
 
-def generate_fused(specs_folder: str) -> str:
-    """Generate the specs with `--fuse` under benchmarks/results; returns the package name."""
+def generate_package(specs_folder: str, name: str, *flags: str) -> str:
+    """Generate the specs into the package `name` under benchmarks/results; returns its name."""
     from opgen.cli import main as opgen
 
-    out = RESULTS / "fused_ops"
-    if opgen(["generate", specs_folder, "-o", str(out), "--fuse"]) != 0:
-        sys.exit("could not generate the fused ops")
-    sys.path.insert(0, str(RESULTS))
+    out = RESULTS / name
+    if opgen(["generate", specs_folder, "-o", str(out), "--quiet", *flags]) != 0:
+        sys.exit(f"could not generate {name} from {specs_folder}")
+    if str(RESULTS) not in sys.path:
+        sys.path.insert(0, str(RESULTS))
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]  # another package of that name imported before: this one is measured
+    importlib.invalidate_caches()
     return out.name
 
 
-def make_case(spec: Spec, size: int, seed: int, fused_package: str | None) -> Case:
+def generated_package(specs_folder: str) -> str:
+    """The package of the specs measured: the committed `generated` for `specs/` (the golden test keeps
+    it equal to what opgen writes), else the specs of `--specs` generated afresh."""
+    if Path(specs_folder).resolve() == (ROOT / "specs").resolve():
+        return "generated"
+    return generate_package(specs_folder, "benchmarked_ops")
+
+
+def make_case(spec: Spec, size: int, seed: int, fused_package: str | None, package: str = "generated") -> Case:
     generator = torch.Generator().manual_seed(seed)
     args: list[object] = []
     tensors = []
@@ -138,8 +151,11 @@ def make_case(spec: Spec, size: int, seed: int, fused_package: str | None) -> Ca
             tensors.append(k)
         else:
             args.append(spec.test_value(inp))
-    generated = importlib.import_module("generated")
-    calls: dict[str, Callable[..., object]] = {"generated": getattr(generated, spec.name), "naive": _naive(spec)}
+    generated = importlib.import_module(package)
+    calls: dict[str, Callable[..., object]] = {
+        "generated": getattr(generated, spec.name),
+        "naive": _naive(spec, package),
+    }
     if spec.name in NATIVE:
         calls["native"] = NATIVE[spec.name]
     fused = _fused(spec, fused_package)
@@ -209,7 +225,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+    # A zero (an op that saves nothing) has no logarithm: no geometric mean of those.
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values and min(values) > 0 else None
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -309,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     specs = [s for s in elementwise_specs(Path(args.specs)) if not args.ops or s.name in args.ops]
-    fused_package = None if args.no_fused else generate_fused(args.specs)
-    cases = [make_case(spec, args.size, seed=k, fused_package=fused_package) for k, spec in enumerate(specs)]
+    package = generated_package(args.specs)
+    fused_package = None if args.no_fused else generate_package(args.specs, "fused_ops", "--fuse")
+    cases = [make_case(spec, args.size, k, fused_package, package) for k, spec in enumerate(specs)]
     measure(cases, args.repeats, args.warmup)
     table = rows(cases)
     print(f"{args.size:,} float32 elements, forward + backward, median of {args.repeats}; {machine()}")

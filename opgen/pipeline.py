@@ -21,6 +21,7 @@ derivations are the same one (before the gradients are rewritten).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from opgen.spec.parse import parse_spec
 
 if TYPE_CHECKING:
     from opgen.derive.gradients import Derived
+    from opgen.plan.backward import Plan
 
 
 @dataclass
@@ -90,14 +92,20 @@ def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Deriv
     return optimize_gradients(derived) if optimized and derived is not None else derived
 
 
-def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
-    """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
+@dataclass(frozen=True)
+class Planned:
+    """One spec through every stage before emit: the plan of its op and the oracle of its tests."""
+
+    plan: Plan
+    written: Derived | None  # derived as written (Note [derived twice]); None: no accuracy tests
+    warnings: tuple[str, ...] = ()  # `FILE:LINE:COL: warning: ...`: tests bound to fail (`opgen.plan.domain`)
+
+
+def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | None:
+    """The plan of one spec's op, through every stage up to emit; None if a problem was recorded.
+    `oracle`: also derive the formulas as written where the generated tests need them."""
     from opgen.derive.gradients import derive  # Note [stages imported on use]
     from opgen.derive.jvp import derive_jvp
-    from opgen.emit.forward import shape_checks
-    from opgen.emit.op import emit_op
-    from opgen.emit.printer import PrintError
-    from opgen.emit.tests import emit_tests
     from opgen.formula.read import read
     from opgen.optimize.passes import optimize_formulas, optimize_gradients
     from opgen.optimize.rewrite import rewrite
@@ -117,25 +125,39 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
         return None
     # Note [derived twice]: the oracle of the accuracy tests; a spec it fails on gets none.
     written = None
-    if needs_oracle(spec):
+    if oracle and needs_oracle(spec):
         unchanged = optimized.definitions == formulas.definitions and optimized.overrides == formulas.overrides
         written = derived if unchanged else derive(formulas, Problems())
     derived, residuals = choose_saved(optimize_gradients(derived), spec.optimize.policy)
     with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
+        # Forward mode from the same (rewritten, saved) derivation as backward.
+        tangents = derive_jvp(
+            derived, tuple((r.name, r.expr) for r in residuals), rewrite if spec.optimize.rewrite else None
+        )
+        warnings = tuple(f"{loc}: warning: {message}" for loc, message in domain_warnings(spec, written))
+        return Planned(with_forward(plan(derived, residuals), tangents), written, warnings)
+    return None
+
+
+def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
+    """The files of one spec, through every stage; None if a problem was recorded in `problems`."""
+    from opgen.emit.forward import shape_checks  # Note [stages imported on use]
+    from opgen.emit.op import emit_op
+    from opgen.emit.printer import PrintError
+    from opgen.emit.tests import emit_tests
+
+    planned = plan_spec(spec, problems)
+    if planned is None:
+        return None
+    with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         try:
-            # Forward mode from the same (rewritten, saved) derivation as backward.
-            tangents = derive_jvp(
-                derived, tuple((r.name, r.expr) for r in residuals), rewrite if spec.optimize.rewrite else None
-            )
-            op_plan = with_forward(plan(derived, residuals), tangents)
             files = {
-                f"ops/{spec.name}.py": emit_op(op_plan, renderer),
-                f"tests/test_{spec.name}.py": emit_tests(op_plan, renderer, written),
+                f"ops/{spec.name}.py": emit_op(planned.plan, renderer),
+                f"tests/test_{spec.name}.py": emit_tests(planned.plan, renderer, planned.written),
             }
         except PrintError as error:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
-        warnings = tuple(f"{loc}: warning: {message}" for loc, message in domain_warnings(spec, written))
-        return Entry(files, bool(shape_checks(spec)), warnings)
+        return Entry(files, bool(shape_checks(spec)), planned.warnings)
     return None
 
 
@@ -146,7 +168,7 @@ def import_stages() -> None:
     stages = ("formula.read", "optimize.passes", "derive.gradients", "derive.jvp", "optimize.save", "plan.backward")
     for stage in (*stages, "plan.forward"):
         importlib.import_module(f"opgen.{stage}")
-    for stage in ("plan.extremes", "emit.op", "emit.tests", "emit.printer"):
+    for stage in ("plan.extremes", "plan.domain", "emit.op", "emit.tests", "emit.printer"):
         importlib.import_module(f"opgen.{stage}")
 
 
@@ -163,17 +185,10 @@ def _spec(path: Path, display: str, exported: dict[str, Loc], result: Result) ->
     return spec
 
 
-def build(
-    args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False, cache: Cache | None = None
-) -> Result:
-    """Generate every spec.
-
-    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
-    With a `cache`, a spec generated before with the same opgen is not generated again.
-    """
-    result = Result()
+def _parsed(args: list[str], result: Result, policy: str | None, fuse: bool) -> Iterator[tuple[Spec, Loc, float]]:
+    """Each spec of `args`, parsed (recorded in `result`), with `policy`/`fuse` applied, where its
+    errors are reported and what is left of its time budget."""
     exported: dict[str, Loc] = {}  # every name the package exports: functionals and classes
-    shape_checked = False  # some op uses the package's `_shape_checks.py`
     for path, display in find_spec_files(args, result.problems):
         spec, seconds = None, limits.budget_seconds()
         with result.problems.collect(), limits.budget(Loc(display, 1, 1), seconds):
@@ -183,11 +198,25 @@ def build(
         if policy is not None or fuse:
             chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
             spec = replace(spec, optimize=chosen)
+        yield spec, Loc(display, 1, 1), seconds
+
+
+def build(
+    args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False, cache: Cache | None = None
+) -> Result:
+    """Generate every spec.
+
+    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
+    With a `cache`, a spec generated before with the same opgen is not generated again.
+    """
+    result = Result()
+    shape_checked = False  # some op uses the package's `_shape_checks.py`
+    for spec, where, seconds in _parsed(args, result, policy, fuse):
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
             import_stages()
-            with result.problems.collect(), limits.budget(Loc(display, 1, 1), seconds):
+            with result.problems.collect(), limits.budget(where, seconds):
                 entry = generate(spec, renderer, result.problems)
             if entry is not None and cache is not None:
                 cache.put(key, entry)
@@ -196,8 +225,22 @@ def build(
             result.warnings.extend(entry.warnings)
             shape_checked |= entry.shape_checks
     if not result.problems:
-        result.files.update(package_files(result.specs, renderer, shape_checked))
+        with result.problems.collect():  # a user's template fails at its own line (opgen.emit.render)
+            result.files.update(package_files(result.specs, renderer, shape_checked))
     return result
+
+
+def plan_all(args: list[str], policy: str | None = None, fuse: bool = False) -> tuple[list[Planned], Problems]:
+    """The plan of every spec's op, as `build` makes it, without emitting anything (`opgen show`)."""
+    result = Result()
+    planned: list[Planned] = []
+    for spec, where, seconds in _parsed(args, result, policy, fuse):
+        import_stages()
+        with result.problems.collect(), limits.budget(where, seconds):
+            one = plan_spec(spec, result.problems, oracle=False)
+            if one is not None:
+                planned.append(one)
+    return planned, result.problems
 
 
 def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) -> dict[str, str]:

@@ -4,13 +4,14 @@ column tells a finite op from one that overflows."""
 from __future__ import annotations
 
 import torch
-from conftest import SPECS
+from conftest import ROOT, SPECS, import_package
 
 from benchmarks import run, tensor
 from benchmarks.run import Case
 
 
 def test_tensor_benchmark_prints_a_row_per_tensor_spec_with_a_native_op(capsys):
+    import_package(ROOT, "generated")  # the committed package, whatever another test imported by that name
     assert tensor.main(["--rows", "6", "--dim", "5", "--matrix-dim", "4", "--repeats", "1", "--warmup", "0"]) == 0
     out = capsys.readouterr().out
     expected = [s.name for s in tensor.tensor_specs(SPECS)]
@@ -33,6 +34,7 @@ def test_the_finite_column_catches_a_textbook_softmax():
 
 
 def test_elementwise_benchmark_runs(capsys, tmp_path):
+    import_package(ROOT, "generated")
     argv = ["--size", "16", "--repeats", "1", "--warmup", "0", "--no-fused", "--ops", "silu", "softplus"]
     assert run.main([*argv, "--csv", str(tmp_path / "out.csv")]) == 0
     out = capsys.readouterr().out

@@ -51,7 +51,7 @@ def test_check_reports_a_stale_package_with_a_diff(run_cli, tmp_path):
     out = tmp_path / "ops"
     assert run_cli("generate", str(specs), "-o", str(out))[0] == 0
     spec.write_text(SWISH.replace("beta: float = 1.0", "beta: float = 2.0"), encoding="utf-8")
-    status, diff, err = run_cli("check", str(specs), "-o", str(out))
+    status, diff, err = run_cli("check", str(specs), "-o", str(out), "--diff")
     assert status == 1
     assert "--- a/ops/ops/swish.py" in diff and "+++ b/ops/ops/swish.py" in diff
     assert "-def swish(x, beta=1.0):" in diff and "+def swish(x, beta=2.0):" in diff

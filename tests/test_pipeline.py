@@ -38,6 +38,7 @@ STAGES: dict[str, int | None] = {
     "pipeline": 7,
     "write": 8,
     "catalogue": 8,
+    "commands": 9,  # the command line's own modules (config, skeleton)
     "cli": 9,
     "__main__": 9,
     "__init__": 9,

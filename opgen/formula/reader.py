@@ -19,7 +19,7 @@ from sympy import Expr, S
 from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula import functions as fn
-from opgen.formula import tensor
+from opgen.formula import hints, tensor
 from opgen.formula.syntax import node_loc, parse_ast, short
 from opgen.formula.vocabulary import (
     ALL_FUNCTIONS,
@@ -32,6 +32,7 @@ from opgen.formula.vocabulary import (
     Value,
 )
 from opgen.spec.model import Formula
+from opgen.spec.parse_common import plausible
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,8 @@ class _Reader:
         why = dict(self.scope.unavailable).get(node.id)
         if why is not None:
             raise self.fail(node, why)
-        import difflib
-
-        known = sorted([*self.scope.names, *CONSTANTS])
-        close = difflib.get_close_matches(node.id, known, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = plausible(node.id, sorted([*self.scope.names, *CONSTANTS]))
+        hint = f"; did you mean '{close}'?" if close else ""
         if not close and node.id.startswith("grad"):
             hint = self.scope.extra_hint
         elif not close:
@@ -151,6 +149,8 @@ class _Reader:
             right = self.condition(node.right, "each side of `&` and `|`")
             return Value(sympy.And(left, right) if isinstance(op, ast.BitAnd) else sympy.Or(left, right), BOOL)
         a, b = self.number(node.left), self.number(node.right)
+        if isinstance(op, ast.BitXor):
+            raise self.fail(node, hints.power(node, self.formula.text))
         if isinstance(op, ast.MatMult):
             return self.checked(node, Value(tensor.MatMul(a, b), NUM))
         if isinstance(op, ast.Add):
@@ -191,9 +191,13 @@ class _Reader:
     def read_Attribute(self, node: ast.Attribute) -> Value:  # noqa: N802
         if node.attr == "T":
             return self.checked(node, Value(tensor.Transpose(self.number(node.value)), NUM))
+        if constant := hints.qualified_constant(node):
+            raise self.fail(node, constant)
         raise self.fail(node, f"attribute `.{node.attr}` is not allowed; only `.T` is")
 
     def read_Call(self, node: ast.Call) -> Value:  # noqa: N802
+        if isinstance(node.func, ast.Attribute):
+            raise self.fail(node, hints.qualified_call(node, set(self.scope.names)))
         if not isinstance(node.func, ast.Name):
             raise self.fail(node, "only the functions of the formula language can be called")
         name = node.func.id
@@ -202,11 +206,12 @@ class _Reader:
         if name in REDUCTIONS:
             return self.read_reduction(node, name)
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
-            import difflib
-
-            close = difflib.get_close_matches(name, ALL_FUNCTIONS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise self.fail(node, f"unknown function '{name}'{hint}")
+            raise self.fail(node, f"unknown function '{name}'{hints.unknown_function(name, node.args)}")
+        if name in ("max", "min") and (node.keywords or len(node.args) == 1):
+            along = "amax(x, dim=-1)" if name == "max" else "-amax(-x, dim=-1)"
+            raise self.fail(
+                node, f"{name}(a, b) is the elementwise {name} of two values; along a dimension write {along}"
+            )
         if node.keywords:
             raise self.fail(node, f"{name}() takes no keyword arguments")
         if any(isinstance(a, ast.Starred) for a in node.args):

@@ -234,13 +234,49 @@ def _reader_error(error: yaml.reader.ReaderError, text: str, file: str) -> SpecE
     )
 
 
+# PyYAML's words for the mistakes people make most -> what they mean, in the spec's terms, and
+# whether the error is better located at PyYAML's context mark (where the open thing started).
+_PLAIN_WORDS: tuple[tuple[str, str, bool], ...] = (
+    (
+        "found character '\\t' that cannot start any token",
+        "a tab character; YAML indents and separates with spaces only: replace the tab with spaces",
+        False,
+    ),
+    (
+        "mapping values are not allowed here",
+        "a `key: value` where YAML expects none: indent this line like the lines of its mapping, "
+        "or put a value that contains `: ` in quotes",
+        False,
+    ),
+    (
+        "expected <block end>",
+        "this line's indentation does not match the lines above it: the keys (or `- ` items) of one "
+        "mapping (or list) start at the same column, with spaces",
+        False,
+    ),
+    ("could not find expected ':'", "this line has no `:`; write `key: value`", True),
+    ("found unexpected end of stream", "a value opened here is never closed: add its closing quote or bracket", True),
+    ("expected ',' or '}'", "a `{...}` mapping is not closed on its line: add `}` (or quote an entry)", True),
+    ("expected ',' or ']'", "a `[...]` list is not closed on its line: add `]` (or quote an item)", True),
+)
+
+
+def _plain_words(error: yaml.MarkedYAMLError) -> tuple[yaml.Mark | None, str]:
+    """Where a YAML syntax error is and what it means, in plain words where we know them."""
+    problem = error.problem or error.context or "invalid YAML"
+    for words, meaning, at_context in _PLAIN_WORDS:
+        if problem.startswith(words):
+            mark = error.context_mark if at_context and error.context_mark is not None else error.problem_mark
+            return mark, meaning
+    return error.problem_mark or error.context_mark, problem
+
+
 def load_text(text: str, file: str) -> Raw:
     """Parse one YAML document into a located raw tree."""
     try:
         node = _Composer(text, file).get_single_node()
     except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        problem = error.problem or error.context or "invalid YAML"
+        mark, problem = _plain_words(error)
         raise SpecError(_loc(file, mark), f"invalid YAML: {problem}") from None
     except yaml.reader.ReaderError as error:  # a character YAML does not allow: no mark, a position
         raise _reader_error(error, text, file) from None

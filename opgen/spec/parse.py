@@ -102,6 +102,13 @@ def _parse_gradients(node: Raw, inputs: tuple[Input, ...], problems: Problems) -
     return tuple(overrides)
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be an op's `name:`, or None (also `opgen new NAME`)."""
+    if not _SNAKE_RE.match(name) or keyword.iskeyword(name) or (name.startswith("__") and name.endswith("__")):
+        return "must be a snake_case Python identifier, e.g. my_op"
+    return identifier_problem(name) or op_name_problem(name)
+
+
 def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     """Build the model of one spec; record every problem found and return None if any."""
     before = len(problems.errors)
@@ -119,9 +126,7 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
         if (node := top.get("name")) is not None:
             text = need_text(node, "name")
             name = str(text.value)
-            if not _SNAKE_RE.match(name) or keyword.iskeyword(name) or (name.startswith("__") and name.endswith("__")):
-                raise SpecError(text.loc, f"name '{name}' must be a snake_case Python identifier, e.g. my_op")
-            if problem := identifier_problem(name) or op_name_problem(name):
+            if problem := name_problem(name):
                 raise SpecError(text.loc, f"name '{name}' {problem}")
     with problems.collect():
         if (node := top.get("doc")) is not None:

@@ -7,9 +7,9 @@ write it instead.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
+from collections.abc import Iterable
 
 from opgen import limits
 from opgen.errors import Loc, Problems, SpecError
@@ -24,10 +24,46 @@ _TYPE_RE = re.compile(
 )
 
 
+def plausible(word: str, options: Iterable[str]) -> str | None:
+    """The option `word` is most likely a typo of, or None: a "did you mean" must be believable.
+
+    Note [plausible suggestions]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    difflib's likeness ratio suggests `sqrt` for `square` and `max` for `softmax`: words that share
+    letters, not typos of each other. A suggestion is made only for a typo: the same word in
+    another case, or one within a few edits (insert, delete, replace, swap two neighbours): none
+    for words of one or two letters (`q` is not a typo of `x`), one for up to five, two beyond.
+    """
+    limit = 0 if len(word) <= 2 else 1 if len(word) <= 5 else 2
+    best: tuple[int, str] | None = None
+    for option in options:
+        distance = 0 if option.lower() == word.lower() else _edits(word, option, limit)
+        if distance <= limit and (best is None or (distance, option) < best):
+            best = (distance, option)
+    return None if best is None else best[1]
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """The optimal string alignment distance of `a` and `b` (limit + 1 when over `limit`)."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    before: list[int] = []
+    row = list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        current = [i]
+        for j, other in enumerate(b, 1):
+            cost = min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (char != other))
+            if i > 1 and j > 1 and char == b[j - 2] and a[i - 2] == other:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, row = row, current
+    return row[-1]
+
+
 def suggest(word: str, options: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
+    close = plausible(word, options)
     if close:
-        return f"; did you mean '{close[0]}'?"
+        return f"; did you mean '{close}'?"
     return "; expected one of: " + ", ".join(options)
 
 

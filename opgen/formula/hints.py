@@ -1,0 +1,157 @@
+"""How to fix the formula mistakes people make most: what to write instead, in the formula language.
+
+Used by opgen.formula.reader for its error messages. Receives the offending syntax (a name, a
+call, an attribute); returns the text that follows "unknown function 'square'" and the like:
+a spelled-out formula where the language has one (`square(u)` -> `u**2`, `np.exp(u)` ->
+`exp(u)`, `u.sum(dim=-1)` -> `sum(u, dim=-1)`), a believable typo fix (Note [plausible
+suggestions] in opgen.spec.parse_common), or else what the language has.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+
+from opgen.formula.vocabulary import ALL_FUNCTIONS, CONSTANTS
+from opgen.spec.parse_common import plausible
+
+# Functions of numpy, torch and math the language spells another way: name -> the formula, with
+# {0}, {1}, ... for the call's arguments. Each formula is in the language (tests/test_bad_specs.py).
+ALTERNATIVES: dict[str, str] = {
+    "square": "{0}**2",
+    "cube": "{0}**3",
+    "pow": "{0}**{1}",
+    "power": "{0}**{1}",
+    "float_power": "{0}**{1}",
+    "exp2": "2**{0}",
+    "reciprocal": "1 / {0}",
+    "neg": "-{0}",
+    "negative": "-{0}",
+    "ln": "log({0})",
+    "log2": "log({0}) / log(2)",
+    "log10": "log({0}) / log(10)",
+    "logit": "log({0} / (1 - {0}))",
+    "expit": "sigmoid({0})",
+    "relu": "max({0}, 0)",
+    "relu6": "clamp({0}, 0, 6)",
+    "silu": "{0} * sigmoid({0})",
+    "swish": "{0} * sigmoid({0})",
+    "gelu": "{0} * (1 + erf({0} / sqrt(2))) / 2",
+    "softsign": "{0} / (1 + abs({0}))",
+    "logsigmoid": "-softplus(-{0})",
+    "log_sigmoid": "-softplus(-{0})",
+    "softmax": "exp({0} - logsumexp({0}, dim=-1, keepdim=true))",
+    "log_softmax": "{0} - logsumexp({0}, dim=-1, keepdim=true)",
+    "amin": "-amax(-{0}, dim=-1)",
+    "maximum": "max({0}, {1})",
+    "minimum": "min({0}, {1})",
+    "fmax": "max({0}, {1})",
+    "fmin": "min({0}, {1})",
+    "clip": "clamp({0}, {1}, {2})",
+    "absolute": "abs({0})",
+    "fabs": "abs({0})",
+    "sgn": "sign({0})",
+    "signum": "sign({0})",
+    "arcsin": "asin({0})",
+    "arccos": "acos({0})",
+    "arctan": "atan({0})",
+    "arctan2": "atan2({0}, {1})",
+    "arcsinh": "asinh({0})",
+    "arccosh": "acosh({0})",
+    "arctanh": "atanh({0})",
+    "gammaln": "lgamma({0})",
+    "psi": "digamma({0})",
+    "norm": "sqrt(sum({0}**2, dim=-1))",
+    "average": "mean({0}, dim=-1)",
+}
+_ALONG = " (along the last dimension; choose another with `dim=`)"
+_NOTES = {"softmax": _ALONG, "log_softmax": _ALONG, "amin": _ALONG, "norm": _ALONG, "average": _ALONG}
+_PLACEHOLDERS = ("x", "a", "b")
+# Constants of numpy, torch and math: `np.pi` -> `pi`.
+_CONSTANTS = {"pi": "pi", "inf": "inf", "e": "exp(1)", "Inf": "inf", "infty": "inf", "PINF": "inf"}
+
+
+def unknown_function(name: str, args: list[ast.expr]) -> str:
+    """What follows "unknown function 'NAME'": the formula to write, a typo fix, or what exists."""
+    if name in ALTERNATIVES:
+        return f"; formulas write it as `{spelled(name, args)}`{_NOTES.get(name, '')}"
+    close = plausible(name, ALL_FUNCTIONS)
+    if close:
+        return f"; did you mean '{close}'?"
+    other = plausible(name, ALTERNATIVES)
+    if other:
+        return f"; for '{other}' formulas write `{spelled(other, args)}`{_NOTES.get(other, '')}"
+    return "; the functions are: " + ", ".join(ALL_FUNCTIONS)
+
+
+def spelled(name: str, args: list[ast.expr]) -> str:
+    """The formula of `ALTERNATIVES[name]` for these arguments (placeholders where they do not fit)."""
+    template = ALTERNATIVES[name]
+    texts = [_text(arg) for arg in args]
+    needed = max((int(t) + 1 for t in "012" if "{" + t + "}" in template), default=0)
+    if len(texts) != needed:
+        texts = list(_PLACEHOLDERS[:needed])
+    return ast.unparse(ast.parse(template.format(*texts), mode="eval"))  # only the parentheses it needs
+
+
+def _text(node: ast.expr) -> str:
+    return f"({ast.unparse(node)})"
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    """`np.linalg.norm` -> ["np", "linalg", "norm"]; None for anything else."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else [*head, node.attr]
+    return None
+
+
+def qualified_call(node: ast.Call, names: set[str]) -> str:
+    """Why `np.exp(u)`, `torch.nn.functional.gelu(u)` or `u.sum(dim=-1)` is refused, and what to write."""
+    assert isinstance(node.func, ast.Attribute)
+    name, receiver = node.func.attr, node.func.value
+    dotted = _dotted(receiver)
+    method = dotted is None or dotted[0] in names  # a method of a value: `u.exp()`
+    args = [receiver, *node.args] if method else list(node.args)
+    written = ast.unparse(node.func)
+    note = _NOTES.get(name, "")
+    if name in ALTERNATIVES:
+        instead = spelled(name, args)
+    elif name in ALL_FUNCTIONS:
+        instead = ast.unparse(ast.Call(ast.Name(name), args, node.keywords))
+    else:
+        close = plausible(name, ALL_FUNCTIONS)
+        also = f"; did you mean '{close}'?" if close else f"; the functions are: {', '.join(ALL_FUNCTIONS)}"
+        if method:
+            return f"only the functions of the formula language can be called, by name as f(x), not `.{name}()`{also}"
+        return f"`{written}` is not a function of the formula language, which calls functions by bare name{also}"
+    if method:
+        return f"formulas call functions by name, not as methods: write `{instead}`{note}"
+    return f"formulas use bare function names, without `{'.'.join(dotted or [])}.`: write `{instead}`{note}"
+
+
+def qualified_constant(node: ast.Attribute) -> str | None:
+    """`np.pi`, `math.e`, `torch.inf`: the constant to write instead; None for other attributes."""
+    dotted = _dotted(node)
+    if dotted is None or len(dotted) < 2 or node.attr not in _CONSTANTS:
+        return None
+    instead = _CONSTANTS[node.attr]
+    assert instead in CONSTANTS or instead == "exp(1)"
+    return f"formulas use bare names for constants: write `{instead}`, not `{ast.unparse(node)}`"
+
+
+def power(node: ast.BinOp, text: str) -> str:
+    """`x^2`: Python reads `^` as exclusive or, and with a lower precedence than `*`, so the fix is
+    the formula `text` with each `^` token written `**` (`3 * (x + 1)^2` -> `3 * (x + 1) ** 2`)."""
+    try:
+        tokens = [
+            (tokenize.OP, "**") if token.type == tokenize.OP and token.string == "^" else (token.type, token.string)
+            for token in tokenize.generate_tokens(io.StringIO(text).readline)
+        ]
+        instead = ast.unparse(ast.parse(tokenize.untokenize(tokens).strip(), mode="eval"))
+    except (SyntaxError, tokenize.TokenError, ValueError):  # a formula split over lines, ...: this part alone
+        instead = ast.unparse(ast.BinOp(node.left, ast.Pow(), node.right))
+    return f"`^` is exclusive or, not a power; write `{instead}`"
