@@ -18,6 +18,8 @@ from opgen.formula.tensor import (
     LogSoftmaxBackward,
     MatMul,
     ReduceLogSumExp,
+    ReduceNorm,
+    ReduceVar,
     ReductionBase,
     Shape,
     ShapeError,
@@ -55,6 +57,11 @@ def _log_softmax_formula(expr: Softmax | LogSoftmax) -> sympy.Basic:
     """`a - logsumexp(a, dim, keepdim=true)`: how docstrings show a fused softmax, as specs write it."""
     a, dim = expr.args
     return a - ReduceLogSumExp(a, dim, sympy.S.One)
+
+
+def _reduced_dims_text(expr: ReductionBase) -> str:
+    dims = expr.dims
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
 
 
 def _dims_text(expr: SumDims) -> str:
@@ -102,8 +109,16 @@ class TensorPrinting(_TensorNodes):
         return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
-        keep = ", keepdim=True" if expr.keepdim else ""
-        return f"{self._postfix(expr.operand)}.{expr.spec_name}({expr.dim}{keep})"
+        options = [_reduced_dims_text(expr)] if not expr.every_dim else []
+        if isinstance(expr, ReduceVar) and expr.correction != 1:
+            options.append(f"correction={expr.correction}")
+        if expr.keepdim:
+            options.append("keepdim=True")
+        if isinstance(expr, ReduceNorm):
+            dims = [f"dim={_reduced_dims_text(expr)}"] if not expr.every_dim else []
+            keep = ["keepdim=True"] if expr.keepdim else []
+            return f"{self.torch}.linalg.vector_norm({', '.join([self._print(expr.operand), *dims, *keep])})"
+        return f"{self._postfix(expr.operand)}.{expr.spec_name}({', '.join(options)})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
@@ -138,8 +153,12 @@ class TensorDisplay(_TensorNodes):
         return f"{text if _is_postfix_safe(operand) else f'({text})'}.T"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
-        keep = ", keepdim=true" if expr.keepdim else ""
-        return f"{expr.spec_name}({self._print(expr.operand)}, dim={expr.dim}{keep})"
+        options = [f"dim={_reduced_dims_text(expr)}"] if not expr.every_dim else []
+        if isinstance(expr, ReduceVar) and expr.correction != 1:
+            options.append(f"correction={expr.correction}")
+        if expr.keepdim:
+            options.append("keepdim=true")
+        return f"{expr.spec_name}({', '.join([self._print(expr.operand), *options])})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"

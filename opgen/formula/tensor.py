@@ -112,7 +112,9 @@ class Transpose(_Linear):
 
 
 class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_ReductionBase` for subclasses
-    """`f(a, dim, keepdim)`: `dim` a SymPy Integer counted from the end, `keepdim` 0 or 1."""
+    """`f(a, dims, keepdim)`: `dims` a SymPy Integer (one dim, counted from the end), a Tuple of them in
+    increasing order (several dims), or the empty Tuple (every dimension: Note [reductions over every
+    dimension]); `keepdim` 0 or 1."""
 
     nargs = 3
     spec_name = ""
@@ -122,7 +124,18 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
         return self.args[0]
 
     @property
+    def dims(self) -> tuple[int, ...]:
+        """The reduced dims, from the end; () for every dimension."""
+        arg = self.args[1]
+        return tuple(int(d) for d in arg) if isinstance(arg, sympy.Tuple) else (int(arg),)
+
+    @property
+    def every_dim(self) -> bool:
+        return self.args[1] == sympy.Tuple()
+
+    @property
     def dim(self) -> int:
+        assert not isinstance(self.args[1], sympy.Tuple), "a reduction over several dims"
         return int(self.args[1])
 
     @property
@@ -130,20 +143,18 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
         return bool(self.args[2])
 
 
-class ReduceSum(ReductionBase):
+class _LinearReduction(ReductionBase):
+    @classmethod
+    def eval(cls, operand: Expr, dim: sympy.Basic, keepdim: sympy.Integer) -> Expr | None:
+        return _pull_number(cls, operand, dim, keepdim)
+
+
+class ReduceSum(_LinearReduction):
     spec_name = "sum"
 
-    @classmethod
-    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
-        return _pull_number(cls, operand, dim, keepdim)
 
-
-class ReduceMean(ReductionBase):
+class ReduceMean(_LinearReduction):
     spec_name = "mean"
-
-    @classmethod
-    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
-        return _pull_number(cls, operand, dim, keepdim)
 
 
 class ReduceAmax(ReductionBase):
@@ -154,13 +165,40 @@ class ReduceLogSumExp(ReductionBase):
     spec_name = "logsumexp"
 
 
+class ReduceNorm(ReductionBase):
+    """The Euclidean norm (p = 2) over `dims`: `torch.linalg.vector_norm`."""
+
+    spec_name = "norm"
+
+
+class ReduceVar(ReductionBase):
+    """The variance over `dims` with Bessel's `correction` (a whole number, 1 as in torch): `torch.var`."""
+
+    nargs = 4
+    spec_name = "var"
+
+    @property
+    def correction(self) -> int:
+        return int(self.args[3])
+
+
 REDUCTION_CLASSES: dict[str, type[ReductionBase]] = {
-    cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp)
+    cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp, ReduceNorm, ReduceVar)
 }
 
 
-def reduction(name: str, a: Expr, dim: int, keepdim: bool) -> Expr:
-    return REDUCTION_CLASSES[name](a, sympy.Integer(dim), sympy.Integer(int(keepdim)))
+def dims_arg(dims: int | tuple[int, ...]) -> sympy.Basic:
+    """One dim as an Integer (as reductions always held it), several (or none: every dim) as a Tuple."""
+    if isinstance(dims, int):
+        return sympy.Integer(dims)
+    if len(dims) == 1:
+        return sympy.Integer(dims[0])
+    return sympy.Tuple(*(sympy.Integer(d) for d in sorted(dims)))
+
+
+def reduction(name: str, a: Expr, dims: int | tuple[int, ...], keepdim: bool, correction: int = 1) -> Expr:
+    extra = (sympy.Integer(correction),) if name == "var" else ()
+    return REDUCTION_CLASSES[name](a, dims_arg(dims), sympy.Integer(int(keepdim)), *extra)
 
 
 class Softmax(TensorOp):
@@ -318,10 +356,52 @@ def reduce_dim(a: Shape, dim: int, what: str) -> int:
     return dim - rank if dim >= 0 else dim
 
 
-def reduce_shape(a: Shape, dim: int, keepdim: bool) -> Shape:
-    assert a is not None and dim < 0
-    k = len(a) + dim
-    return a[:k] + ((1,) if keepdim else ()) + a[k + 1 :]
+def reduce_dims(a: Shape, dims: tuple[int, ...] | None, keepdim: bool, what: str) -> tuple[int, ...]:
+    """`dims` (None: every dimension) as increasing negative indices into `a`; () for every dimension
+    of a shape with batch dimensions (Note [reductions over every dimension])."""
+    if a is None:
+        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
+    batch, named = split(a)
+    if dims is None:
+        if not batch:
+            return tuple(range(-len(named), 0))
+        if keepdim:
+            raise ShapeError(
+                f"{what} over every dimension of {show(a)} with keepdim=true: the number of batch dimensions `...` is"
+                " only known at run time; name the dims (dim=(-2, -1)) or leave keepdim out"
+            )
+        return ()
+    found = [reduce_dim(a, d, what) for d in dims]
+    if len(set(found)) != len(found):
+        raise ShapeError(f"{what}: dim={dims} names a dimension of {show(a)} twice")
+    return tuple(sorted(found))
+
+
+def reduce_shape(a: Shape, dims: tuple[int, ...], keepdim: bool) -> Shape:
+    """The shape of a reduction of `a` over `dims` (negative; () for every dimension)."""
+    assert a is not None
+    if not dims:
+        return ()
+    reduced = {len(a) + d for d in dims}
+    if keepdim:
+        return tuple(1 if k in reduced else d for k, d in enumerate(a))
+    return tuple(d for k, d in enumerate(a) if k not in reduced)
+
+
+def dims_count(a: Shape, dims: tuple[int, ...], what: str) -> Expr:
+    """How many entries a reduction over `dims` of `a` takes together: a product of dimension sizes."""
+    assert a is not None
+    batch, named = split(a)
+    if not dims and batch:
+        raise ShapeError(f"{what} over the batch dimensions `...` is not supported; name the dimensions")
+    count: Expr = S.One
+    for d in dims or range(-len(named), 0):
+        entry = a[d]
+        if entry == BATCH:
+            raise ShapeError(f"{what} over a batch dimension `...` is not supported; name the dimension")
+        if entry != 1:
+            count *= dim_size(str(entry))
+    return count
 
 
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
@@ -337,7 +417,7 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     if isinstance(expr, (Softmax, LogSoftmax)):
         return shape_of(expr.args[0], table)
     if isinstance(expr, ReductionBase):
-        return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
+        return reduce_shape(shape_of(expr.operand, table), expr.dims, expr.keepdim)
     if isinstance(expr, Unsqueeze):
         inner = shape_of(expr.args[0], table)
         assert inner is not None
