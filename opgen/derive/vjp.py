@@ -50,6 +50,7 @@ from opgen.formula.tensor import (
     ReduceSum,
     ReduceVar,
     ReductionBase,
+    RowsOuter,
     Shape,
     ShapeError,
     Softmax,
@@ -149,6 +150,9 @@ class _Vjp:
             # Note [narrow gradients]: a gradient constant along M or N meets the other side summed.
             narrow = self.narrow(grad, node)
             self.push(a, MatMul(grad, Transpose(ReduceSum(b, S.NegativeOne, S.One) if -1 in narrow else b)))
+            if len(split(self.shape(a) or ())[1]) == 1:  # Note [vector @ matrix]
+                self.push(b, RowsOuter(a, grad))
+                return
             self.push(b, MatMul(Transpose(ReduceSum(a, sympy.Integer(-2), S.One) if -2 in narrow else a), grad))
             return
         if isinstance(node, Transpose):

@@ -21,6 +21,7 @@ from opgen.formula.tensor import (
     ReduceNorm,
     ReduceVar,
     ReductionBase,
+    RowsOuter,
     Shape,
     ShapeError,
     Softmax,
@@ -123,6 +124,13 @@ class TensorPrinting(_TensorNodes):
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
 
+    def _print_RowsOuter(self, expr: RowsOuter) -> str:
+        # `a` broadcast to the gradient's rows (its batch may be bigger), then one matrix product; not
+        # einsum's "...i,...j->ij", which vmap (batched gradients) cannot run.
+        a, g = (self._postfix(arg) for arg in expr.args)
+        rows = f"{a}.expand(*{g}.shape[:-1], {a}.shape[-1]).reshape(-1, {a}.shape[-1])"
+        return f"{rows}.mT @ {g}.reshape(-1, {g}.shape[-1])"
+
     def _print_Softmax(self, expr: Softmax) -> str:
         return f"{self.torch}.softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
 
@@ -162,6 +170,9 @@ class TensorDisplay(_TensorNodes):
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_RowsOuter(self, expr: RowsOuter) -> str:
+        return f"sum_rows(outer({self._print(expr.args[0])}, {self._print(expr.args[1])}))"
 
     def _print_Softmax(self, expr: Softmax) -> str:
         return f"exp({self._print(_log_softmax_formula(expr))})"

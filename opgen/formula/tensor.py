@@ -19,6 +19,23 @@ as PyTorch broadcasts them. ReductionBase dims are counted from the end (`dim=-1
 dimensions each and contracts the last dimension of the left one with the second-to-last of
 the right one; everything before those broadcasts (batch matmul). `x.T` swaps the last two
 dimensions (`.mT` when batch dimensions are possible).
+
+Note [vector @ matrix]
+~~~~~~~~~~~~~~~~~~~~~~
+`x @ w` with `x` of `[..., D]` (one named dimension) and `w` a plain matrix `[D, H]` (no `...`) is
+what `F.linear` takes: each row `x[r]` of the batch times `w`, giving `[..., H]` (torch.matmul's
+vector-matrix product, batched). Its gradients: `g @ w.T` for `x` (torch.matmul again), and for `w`
+the sum over rows of `outer(x[r], g[r])`, `RowsOuter`, printed as one matrix product of the rows
+(`x` expanded first: the gradient's batch dimensions may be bigger than `x`'s). A matrix times a
+vector on the right is refused: torch would read a batched vector as a batch of matrices.
+
+Note [reductions over every dimension]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+`sum(x)` without `dim=` reduces every dimension to a scalar. For a shape without `...` the dims
+are written out (`dim=(-2, -1)`), so `keepdim=true` and `mean`'s count work as for named dims;
+with `...` the node holds the empty Tuple and prints `x.sum()`; `keepdim=true` is refused there
+(the rank is only known at run time) and so is `mean`/`var`/`std`, whose count would need the
+batch size (as `mean` over a batch dimension always was). `logsumexp` keeps its required `dim=`.
 """
 
 from __future__ import annotations
@@ -94,6 +111,13 @@ class MatMul(TensorOp):
         if (ca == 1 and cb == 1) or ba == 1 or bb == 1:
             return None
         return ca * cb * MatMul(ba, bb)
+
+
+class RowsOuter(TensorOp):
+    """`sum over rows of outer(a[r], g[r])` for `a` of [..., D] and `g` of [..., H]: the gradient of the matrix
+    in `a @ m` (Note [vector @ matrix]); the batch dimensions of `a` and `g` broadcast, then are summed."""
+
+    nargs = 2
 
 
 class Transpose(_Linear):
@@ -321,9 +345,18 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
         raise ShapeError("`@` needs operands with declared dimensions, e.g. Tensor[N, K]")
     batch_a, dims_a = split(a)
     batch_b, dims_b = split(b)
+    if len(dims_a) == 1 and len(dims_b) == 2 and not batch_b:
+        # Note [vector @ matrix]: rows of a batch (`F.linear`'s input) times one matrix.
+        if dims_a[0] != dims_b[0]:
+            raise ShapeError(
+                f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[0]} and {dims_b[0]} differ"
+                " (is a `.T` missing?)"
+            )
+        return ((BATCH,) if batch_a else ()) + (dims_b[1],)
     for shape, dims in ((a, dims_a), (b, dims_b)):
         if len(dims) < 2:
-            raise ShapeError(f"`@` needs operands with at least two dimensions; {show(shape)} has {len(dims)}")
+            hint = "; a vector [..., K] goes on the left of a plain matrix [K, M]" if len(dims) == 1 else ""
+            raise ShapeError(f"`@` needs operands with at least two dimensions; {show(shape)} has {len(dims)}{hint}")
     if dims_a[-1] != dims_b[-2]:
         raise ShapeError(
             f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[-1]} and {dims_b[-2]} differ"
@@ -414,6 +447,10 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
     if isinstance(expr, Transpose):
         return transpose_shape(shape_of(expr.args[0], table))
+    if isinstance(expr, RowsOuter):
+        a, g = (shape_of(arg, table) for arg in expr.args)
+        assert a is not None and g is not None
+        return (a[-1], g[-1])
     if isinstance(expr, (Softmax, LogSoftmax)):
         return shape_of(expr.args[0], table)
     if isinstance(expr, ReductionBase):
