@@ -284,14 +284,6 @@ class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
             return self._call(f"{self.torch}.atan2", y, x)
         return self._call(f"{self.math}.atan2", y, x)
 
-    def _print_xlogy(self, expr: fn.xlogy) -> str:
-        x, y = expr.args
-        if not self.is_tensor(expr):
-            return f"(0.0 if {self._print(x)} == 0 else {self._print(x)} * {self.math}.log({self._print(y)}))"
-        if not self.is_tensor(y):  # torch.xlogy takes a number first, not second
-            return f"{self.torch}.xlogy({self._print(x)}, {self._as_tensor(y, x)})"
-        return self._call(f"{self.torch}.xlogy", x, y)
-
     def _as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str:
         return f"{self._dtype_source(like)}.new_tensor({self._print(value)})"
 

@@ -28,45 +28,23 @@ vector-matrix product, batched). Its gradients: `g @ w.T` for `x` (torch.matmul 
 the sum over rows of `outer(x[r], g[r])`, `RowsOuter`, printed as one matrix product of the rows
 (`x` expanded first: the gradient's batch dimensions may be bigger than `x`'s). A matrix times a
 vector on the right is refused: torch would read a batched vector as a batch of matrices.
-
-Note [reductions over every dimension]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-`sum(x)` without `dim=` reduces every dimension to a scalar. For a shape without `...` the dims
-are written out (`dim=(-2, -1)`), so `keepdim=true` and `mean`'s count work as for named dims;
-with `...` the node holds the empty Tuple and prints `x.sum()`; `keepdim=true` is refused there
-(the rank is only known at run time) and so is `mean`/`var`/`std`, whose count would need the
-batch size (as `mean` over a batch dimension always was). `logsumexp` keeps its required `dim=`.
 """
 
 from __future__ import annotations
-
-from typing import Union
 
 import sympy
 from sympy import Expr, Function, S
 from sympy.printing.precedence import PRECEDENCE
 
-BATCH = "..."
-Dim = Union[str, int]  # noqa: UP007 - a runtime alias, also on Python 3.9 tooling  # a dimension name, the literal 1, or BATCH (first only)
-Shape = Union[tuple[Dim, ...], None]  # noqa: UP007
-
-
-class ShapeError(Exception):
-    """Shapes that do not fit; the parser adds where."""
-
-
-def show(shape: Shape) -> str:
-    if shape is None:
-        return "[any shape]"
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
-    """(has leading batch dimensions, the dimensions after them)."""
-    if shape[:1] == (BATCH,):
-        return True, shape[1:]
-    return False, shape
-
+from opgen.formula.dims import BATCH as BATCH
+from opgen.formula.dims import Dim as Dim
+from opgen.formula.dims import Shape, ShapeError, show, split
+from opgen.formula.dims import dim_size as dim_size
+from opgen.formula.dims import is_dim_size as is_dim_size
+from opgen.formula.reduce_shapes import dims_count as dims_count
+from opgen.formula.reduce_shapes import reduce_dim as reduce_dim
+from opgen.formula.reduce_shapes import reduce_dims as reduce_dims
+from opgen.formula.reduce_shapes import reduce_shape
 
 # -- nodes -------------------------------------------------------------------------------------
 
@@ -138,7 +116,7 @@ class Transpose(_Linear):
 class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_ReductionBase` for subclasses
     """`f(a, dims, keepdim)`: `dims` a SymPy Integer (one dim, counted from the end), a Tuple of them in
     increasing order (several dims), or the empty Tuple (every dimension: Note [reductions over every
-    dimension]); `keepdim` 0 or 1."""
+    dimension] in opgen.formula.reduce_shapes); `keepdim` 0 or 1."""
 
     nargs = 3
     spec_name = ""
@@ -297,15 +275,6 @@ class SumDims(_Linear):
     nargs = 3
 
 
-def dim_size(name: str) -> sympy.Symbol:
-    """The size of the named dimension `name`, a positive integer known at call time."""
-    return sympy.Symbol("size:" + name, integer=True, positive=True)
-
-
-def is_dim_size(symbol: sympy.Basic) -> bool:
-    return isinstance(symbol, sympy.Symbol) and symbol.name.startswith("size:")
-
-
 def has_tensor_ops(expr: sympy.Basic) -> bool:
     return bool(expr.atoms(TensorOp))
 
@@ -374,67 +343,6 @@ def transpose_shape(a: Shape) -> Shape:
     if len(dims) < 2:
         raise ShapeError(f"`.T` needs at least two dimensions; {show(a)} has {len(dims)}")
     return a[: len(a) - 2] + (a[-1], a[-2])
-
-
-def reduce_dim(a: Shape, dim: int, what: str) -> int:
-    """`dim` as a negative index into `a`; a dimension that is not there is a `ShapeError`."""
-    if a is None:
-        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
-    batch, dims = split(a)
-    rank = len(dims)
-    if batch and dim >= 0:
-        raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1: the last of {show(a)})")
-    if not -rank <= dim < rank:
-        raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank} dimensions")
-    return dim - rank if dim >= 0 else dim
-
-
-def reduce_dims(a: Shape, dims: tuple[int, ...] | None, keepdim: bool, what: str) -> tuple[int, ...]:
-    """`dims` (None: every dimension) as increasing negative indices into `a`; () for every dimension
-    of a shape with batch dimensions (Note [reductions over every dimension])."""
-    if a is None:
-        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
-    batch, named = split(a)
-    if dims is None:
-        if not batch:
-            return tuple(range(-len(named), 0))
-        if keepdim:
-            raise ShapeError(
-                f"{what} over every dimension of {show(a)} with keepdim=true: the number of batch dimensions `...` is"
-                " only known at run time; name the dims (dim=(-2, -1)) or leave keepdim out"
-            )
-        return ()
-    found = [reduce_dim(a, d, what) for d in dims]
-    if len(set(found)) != len(found):
-        raise ShapeError(f"{what}: dim={dims} names a dimension of {show(a)} twice")
-    return tuple(sorted(found))
-
-
-def reduce_shape(a: Shape, dims: tuple[int, ...], keepdim: bool) -> Shape:
-    """The shape of a reduction of `a` over `dims` (negative; () for every dimension)."""
-    assert a is not None
-    if not dims:
-        return ()
-    reduced = {len(a) + d for d in dims}
-    if keepdim:
-        return tuple(1 if k in reduced else d for k, d in enumerate(a))
-    return tuple(d for k, d in enumerate(a) if k not in reduced)
-
-
-def dims_count(a: Shape, dims: tuple[int, ...], what: str) -> Expr:
-    """How many entries a reduction over `dims` of `a` takes together: a product of dimension sizes."""
-    assert a is not None
-    batch, named = split(a)
-    if not dims and batch:
-        raise ShapeError(f"{what} over the batch dimensions `...` is not supported; name the dimensions")
-    count: Expr = S.One
-    for d in dims or range(-len(named), 0):
-        entry = a[d]
-        if entry == BATCH:
-            raise ShapeError(f"{what} over a batch dimension `...` is not supported; name the dimension")
-        if entry != 1:
-            count *= dim_size(str(entry))
-    return count
 
 
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
