@@ -170,3 +170,9 @@ def test_norm_shapes_are_checked_at_call_time(generated):
         generated.rms_norm(torch.randn(2, 6), torch.ones(5))
     with pytest.raises(ValueError, match="target"):
         generated.cross_entropy(torch.randn(2, 6), torch.ones(2, 5))
+
+
+def test_docstring_keeps_the_log_softmax_of_a_product_in_parentheses(generated):
+    # `target * (input - logsumexp(...))` is computed as log_softmax; the docstring shows it as the spec wrote it.
+    assert "target*(input - logsumexp(input, dim=-1, keepdim=true))" in generated.cross_entropy.__doc__
+    assert "-grad*(input - logsumexp(input, dim=-1, keepdim=true))/N" in generated.cross_entropy.__doc__

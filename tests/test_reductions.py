@@ -32,6 +32,18 @@ CASES = {
         {"x": (3, 4)},
         lambda x: x - x.mean(),
     ),
+    "sum_every_dim_beside_a_batch": (
+        {"f": "Tensor[M]", "x": "Tensor[..., N, K]"},
+        "x @ x.T + sum(f, dim=-1) + amax(x)",
+        {"f": (4,), "x": (2, 3, 5)},
+        lambda f, x: x @ x.mT + f.sum(-1) + x.amax(),
+    ),
+    "sum_every_dim_of_a_smaller_batch": (
+        {"a": "Tensor[..., K]", "b": "Tensor[..., K]"},
+        "sum(a) * b",
+        {"a": (3, 4), "b": (2, 3, 4)},
+        lambda a, b: a.sum() * b,
+    ),
     "amax_every_dim_batch": ({"x": "Tensor[..., K]"}, "amax(x)", {"x": (2, 5)}, lambda x: x.amax()),
     "mean_two_dims": (
         {"x": "Tensor[..., N, K]"},

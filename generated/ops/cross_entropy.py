@@ -29,7 +29,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         input, target = ctx.saved_tensors
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = (grad_loss / ctx.N).unsqueeze(-1)
+            tmp0 = grad_loss / ctx.N
             tmp1 = torch.log_softmax(input, -1)
         if ctx.needs_input_grad[0]:
             grad_input = torch.ops.aten._log_softmax_backward_data(-(target * tmp0), tmp1, -1, tmp1.dtype)
@@ -66,12 +66,12 @@ def cross_entropy(input, target):
     large logits cannot overflow; F.cross_entropy(input, target).
 
     Forward:
-        loss = -mean(sum(target*input - logsumexp(input, dim=-1, keepdim=true), dim=-1), dim=-1)
+        loss = -mean(sum(target*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)
 
     Gradients:
-        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(target*unsqueeze(grad/N, dim=-1), dim=-1,
-            keepdim=true) - target*unsqueeze(grad/N, dim=-1)
-        grad_target = -input - logsumexp(input, dim=-1, keepdim=true)*unsqueeze(grad/N, dim=-1)
+        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(grad*target/N, dim=-1, keepdim=true) -
+            grad*target/N
+        grad_target = -grad*(input - logsumexp(input, dim=-1, keepdim=true))/N
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (input, target):

@@ -34,11 +34,11 @@ class LabelSmoothingCeFunction(torch.autograd.Function):
         smoothing = ctx.smoothing
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = (grad_loss / ctx.N).unsqueeze(-1)
-            tmp1 = 1 - smoothing
+            tmp0 = 1 - smoothing
+            tmp1 = grad_loss / ctx.N
             tmp2 = torch.log_softmax(input, -1)
         if ctx.needs_input_grad[0]:
-            grad_input_t0 = -(tmp0 * (target * tmp1 + smoothing / ctx.C))
+            grad_input_t0 = -(tmp1 * (target * tmp0 + smoothing / ctx.C))
             grad_input = torch.ops.aten._log_softmax_backward_data(grad_input_t0, tmp2, -1, tmp2.dtype)
         if ctx.needs_input_grad[1]:
             grad_target = -(tmp0 * tmp1 * tmp2)
@@ -77,12 +77,12 @@ def label_smoothing_ce(input, target, smoothing=0.1):
 
     Forward:
         smoothed = target*(1 - smoothing) + smoothing/C
-        loss = -mean(sum(smoothed*input - logsumexp(input, dim=-1, keepdim=true), dim=-1), dim=-1)
+        loss = -mean(sum(smoothed*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)
 
     Gradients:
-        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(smoothed*unsqueeze(grad/N, dim=-1), dim=-1,
-            keepdim=true) - smoothed*unsqueeze(grad/N, dim=-1)
-        grad_target = -(1 - smoothing)*input - logsumexp(input, dim=-1, keepdim=true)*unsqueeze(grad/N, dim=-1)
+        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(grad*smoothed/N, dim=-1, keepdim=true) -
+            grad*smoothed/N
+        grad_target = -grad*(1 - smoothing)*(input - logsumexp(input, dim=-1, keepdim=true))/N
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (input, target, smoothing):

@@ -188,9 +188,15 @@ class _Vjp:
             raise AssertionError(type(node))
 
     def restore(self, value: Expr, node: ReductionBase) -> Expr:
-        """`value`, of the reduced shape of `node`, with the reduced dims back at size 1 (a scalar stays one)."""
-        if node.keepdim or self.shape(node) == ():
+        """`value` (the node, or a gradient that may carry batch dimensions) with the reduced dims back at size 1.
+
+        Over every dimension of a batch the node is one number for the whole batch, so a gradient is summed
+        to a scalar first (Note [reductions over every dimension]).
+        """
+        if node.keepdim or self.shape(value) == ():  # a scalar broadcasts as it is
             return value
+        if node.every_dim:
+            return ReduceSum(value, sympy.Tuple(), S.Zero)
         for dim in sorted(node.dims, reverse=True):  # the last first: each index counts from the end
             value = Unsqueeze(value, sympy.Integer(dim))
         return value

@@ -155,6 +155,12 @@ class TensorPrinting(_TensorNodes):
 class TensorDisplay(_TensorNodes):
     """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
 
+    def parenthesize(self, item: Any, level: int, strict: bool = False) -> str:
+        # A log-softmax shows as the difference `a - logsumexp(a, ...)`: inside a product it needs parentheses.
+        if isinstance(item, LogSoftmax) and level >= PRECEDENCE["Add"]:
+            return f"({self._print(item)})"
+        return super().parenthesize(item, level, strict)
+
     def _print_Transpose(self, expr: Transpose) -> str:
         operand = expr.args[0]
         text = self._print(operand)

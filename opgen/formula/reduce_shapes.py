@@ -11,6 +11,10 @@ are written out (`dim=(-2, -1)`), so `keepdim=true` and `mean`'s count work as f
 with `...` the node holds the empty Tuple and prints `x.sum()`; `keepdim=true` is refused there
 (the rank is only known at run time) and so is `mean`/`var`/`std`, whose count would need the
 batch size (as `mean` over a batch dimension always was). `logsumexp` keeps its required `dim=`.
+Such a node is one number for the whole batch: a gradient reaching it with batch dimensions (the
+output was broadcast against a bigger batch) is summed to a scalar before it passes on, since
+batch dimensions carried further would line up with the operand's own (Note [carried batch
+dimensions] in opgen.derive.vjp).
 """
 
 from __future__ import annotations
