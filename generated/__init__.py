@@ -10,13 +10,18 @@ from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
+from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
+from .ops.glu import GluFunction, glu
 from .ops.grad_reverse import GradReverseFunction, grad_reverse
 from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
+from .ops.kl_div import KlDivFunction, kl_div
+from .ops.label_smoothing_ce import LabelSmoothingCeFunction, label_smoothing_ce
+from .ops.layer_norm import LayerNorm, LayerNormFunction, layer_norm
 from .ops.leaky_relu import LeakyReluFunction, leaky_relu
 from .ops.linear import Linear, LinearFunction, linear
 from .ops.log_softmax import LogSoftmaxFunction, log_softmax
@@ -27,6 +32,7 @@ from .ops.mul_constant import MulConstantFunction, mul_constant
 from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
+from .ops.rms_norm import RMSNorm, RmsNormFunction, rms_norm
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
@@ -40,6 +46,7 @@ from .ops.softmax_naive import SoftmaxNaiveFunction, softmax_naive
 from .ops.softplus import SoftplusFunction, softplus
 from .ops.softsign import SoftsignFunction, softsign
 from .ops.spike import SpikeFunction, spike
+from .ops.swiglu import SwigluFunction, swiglu
 from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
 
@@ -55,13 +62,19 @@ __all__ = [
     "BilinearFunction",
     "ClipGradFunction",
     "CosineSimilarityFunction",
+    "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
     "GeluFunction",
     "GeluTanhFunction",
+    "GluFunction",
     "GradReverseFunction",
     "HardtanhFunction",
     "HuberFunction",
+    "KlDivFunction",
+    "LabelSmoothingCeFunction",
+    "LayerNorm",
+    "LayerNormFunction",
     "LeakyReluFunction",
     "Linear",
     "LinearFunction",
@@ -71,8 +84,10 @@ __all__ = [
     "MishFunction",
     "MulConstantFunction",
     "QuantizeSteFunction",
+    "RMSNorm",
     "RbfKernelFunction",
     "Relu6Function",
+    "RmsNormFunction",
     "RoundSteFunction",
     "SafeSqrtFunction",
     "ScaledWeight",
@@ -87,6 +102,7 @@ __all__ = [
     "SoftplusFunction",
     "SoftsignFunction",
     "SpikeFunction",
+    "SwigluFunction",
     "SwishFunction",
     "TanhshrinkFunction",
     "affine",
@@ -95,13 +111,18 @@ __all__ = [
     "bilinear",
     "clip_grad",
     "cosine_similarity",
+    "cross_entropy",
     "elu",
     "focal_loss",
     "gelu",
     "gelu_tanh",
+    "glu",
     "grad_reverse",
     "hardtanh",
     "huber",
+    "kl_div",
+    "label_smoothing_ce",
+    "layer_norm",
     "leaky_relu",
     "linear",
     "log_softmax",
@@ -112,6 +133,7 @@ __all__ = [
     "quantize_ste",
     "rbf_kernel",
     "relu6",
+    "rms_norm",
     "round_ste",
     "safe_sqrt",
     "scaled_weight",
@@ -125,6 +147,7 @@ __all__ = [
     "softplus",
     "softsign",
     "spike",
+    "swiglu",
     "swish",
     "tanhshrink",
 ]

@@ -66,6 +66,24 @@ CASES = {
         {"a": (3, 4), "b": (5, 4)},
         lambda a, b: (a @ b.T).T * 2,
     ),
+    "swiglu_weights": (
+        {"x": "Tensor[..., D]", "w": "Tensor[D, H]", "v": "Tensor[D, H]"},
+        "(x @ w) * sigmoid(x @ w) * (x @ v)",
+        {"x": (2, 3, 4), "w": (4, 5), "v": (4, 5)},
+        lambda x, w, v: torch.nn.functional.silu(x @ w) * (x @ v),
+    ),
+    "vector_times_matrix": (
+        {"x": "Tensor[D]", "w": "Tensor[D, H]"},
+        "sum(x @ w, dim=-1, keepdim=true) * (x @ w)",
+        {"x": (4,), "w": (4, 5)},
+        lambda x, w: (x @ w).sum(-1, keepdim=True) * (x @ w),
+    ),
+    "vector_matmul_broadcast": (
+        {"x": "Tensor[..., D]", "w": "Tensor[D, H]", "s": "Tensor[..., H]"},
+        "(x @ w) * s",
+        {"x": (3, 4), "w": (4, 5), "s": (2, 3, 5)},
+        lambda x, w, s: (x @ w) * s,
+    ),
     "column_logsumexp": (
         {"x": "Tensor[N, K]", "c": "Tensor[K]"},
         "logsumexp(x, dim=0) * c + sum(x, dim=-1, keepdim=true)",

@@ -39,7 +39,9 @@ from opgen.formula.tensor import (
     ReduceAmax,
     ReduceLogSumExp,
     ReduceMean,
+    ReduceNorm,
     ReduceSum,
+    ReduceVar,
     ReductionBase,
     Shape,
     ShapeError,
@@ -48,6 +50,7 @@ from opgen.formula.tensor import (
     TensorOp,
     Transpose,
     Unsqueeze,
+    dims_count,
     shape_of,
 )
 
@@ -152,20 +155,36 @@ class _Jvp:
             # PyTorch's kernel wants the tangent in the operand's whole shape; the formula broadcasts it.
             return node * (ta - ReduceSum(ta * node, dim, S.One)) if narrow else SoftmaxBackward(ta, node, dim)
         assert isinstance(node, ReductionBase), type(node)
-        a, dim, keep = node.operand, node.args[1], node.args[2]
+        a, dims, keep = node.operand, node.args[1], node.args[2]
         linear = isinstance(node, (ReduceSum, ReduceMean))
         ta = self.operand(a, f"{node.spec_name}()" if linear else None)[0]
         if ta == 0:
             return S.Zero
         if linear:
-            return type(node)(ta, dim, keep)
+            return type(node)(ta, dims, keep)
+        kept = self.kept(node)
         if isinstance(node, ReduceLogSumExp):
-            return ReduceSum(ta * Softmax(a, dim), dim, keep)
+            weights = Softmax(a, dims) if len(node.dims) == 1 else sympy.exp(a - kept)
+            return ReduceSum(ta * weights, dims, keep)
+        if isinstance(node, ReduceNorm):
+            return fn.where(sympy.Eq(node, 0, evaluate=False), S.Zero, ReduceSum(a * ta, dims, keep) / node)
+        if isinstance(node, ReduceVar):
+            count = dims_count(shape_of(a, self.table), node.dims, "var()")
+            centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
+            return 2 * ReduceSum(centered * ta, dims, keep) / (count - node.correction)
         assert isinstance(node, ReduceAmax), type(node)
         # PyTorch's amax JVP: the mean of the tangent over the entries that tie for the maximum.
-        kept = node if node.keepdim else Unsqueeze(node, dim)
         mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
-        return ReduceSum(ta * mask, dim, keep) / ReduceSum(mask, dim, keep)
+        return ReduceSum(ta * mask, dims, keep) / ReduceSum(mask, dims, keep)
+
+    def kept(self, node: ReductionBase) -> Expr:
+        """The reduced value with the reduced dims back at size 1 (a scalar stays one)."""
+        if node.keepdim or shape_of(node, self.table) == ():
+            return node
+        value: Expr = node
+        for dim in sorted(node.dims, reverse=True):
+            value = Unsqueeze(value, sympy.Integer(dim))
+        return value
 
 
 def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:

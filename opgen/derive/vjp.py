@@ -40,15 +40,17 @@ from sympy import Expr, S
 
 from opgen.formula import functions as fn
 from opgen.formula.tensor import (
-    BATCH,
     LogSoftmax,
     LogSoftmaxBackward,
     MatMul,
     ReduceAmax,
     ReduceLogSumExp,
     ReduceMean,
+    ReduceNorm,
     ReduceSum,
+    ReduceVar,
     ReductionBase,
+    RowsOuter,
     Shape,
     ShapeError,
     Softmax,
@@ -57,7 +59,7 @@ from opgen.formula.tensor import (
     TensorOp,
     Transpose,
     Unsqueeze,
-    dim_size,
+    dims_count,
     shape_of,
     split,
 )
@@ -148,6 +150,9 @@ class _Vjp:
             # Note [narrow gradients]: a gradient constant along M or N meets the other side summed.
             narrow = self.narrow(grad, node)
             self.push(a, MatMul(grad, Transpose(ReduceSum(b, S.NegativeOne, S.One) if -1 in narrow else b)))
+            if len(split(self.shape(a) or ())[1]) == 1:  # Note [vector @ matrix]
+                self.push(b, RowsOuter(a, grad))
+                return
             self.push(b, MatMul(Transpose(ReduceSum(a, sympy.Integer(-2), S.One) if -2 in narrow else a), grad))
             return
         if isinstance(node, Transpose):
@@ -160,22 +165,44 @@ class _Vjp:
             self.push(a, backward.elementary() if self.narrow(grad, node) else backward)
             return
         assert isinstance(node, ReductionBase), type(node)
-        a, dim = node.operand, node.dim
-        full = grad if node.keepdim else Unsqueeze(grad, sympy.Integer(dim))
-        # The reduced value itself, kept at size 1: the op's saved output when it is one.
-        kept = node if node.keepdim else Unsqueeze(node, sympy.Integer(dim))
+        a, dims = node.operand, node.args[1]
+        full = self.restore(grad, node)
+        kept = self.restore(node, node)  # the reduced value at size 1: the op's saved output when it is one
         if isinstance(node, ReduceSum):
             self.push(a, full)
         elif isinstance(node, ReduceMean):
-            self.push(a, full / self.size(a, dim))
+            self.push(a, full / self.count(a, node))
         elif isinstance(node, ReduceLogSumExp):
             self.push(a, full * sympy.exp(a - kept))
         elif isinstance(node, ReduceAmax):
             # PyTorch's amax gradient: shared evenly among the entries that tie for the maximum.
             mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
-            self.push(a, full * mask / ReduceSum(mask, sympy.Integer(dim), S.One))
+            self.push(a, full * mask / ReduceSum(mask, dims, S.Zero if node.every_dim else S.One))
+        elif isinstance(node, ReduceNorm):
+            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0.
+            self.push(a, full * fn.where(sympy.Eq(kept, 0, evaluate=False), S.Zero, a / kept))
+        elif isinstance(node, ReduceVar):
+            centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
+            self.push(a, full * 2 * centered / (self.count(a, node) - node.correction))
         else:
             raise AssertionError(type(node))
+
+    def restore(self, value: Expr, node: ReductionBase) -> Expr:
+        """`value` (the node, or a gradient that may carry batch dimensions) with the reduced dims back at size 1.
+
+        Over every dimension of a batch the node is one number for the whole batch, so a gradient is summed
+        to a scalar first (Note [reductions over every dimension]).
+        """
+        if node.keepdim or self.shape(value) == ():  # a scalar broadcasts as it is
+            return value
+        if node.every_dim:
+            return ReduceSum(value, sympy.Tuple(), S.Zero)
+        for dim in sorted(node.dims, reverse=True):  # the last first: each index counts from the end
+            value = Unsqueeze(value, sympy.Integer(dim))
+        return value
+
+    def count(self, a: Expr, node: ReductionBase) -> Expr:
+        return dims_count(self.shape(a), node.dims, f"{node.spec_name}()")
 
     def narrow(self, grad: Expr, node: Expr) -> tuple[int, ...]:
         """The trailing dims (from the end) where `grad` is 1 or missing and `node` is not (Note [narrow gradients])."""
@@ -187,16 +214,6 @@ class _Vjp:
             for k in range(len(want_dims), 0, -1)
             if want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1)
         )
-
-    def size(self, expr: Expr, dim: int) -> Expr:
-        shape = self.shape(expr)
-        assert shape is not None
-        entry = shape[dim]
-        if entry == 1:
-            return S.One
-        if entry == BATCH:
-            raise ShapeError("mean() over a batch dimension `...` is not supported; name the dimension")
-        return dim_size(str(entry))
 
 
 def _kept_dims(have: tuple, want: tuple) -> tuple[int, ...]:

@@ -44,6 +44,13 @@ class KernelPrinting:
         text = [a if isinstance(a, str) else self._print(a) for a in args]
         return f"{self.torch}.ops.aten.{name}({', '.join(text)})"
 
+    def _print_xlogy(self, expr: fn.xlogy) -> str:
+        x, y = expr.args
+        if not self.is_tensor(expr):  # numbers: 0 where x is 0, as torch.xlogy
+            return self._print(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * sympy.log(y)))
+        y_text = self._print(y) if self.is_tensor(y) else self._as_tensor(y, x)  # torch.xlogy takes no number second
+        return f"{self.torch}.xlogy({self._print(x)}, {y_text})"
+
     def _zeros_like(self, expr: sympy.Basic) -> str:
         """A zero tensor of `expr`'s shape that costs no memory (huber's target)."""
         value = self._print(expr)

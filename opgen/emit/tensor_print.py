@@ -18,7 +18,10 @@ from opgen.formula.tensor import (
     LogSoftmaxBackward,
     MatMul,
     ReduceLogSumExp,
+    ReduceNorm,
+    ReduceVar,
     ReductionBase,
+    RowsOuter,
     Shape,
     ShapeError,
     Softmax,
@@ -55,6 +58,11 @@ def _log_softmax_formula(expr: Softmax | LogSoftmax) -> sympy.Basic:
     """`a - logsumexp(a, dim, keepdim=true)`: how docstrings show a fused softmax, as specs write it."""
     a, dim = expr.args
     return a - ReduceLogSumExp(a, dim, sympy.S.One)
+
+
+def _reduced_dims_text(expr: ReductionBase) -> str:
+    dims = expr.dims
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
 
 
 def _dims_text(expr: SumDims) -> str:
@@ -102,11 +110,26 @@ class TensorPrinting(_TensorNodes):
         return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
-        keep = ", keepdim=True" if expr.keepdim else ""
-        return f"{self._postfix(expr.operand)}.{expr.spec_name}({expr.dim}{keep})"
+        options = [_reduced_dims_text(expr)] if not expr.every_dim else []
+        if isinstance(expr, ReduceVar) and expr.correction != 1:
+            options.append(f"correction={expr.correction}")
+        if expr.keepdim:
+            options.append("keepdim=True")
+        if isinstance(expr, ReduceNorm):
+            dims = [f"dim={_reduced_dims_text(expr)}"] if not expr.every_dim else []
+            keep = ["keepdim=True"] if expr.keepdim else []
+            return f"{self.torch}.linalg.vector_norm({', '.join([self._print(expr.operand), *dims, *keep])})"
+        return f"{self._postfix(expr.operand)}.{expr.spec_name}({', '.join(options)})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
+
+    def _print_RowsOuter(self, expr: RowsOuter) -> str:
+        # `a` broadcast to the gradient's rows (its batch may be bigger), then one matrix product; not
+        # einsum's "...i,...j->ij", which vmap (batched gradients) cannot run.
+        a, g = (self._postfix(arg) for arg in expr.args)
+        rows = f"{a}.expand(*{g}.shape[:-1], {a}.shape[-1]).reshape(-1, {a}.shape[-1])"
+        return f"{rows}.mT @ {g}.reshape(-1, {g}.shape[-1])"
 
     def _print_Softmax(self, expr: Softmax) -> str:
         return f"{self.torch}.softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
@@ -132,17 +155,30 @@ class TensorPrinting(_TensorNodes):
 class TensorDisplay(_TensorNodes):
     """Docstring notation for the tensor nodes: `input @ weight.T`, `sum(x, dim=-1)`."""
 
+    def parenthesize(self, item: Any, level: int, strict: bool = False) -> str:
+        # A log-softmax shows as the difference `a - logsumexp(a, ...)`: inside a product it needs parentheses.
+        if isinstance(item, LogSoftmax) and level >= PRECEDENCE["Add"]:
+            return f"({self._print(item)})"
+        return super().parenthesize(item, level, strict)
+
     def _print_Transpose(self, expr: Transpose) -> str:
         operand = expr.args[0]
         text = self._print(operand)
         return f"{text if _is_postfix_safe(operand) else f'({text})'}.T"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
-        keep = ", keepdim=true" if expr.keepdim else ""
-        return f"{expr.spec_name}({self._print(expr.operand)}, dim={expr.dim}{keep})"
+        options = [f"dim={_reduced_dims_text(expr)}"] if not expr.every_dim else []
+        if isinstance(expr, ReduceVar) and expr.correction != 1:
+            options.append(f"correction={expr.correction}")
+        if expr.keepdim:
+            options.append("keepdim=true")
+        return f"{expr.spec_name}({', '.join([self._print(expr.operand), *options])})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_RowsOuter(self, expr: RowsOuter) -> str:
+        return f"sum_rows(outer({self._print(expr.args[0])}, {self._print(expr.args[1])}))"
 
     def _print_Softmax(self, expr: Softmax) -> str:
         return f"exp({self._print(_log_softmax_formula(expr))})"

@@ -167,6 +167,41 @@ class where(Function):  # noqa: N801
         return None
 
 
+class xlogy(Function):  # noqa: N801
+    """`x * log(y)`, and 0 wherever `x` is 0 (also at `y = 0`: `0 * log(0) = 0`), as `torch.xlogy`.
+
+    Its derivatives are `torch.xlogy`'s: `log(y)` along `x`, but 0 where `x` is 0 and `y <= 0`; `x / y`
+    along `y`.
+    """
+
+    nargs = 2
+    is_real = True
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return _real(self.args)
+
+    @classmethod
+    def eval(cls, x: Expr, y: Expr) -> Expr | None:
+        if x == 0:
+            return S.Zero
+        if y == 1:
+            return S.Zero
+        return None
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        x, y = self.args
+        if argindex == 1:
+            at_zero = sympy.And(sympy.Eq(x, 0, evaluate=False), sympy.LessThan(y, 0, evaluate=False))
+            return where(at_zero, S.Zero, sympy.log(y))
+        return x / y
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        x, y = self.args
+        if x.is_number and y.is_number:
+            return S.Zero if x == 0 else (x * sympy.log(y)).evalf(prec)
+        return None
+
+
 def indicator(cond: sympy.Basic) -> Expr:
     """A condition used as a number: 1 where it holds, 0 elsewhere."""
     return where(cond, S.One, S.Zero)

@@ -116,6 +116,10 @@ class _Source:
         args = [self.text(a) for a in node.args] + [f"{k.arg}={self.text(k.value)}" for k in node.keywords]
         return f"{self.wrapped(node.func, precedence(node.func) < _CALL)}({', '.join(args)})"
 
+    def _Tuple(self, node: ast.Tuple) -> str:  # noqa: N802 - a reduction's `dim=(-2, -1)`
+        items = [self.text(item) for item in node.elts]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
     def _UnaryOp(self, node: ast.UnaryOp) -> str:  # noqa: N802
         operand = node.operand
         power = isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.Pow)

@@ -20,7 +20,7 @@ from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula import functions as fn
 from opgen.formula import hints, tensor
-from opgen.formula.syntax import node_loc, parse_ast, short
+from opgen.formula.syntax import BAD_DIMS, int_literal, node_loc, parse_ast, reduction_dims, short
 from opgen.formula.vocabulary import (
     ALL_FUNCTIONS,
     BOOL,
@@ -239,34 +239,47 @@ class _Reader:
         return any(self.scope.names[n].expr in self.scope.tensors for n in names)
 
     def read_reduction(self, node: ast.Call, name: str) -> Value:
-        """`sum(x, dim=-1, keepdim=true)`; dim is required, keepdim defaults to false."""
+        """`sum(x, dim=-1, keepdim=true)`: `dim` one whole number, a tuple of them, or left out (every
+        dimension); keepdim defaults to false; `var` and `std` also take `correction=` (default 1)."""
+        allowed = ("dim", "keepdim", "correction") if name in ("var", "std") else ("dim", "keepdim")
         if len(node.args) != 1:
-            raise self.fail(
-                node, f"{name}() takes one tensor argument and `dim=` (and `keepdim=`), got {len(node.args)} arguments"
-            )
+            keywords = " and ".join(f"`{k}=`" for k in allowed)
+            raise self.fail(node, f"{name}() takes one tensor argument and {keywords}, got {len(node.args)} arguments")
         options = {}
         for kw in node.keywords:
-            if kw.arg not in ("dim", "keepdim"):
-                raise self.fail(node, f"{name}() takes the keywords `dim` and `keepdim`, not `{kw.arg}`")
+            if kw.arg not in allowed:
+                words = ", ".join(f"`{k}`" for k in allowed)
+                unbiased = kw.arg == "unbiased" and name in ("var", "std")
+                hint = "; write correction=0 for unbiased=false" if unbiased else ""
+                raise self.fail(node, f"{name}() takes the keywords {words}, not `{kw.arg}`{hint}")
             options[kw.arg] = kw.value
-        if "dim" not in options:
+        dims = reduction_dims(options.get("dim"))
+        if dims is BAD_DIMS:
+            raise self.fail(options["dim"], f"`dim` of {name}() must be a whole number such as -1, or a tuple (-2, -1)")
+        if name == "logsumexp" and dims is None:
             raise self.fail(node, f"{name}() needs `dim=`, e.g. {name}(x, dim=-1)")
-        dim = _int_literal(options["dim"])
-        if dim is None:
-            raise self.fail(options["dim"], f"`dim` of {name}() must be a whole number such as -1")
         keepdim = False
         if "keepdim" in options:
             flag = self.read(options["keepdim"])
             if flag.expr not in (S.true, S.false):
                 raise self.fail(options["keepdim"], f"`keepdim` of {name}() must be true or false")
             keepdim = flag.expr is S.true
+        correction = int_literal(options["correction"]) if "correction" in options else 1
+        if correction is None or correction < 0:
+            raise self.fail(options["correction"], f"`correction` of {name}() must be a whole number >= 0, e.g. 0 or 1")
         operand = self.number(node.args[0])
+        found: tuple[int, ...] = () if dims is None else dims  # type: ignore[assignment]
         if self.scope.shapes is not None:
             try:
-                dim = tensor.reduce_dim(self.shape(node.args[0], operand), dim, f"{name}()")
+                shape = self.shape(node.args[0], operand)
+                found = tensor.reduce_dims(shape, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
+                if name in ("mean", "var", "std"):  # they divide by how many entries they reduce
+                    tensor.dims_count(shape, found, f"{name}()")
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None
-        return self.checked(node, Value(tensor.reduction(name, operand, dim, keepdim), NUM))
+        kind = "var" if name == "std" else name
+        reduced = tensor.reduction(kind, operand, found, keepdim, correction)
+        return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
 
     def _arity(self, node: ast.Call, name: str, count: int) -> None:
         if len(node.args) != count:
@@ -297,15 +310,6 @@ def _describe(node: ast.AST) -> str:
         "Slice": "a slice",
     }
     return names.get(type(node).__name__, f"`{type(node).__name__}`")
-
-
-def _int_literal(node: ast.expr) -> int | None:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _int_literal(node.operand)
-        return None if inner is None else -inner
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    return None
 
 
 def _float(value: float) -> Expr:

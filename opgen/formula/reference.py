@@ -53,6 +53,10 @@ TORCH_FUNCTIONS = {
     "mean": "torch.mean",
     "amax": "torch.amax",
     "logsumexp": "torch.logsumexp",
+    "var": "torch.var",
+    "std": "torch.std",
+    "norm": "torch.linalg.vector_norm",
+    "xlogy": "torch.xlogy",
 }
 
 

@@ -101,3 +101,27 @@ def holds_tensors(spec: Spec) -> frozenset[str]:
                 tensors.add(name)
                 grown = True
     return frozenset(tensors)
+
+
+BAD_DIMS = object()
+
+
+def reduction_dims(node: ast.expr | None) -> tuple[int, ...] | None | object:
+    """The `dim=` of a reduction as written: None when left out (every dimension), a tuple of whole
+    numbers, or `BAD_DIMS`. Shared with `opgen.formula.written`, which reads the same text."""
+    if node is None:
+        return None
+    items = node.elts if isinstance(node, ast.Tuple) else [node]
+    dims = [int_literal(item) for item in items]
+    if not dims or any(d is None for d in dims):
+        return BAD_DIMS
+    return tuple(dims)
+
+
+def int_literal(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = int_literal(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    return None

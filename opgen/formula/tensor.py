@@ -19,37 +19,32 @@ as PyTorch broadcasts them. ReductionBase dims are counted from the end (`dim=-1
 dimensions each and contracts the last dimension of the left one with the second-to-last of
 the right one; everything before those broadcasts (batch matmul). `x.T` swaps the last two
 dimensions (`.mT` when batch dimensions are possible).
+
+Note [vector @ matrix]
+~~~~~~~~~~~~~~~~~~~~~~
+`x @ w` with `x` of `[..., D]` (one named dimension) and `w` a plain matrix `[D, H]` (no `...`) is
+what `F.linear` takes: each row `x[r]` of the batch times `w`, giving `[..., H]` (torch.matmul's
+vector-matrix product, batched). Its gradients: `g @ w.T` for `x` (torch.matmul again), and for `w`
+the sum over rows of `outer(x[r], g[r])`, `RowsOuter`, printed as one matrix product of the rows
+(`x` expanded first: the gradient's batch dimensions may be bigger than `x`'s). A matrix times a
+vector on the right is refused: torch would read a batched vector as a batch of matrices.
 """
 
 from __future__ import annotations
-
-from typing import Union
 
 import sympy
 from sympy import Expr, Function, S
 from sympy.printing.precedence import PRECEDENCE
 
-BATCH = "..."
-Dim = Union[str, int]  # noqa: UP007 - a runtime alias, also on Python 3.9 tooling  # a dimension name, the literal 1, or BATCH (first only)
-Shape = Union[tuple[Dim, ...], None]  # noqa: UP007
-
-
-class ShapeError(Exception):
-    """Shapes that do not fit; the parser adds where."""
-
-
-def show(shape: Shape) -> str:
-    if shape is None:
-        return "[any shape]"
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
-    """(has leading batch dimensions, the dimensions after them)."""
-    if shape[:1] == (BATCH,):
-        return True, shape[1:]
-    return False, shape
-
+from opgen.formula.dims import BATCH as BATCH
+from opgen.formula.dims import Dim as Dim
+from opgen.formula.dims import Shape, ShapeError, show, split
+from opgen.formula.dims import dim_size as dim_size
+from opgen.formula.dims import is_dim_size as is_dim_size
+from opgen.formula.reduce_shapes import dims_count as dims_count
+from opgen.formula.reduce_shapes import reduce_dim as reduce_dim
+from opgen.formula.reduce_shapes import reduce_dims as reduce_dims
+from opgen.formula.reduce_shapes import reduce_shape
 
 # -- nodes -------------------------------------------------------------------------------------
 
@@ -96,6 +91,13 @@ class MatMul(TensorOp):
         return ca * cb * MatMul(ba, bb)
 
 
+class RowsOuter(TensorOp):
+    """`sum over rows of outer(a[r], g[r])` for `a` of [..., D] and `g` of [..., H]: the gradient of the matrix
+    in `a @ m` (Note [vector @ matrix]); the batch dimensions of `a` and `g` broadcast, then are summed."""
+
+    nargs = 2
+
+
 class Transpose(_Linear):
     """`a.T`: swaps the last two dimensions."""
 
@@ -112,7 +114,9 @@ class Transpose(_Linear):
 
 
 class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_ReductionBase` for subclasses
-    """`f(a, dim, keepdim)`: `dim` a SymPy Integer counted from the end, `keepdim` 0 or 1."""
+    """`f(a, dims, keepdim)`: `dims` a SymPy Integer (one dim, counted from the end), a Tuple of them in
+    increasing order (several dims), or the empty Tuple (every dimension: Note [reductions over every
+    dimension] in opgen.formula.reduce_shapes); `keepdim` 0 or 1."""
 
     nargs = 3
     spec_name = ""
@@ -122,7 +126,18 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
         return self.args[0]
 
     @property
+    def dims(self) -> tuple[int, ...]:
+        """The reduced dims, from the end; () for every dimension."""
+        arg = self.args[1]
+        return tuple(int(d) for d in arg) if isinstance(arg, sympy.Tuple) else (int(arg),)
+
+    @property
+    def every_dim(self) -> bool:
+        return self.args[1] == sympy.Tuple()
+
+    @property
     def dim(self) -> int:
+        assert not isinstance(self.args[1], sympy.Tuple), "a reduction over several dims"
         return int(self.args[1])
 
     @property
@@ -130,20 +145,18 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
         return bool(self.args[2])
 
 
-class ReduceSum(ReductionBase):
+class _LinearReduction(ReductionBase):
+    @classmethod
+    def eval(cls, operand: Expr, dim: sympy.Basic, keepdim: sympy.Integer) -> Expr | None:
+        return _pull_number(cls, operand, dim, keepdim)
+
+
+class ReduceSum(_LinearReduction):
     spec_name = "sum"
 
-    @classmethod
-    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
-        return _pull_number(cls, operand, dim, keepdim)
 
-
-class ReduceMean(ReductionBase):
+class ReduceMean(_LinearReduction):
     spec_name = "mean"
-
-    @classmethod
-    def eval(cls, operand: Expr, dim: sympy.Integer, keepdim: sympy.Integer) -> Expr | None:
-        return _pull_number(cls, operand, dim, keepdim)
 
 
 class ReduceAmax(ReductionBase):
@@ -154,13 +167,40 @@ class ReduceLogSumExp(ReductionBase):
     spec_name = "logsumexp"
 
 
+class ReduceNorm(ReductionBase):
+    """The Euclidean norm (p = 2) over `dims`: `torch.linalg.vector_norm`."""
+
+    spec_name = "norm"
+
+
+class ReduceVar(ReductionBase):
+    """The variance over `dims` with Bessel's `correction` (a whole number, 1 as in torch): `torch.var`."""
+
+    nargs = 4
+    spec_name = "var"
+
+    @property
+    def correction(self) -> int:
+        return int(self.args[3])
+
+
 REDUCTION_CLASSES: dict[str, type[ReductionBase]] = {
-    cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp)
+    cls.spec_name: cls for cls in (ReduceSum, ReduceMean, ReduceAmax, ReduceLogSumExp, ReduceNorm, ReduceVar)
 }
 
 
-def reduction(name: str, a: Expr, dim: int, keepdim: bool) -> Expr:
-    return REDUCTION_CLASSES[name](a, sympy.Integer(dim), sympy.Integer(int(keepdim)))
+def dims_arg(dims: int | tuple[int, ...]) -> sympy.Basic:
+    """One dim as an Integer (as reductions always held it), several (or none: every dim) as a Tuple."""
+    if isinstance(dims, int):
+        return sympy.Integer(dims)
+    if len(dims) == 1:
+        return sympy.Integer(dims[0])
+    return sympy.Tuple(*(sympy.Integer(d) for d in sorted(dims)))
+
+
+def reduction(name: str, a: Expr, dims: int | tuple[int, ...], keepdim: bool, correction: int = 1) -> Expr:
+    extra = (sympy.Integer(correction),) if name == "var" else ()
+    return REDUCTION_CLASSES[name](a, dims_arg(dims), sympy.Integer(int(keepdim)), *extra)
 
 
 class Softmax(TensorOp):
@@ -235,15 +275,6 @@ class SumDims(_Linear):
     nargs = 3
 
 
-def dim_size(name: str) -> sympy.Symbol:
-    """The size of the named dimension `name`, a positive integer known at call time."""
-    return sympy.Symbol("size:" + name, integer=True, positive=True)
-
-
-def is_dim_size(symbol: sympy.Basic) -> bool:
-    return isinstance(symbol, sympy.Symbol) and symbol.name.startswith("size:")
-
-
 def has_tensor_ops(expr: sympy.Basic) -> bool:
     return bool(expr.atoms(TensorOp))
 
@@ -283,9 +314,18 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
         raise ShapeError("`@` needs operands with declared dimensions, e.g. Tensor[N, K]")
     batch_a, dims_a = split(a)
     batch_b, dims_b = split(b)
+    if len(dims_a) == 1 and len(dims_b) == 2 and not batch_b:
+        # Note [vector @ matrix]: rows of a batch (`F.linear`'s input) times one matrix.
+        if dims_a[0] != dims_b[0]:
+            raise ShapeError(
+                f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[0]} and {dims_b[0]} differ"
+                " (is a `.T` missing?)"
+            )
+        return ((BATCH,) if batch_a else ()) + (dims_b[1],)
     for shape, dims in ((a, dims_a), (b, dims_b)):
         if len(dims) < 2:
-            raise ShapeError(f"`@` needs operands with at least two dimensions; {show(shape)} has {len(dims)}")
+            hint = "; a vector [..., K] goes on the left of a plain matrix [K, M]" if len(dims) == 1 else ""
+            raise ShapeError(f"`@` needs operands with at least two dimensions; {show(shape)} has {len(dims)}{hint}")
     if dims_a[-1] != dims_b[-2]:
         raise ShapeError(
             f"`@` of {show(a)} and {show(b)}: the inner dimensions {dims_a[-1]} and {dims_b[-2]} differ"
@@ -305,25 +345,6 @@ def transpose_shape(a: Shape) -> Shape:
     return a[: len(a) - 2] + (a[-1], a[-2])
 
 
-def reduce_dim(a: Shape, dim: int, what: str) -> int:
-    """`dim` as a negative index into `a`; a dimension that is not there is a `ShapeError`."""
-    if a is None:
-        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
-    batch, dims = split(a)
-    rank = len(dims)
-    if batch and dim >= 0:
-        raise ShapeError(f"{what}: with batch dimensions `...` count dim from the end (dim=-1: the last of {show(a)})")
-    if not -rank <= dim < rank:
-        raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank} dimensions")
-    return dim - rank if dim >= 0 else dim
-
-
-def reduce_shape(a: Shape, dim: int, keepdim: bool) -> Shape:
-    assert a is not None and dim < 0
-    k = len(a) + dim
-    return a[:k] + ((1,) if keepdim else ()) + a[k + 1 :]
-
-
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     """The static shape of `expr`; symbols not in `table` are plain numbers."""
     if isinstance(expr, sympy.Symbol):
@@ -334,10 +355,14 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
     if isinstance(expr, Transpose):
         return transpose_shape(shape_of(expr.args[0], table))
+    if isinstance(expr, RowsOuter):
+        a, g = (shape_of(arg, table) for arg in expr.args)
+        assert a is not None and g is not None
+        return (a[-1], g[-1])
     if isinstance(expr, (Softmax, LogSoftmax)):
         return shape_of(expr.args[0], table)
     if isinstance(expr, ReductionBase):
-        return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
+        return reduce_shape(shape_of(expr.operand, table), expr.dims, expr.keepdim)
     if isinstance(expr, Unsqueeze):
         inner = shape_of(expr.args[0], table)
         assert inner is not None

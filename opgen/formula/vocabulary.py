@@ -63,13 +63,14 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "round": _elementwise(fn.round),
     "heaviside": _elementwise(fn.heaviside),
     "clamp": (3, fn.clamp),
+    "xlogy": (2, fn.xlogy),
 }
 
 
 SPECIAL_FUNCTIONS = ("where", "max", "min")
 
 
-REDUCTIONS = ("sum", "mean", "amax", "logsumexp")
+REDUCTIONS = ("sum", "mean", "amax", "logsumexp", "var", "std", "norm")
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS]))

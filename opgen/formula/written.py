@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.formula import tensor
+from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
+from opgen.formula.vocabulary import REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class Walk:
             return self.operation(node, [node.left, node.right])
         if isinstance(node, ast.Attribute):
             return self.operation(node, [node.value])
-        if isinstance(node, ast.Call) and node.keywords:  # a reduction
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
             return self.operation(node, node.args[:1])
         parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
         if isinstance(node, ast.Call):
@@ -119,9 +121,9 @@ class Walk:
             return tensor.transpose_shape(shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
-        dim = ast.literal_eval(options["dim"])
+        dims = reduction_dims(options.get("dim"))
         keepdim = "keepdim" in options and ast.unparse(options["keepdim"]) in ("true", "True")
-        return tensor.reduce_shape(shapes[0], tensor.reduce_dim(shapes[0], dim, "reduction"), keepdim)
+        return tensor.reduce_shape(shapes[0], tensor.reduce_dims(shapes[0], dims, keepdim, "reduction"), keepdim)  # type: ignore[arg-type]
 
 
 def broadcast_all(pieces: Pieces) -> Shape:

@@ -77,7 +77,7 @@ def _squeezed(expr: Expr, dim: int, shapes: Shapes | None) -> Expr | None:
     assert shape is not None
     if len(split(shape)[1]) < -dim:
         return expr
-    if isinstance(expr, ReductionBase) and expr.keepdim and expr.dim == dim:
+    if isinstance(expr, ReductionBase) and expr.keepdim and _one_dim(expr) == dim:
         return expr.func(expr.operand, expr.args[1], S.Zero)
     if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) or (
         isinstance(expr, sympy.Function) and not isinstance(expr, ReductionBase) and len(expr.args) == 1
@@ -96,6 +96,12 @@ def _split_constant(expr: Expr, dim: int, shapes: Shapes | None) -> tuple[Expr, 
     return sympy.Add(*constant), sympy.Add(*varying)
 
 
+def _one_dim(node: ReductionBase) -> int | None:
+    """The reduced dim of a reduction over one dim; None over several or all (the rules here are
+    for one: softmax and log_softmax take one dim)."""
+    return None if isinstance(node.args[1], sympy.Tuple) else node.dim
+
+
 def _exp_arg(expr: sympy.Basic) -> Expr | None:
     if isinstance(expr, sympy.exp):
         return expr.args[0]
@@ -105,8 +111,8 @@ def _exp_arg(expr: sympy.Basic) -> Expr | None:
 
 
 def _sum_of_exp(expr: sympy.Basic) -> tuple[Expr, sympy.Integer, sympy.Integer] | None:
-    """(u, dim, keepdim) when `expr` is `sum(exp(u), dim, keepdim)`."""
-    if isinstance(expr, ReduceSum):
+    """(u, dim, keepdim) when `expr` is `sum(exp(u), dim, keepdim)` over one dim."""
+    if isinstance(expr, ReduceSum) and _one_dim(expr) is not None:
         u = _exp_arg(expr.operand)
         if u is not None:
             return u, expr.args[1], expr.args[2]
@@ -115,8 +121,8 @@ def _sum_of_exp(expr: sympy.Basic) -> tuple[Expr, sympy.Integer, sympy.Integer] 
 
 def reduce_sum(node: ReduceSum, shapes: Shapes | None) -> Expr | None:
     """`sum(m * v, d)` -> `m * sum(v, d)` for factors `m` constant along `d` (keepdim, or `m` lacks `d`)."""
-    operand, dim = node.operand, node.dim
-    if not isinstance(operand, sympy.Mul):
+    operand, dim = node.operand, _one_dim(node)
+    if not isinstance(operand, sympy.Mul) or dim is None:
         return None
     outside = []
     for factor in operand.args:
@@ -146,7 +152,9 @@ def log_of(node: sympy.log, shapes: Shapes | None) -> Expr | None:
 
 def logsumexp(node: ReduceLogSumExp, shapes: Shapes | None) -> Expr | None:
     """`logsumexp(u - m, d, k)` -> `logsumexp(u, d, k) - m` for `m` constant along `d`."""
-    dim = node.dim
+    dim = _one_dim(node)
+    if dim is None:
+        return None
     constant, varying = _split_constant(node.operand, dim, shapes)
     if constant == 0 or varying == 0:
         return None
@@ -187,6 +195,8 @@ def total(node: sympy.Add, shapes: Shapes | None) -> Expr | None:
     for term in terms:
         coeff, body = term.as_coeff_Mul()
         if coeff not in (1, -1) or not isinstance(body, ReduceLogSumExp) or not body.keepdim:
+            continue
+        if _one_dim(body) is None:
             continue
         others = [t for t in terms if t is not term]
         wanted = [-coeff * t for t in sympy.Add.make_args(body.operand)]

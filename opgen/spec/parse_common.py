@@ -133,7 +133,9 @@ def parse_type(text: object, loc: Loc, allow_tensor: bool = True) -> InputType:
     if default is not None:
         raise SpecError(loc, "a Tensor input cannot have a default; use `Tensor?` for an optional tensor")
     dims: tuple[str, ...] | None = None
-    if dims_text is not None:
+    if dims_text is not None and not dims_text.strip():
+        dims = ()  # `Tensor[]`: a tensor of no dimensions (a scalar, such as a learnable scale)
+    elif dims_text is not None:
         names = [d.strip() for d in dims_text.split(",")]
         if not names or any(not n for n in names):
             raise SpecError(loc, f"'{text}': dimension names must be non-empty, separated by commas")
