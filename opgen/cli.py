@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opgen.cache import CACHE_VARIABLE, Cache, default_folder
+from opgen.emit.custom_op import namespace_problem
 from opgen.emit.render import Renderer
 from opgen.pipeline import build
-from opgen.spec.model import POLICIES
+from opgen.spec.model import FORMS, POLICIES
 from opgen.write import files as write
 from opgen.write import package_name as names
 
@@ -51,6 +52,16 @@ def _parser() -> argparse.ArgumentParser:
         )
         command.add_argument(
             "--fuse", action="store_true", help="compile every op's forward and backward math with torch.compile"
+        )
+        command.add_argument(
+            "--form",
+            choices=FORMS,
+            help="the form of every spec without a `form:` key (default: function, a torch.autograd.Function)",
+        )
+        command.add_argument(
+            "--namespace",
+            metavar="NAME",
+            help="the torch.library namespace of custom_op-form ops (default: the package name)",
         )
         command.add_argument(
             "--no-cache",
@@ -93,9 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     templates = Path(args.templates) if args.templates else None
     if templates is not None and not templates.is_dir():
         return _error(f"--templates {args.templates}: no such folder")
+    if args.namespace is not None and (problem := namespace_problem(args.namespace)):
+        return _error(f"--namespace {args.namespace}: {problem}; choose an ASCII identifier such as my_ops")
     folder = None if args.no_cache else default_folder()
     cache = Cache(folder, templates) if folder is not None else None
-    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache)
+    namespace = out.name if args.namespace is None else args.namespace
+    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache, args.form, namespace)
     if result.problems:
         for line in result.problems.report():
             print(line, file=sys.stderr)

@@ -160,16 +160,25 @@ def _spec(path: Path, display: str, exported: dict[str, Loc], result: Result) ->
 
 
 def build(
-    args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False, cache: Cache | None = None
+    args: list[str],
+    renderer: Renderer,
+    policy: str | None = None,
+    fuse: bool = False,
+    cache: Cache | None = None,
+    form: str | None = None,
+    namespace: str = "",
 ) -> Result:
     """Generate every spec.
 
-    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
+    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`;
+    `form` is the form of specs without `form:` (default `function`), `namespace` the
+    torch.library namespace of `custom_op`-form ops (the package name, or `--namespace`).
     With a `cache`, a spec generated before with the same opgen is not generated again.
     """
     result = Result()
     exported: dict[str, Loc] = {}  # every name the package exports: functionals and classes
     shape_checked = False  # some op uses the package's `_shape_checks.py`
+    custom_ops = False  # some op uses the package's `_custom_ops.py`
     for path, display in find_spec_files(args, result.problems):
         spec, seconds = None, limits.budget_seconds()
         with result.problems.collect(), limits.budget(Loc(display, 1, 1), seconds):
@@ -179,6 +188,11 @@ def build(
         if policy is not None or fuse:
             chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
             spec = replace(spec, optimize=chosen)
+        with result.problems.collect():
+            spec = _with_form(spec, form, namespace)
+        if spec is None:
+            continue
+        custom_ops |= spec.custom_op
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
@@ -191,12 +205,31 @@ def build(
             result.files.update(entry.files)
             shape_checked |= entry.shape_checks
     if not result.problems:
-        result.files.update(package_files(result.specs, renderer, shape_checked))
+        result.files.update(package_files(result.specs, renderer, shape_checked, custom_ops))
     return result
 
 
-def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) -> dict[str, str]:
-    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`."""
+def _with_form(spec: Spec, form: str | None, namespace: str) -> Spec | None:
+    """`spec` in its form: its own `form:`, else the run's; a `custom_op` one with its namespace."""
+    from opgen.emit.custom_op import namespace_problem
+
+    spec = replace(spec, form=spec.form or form or "function")
+    if not spec.custom_op:
+        return spec
+    if problem := namespace_problem(namespace):
+        raise SpecError(
+            spec.loc,
+            f"form custom_op: the namespace '{namespace}' (the package name unless --namespace says) {problem}; "
+            "pass --namespace NAME",
+        )
+    return replace(spec, namespace=namespace)
+
+
+def package_files(
+    specs: list[Spec], renderer: Renderer, shape_checked: bool, custom_ops: bool = False
+) -> dict[str, str]:
+    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`;
+    `custom_ops`: some op registers itself with the shared `_custom_ops.py`."""
     specs = sorted(specs, key=lambda s: s.name)
     imports = []
     exported: list[str] = []
@@ -217,4 +250,6 @@ def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) ->
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.runtime("shape_checks")
+    if custom_ops:
+        files["_custom_ops.py"] = renderer.runtime("custom_ops")
     return files

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from opgen.emit.backward import backward_body
 from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
+from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
@@ -67,8 +68,14 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     if autocasts(plan):
-        helpers = [*helpers, autocast_helper(names.autocast, names.torch)]
+        call = "function" if spec.custom_op else "function.apply"
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch, call)]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
+    custom = None
+    if spec.custom_op:
+        taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
+        taken |= {names.function_ref, names.functional_ref, names.autocast, jnames.compiled}
+        custom = custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
@@ -100,6 +107,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             [f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4
         ),
         module=module,
+        custom_op=custom,
         shape_checks=[
             (
                 name,
@@ -111,7 +119,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         **_capture_context(plan, names),
         uses_math=quote.uses_math(code, names.math),
     )
-    return text
+    return with_fingerprint(text) if custom else text
 
 
 def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
@@ -122,7 +130,7 @@ def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
         "call_tuple": call_tuple([i.name for i in spec.inputs]),
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),
-        "export_refusal": export_refusal(spec.name, loss) if loss else None,
+        "export_refusal": export_refusal(spec.name, loss) if loss and not spec.custom_op else None,
     }
 
 
