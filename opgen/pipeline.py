@@ -222,6 +222,8 @@ def _with_form(spec: Spec, form: str | None, namespace: str) -> Spec | None:
             f"form custom_op: the namespace '{namespace}' (the package name unless --namespace says) {problem}; "
             "pass --namespace NAME",
         )
+    if spec.optimize.fuse:  # torch.compile'd kernels inside a custom op's kernel crash torch 2.13's fake-tensor checks
+        raise SpecError(spec.loc, "form custom_op cannot be fused (optimize.fuse / --fuse); drop one of the two")
     return replace(spec, namespace=namespace)
 
 

@@ -316,3 +316,12 @@ def test_bad_form_and_namespace_are_located_errors(tmp_path, run_cli):
     assert not (tmp_path / "out").exists() and not (tmp_path / "αops").exists()
     status, _, err = run_cli("generate", str(tmp_path / "op.yaml"), "-o", str(tmp_path / "αops"))
     assert status == 0, err  # the Function form needs no namespace
+
+
+def test_custom_op_with_fuse_is_refused(tmp_path, run_cli):
+    """torch.compile'd kernels inside a custom op crash torch 2.13 (a segmentation fault in the
+    generated tests): the combination is a located error, nothing written."""
+    (tmp_path / "op.yaml").write_text(SWISH + "form: custom_op\n")
+    status, _, err = run_cli("generate", str(tmp_path / "op.yaml"), "-o", str(tmp_path / "out"), "--fuse")
+    assert status == 2 and "op.yaml:1:1: form custom_op cannot be fused" in err, err
+    assert not (tmp_path / "out").exists()

@@ -71,11 +71,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         call = "function" if spec.custom_op else "function.apply"
         helpers = [*helpers, autocast_helper(names.autocast, names.torch, call)]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
-    custom = None
-    if spec.custom_op:
-        taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
-        taken |= {names.function_ref, names.functional_ref, names.autocast, jnames.compiled}
-        custom = custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
+    custom = _custom_op(plan, names, jnames) if spec.custom_op else None
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
@@ -120,6 +116,14 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
     )
     return with_fingerprint(text) if custom else text
+
+
+def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
+    """What the template writes for a custom_op-form op (opgen.emit.custom_op)."""
+    spec = plan.derived.spec
+    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
+    taken |= {names.function_ref, names.functional_ref, names.autocast, jnames.compiled}
+    return custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
 
 
 def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
