@@ -68,10 +68,8 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     if autocasts(plan):
-        call = "function" if spec.custom_op else "function.apply"
-        helpers = [*helpers, autocast_helper(names.autocast, names.torch, call)]
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch, _apply(spec.custom_op))]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
-    custom = _custom_op(plan, names, jnames) if spec.custom_op else None
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
     params = _signature(spec, names.math)
@@ -103,7 +101,6 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             [f"The autograd Function of `{spec.name}`; see `{spec.name}` for the formulas."], indent=4
         ),
         module=module,
-        custom_op=custom,
         shape_checks=[
             (
                 name,
@@ -112,10 +109,10 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,
-        **_capture_context(plan, names),
+        **_capture_context(plan, names, jnames),
         uses_math=quote.uses_math(code, names.math),
     )
-    return with_fingerprint(text) if custom else text
+    return with_fingerprint(text) if spec.custom_op else text
 
 
 def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
@@ -126,11 +123,18 @@ def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
     return custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
 
 
-def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
-    """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture)."""
+def _apply(custom_op: bool) -> str:
+    """How the autocast helper calls its `function`: the custom op itself, or a Function's `apply`."""
+    return "function" if custom_op else "function.apply"
+
+
+def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
+    """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture),
+    and the custom op it calls in the custom_op form (opgen.emit.custom_op)."""
     spec = plan.derived.spec
     loss = capture_loss(plan)
     return {
+        "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
         "call_tuple": call_tuple([i.name for i in spec.inputs]),
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),

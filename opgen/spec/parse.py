@@ -156,16 +156,22 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
             optimize = _parse_optimize(node, problems)
     form = None
     with problems.collect():
-        if (node := top.get("form")) is not None:
-            if not isinstance(node, RawScalar) or node.value not in FORMS:
-                shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
-                raise SpecError(node.loc, f"form {shown} is not one of: {', '.join(FORMS)}")
-            form = str(node.value)
+        form = _parse_form(top.get("form"))
     _check_unique_names(inputs, lets, outputs, problems)
     _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
     return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+
+
+def _parse_form(node: Raw | None) -> str | None:
+    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py); None when the spec does not say."""
+    if node is None:
+        return None
+    if not isinstance(node, RawScalar) or node.value not in FORMS:
+        shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
+        raise SpecError(node.loc, f"form {shown} is not one of: {', '.join(FORMS)}")
+    return str(node.value)
 
 
 def _parse_optimize(node: Raw, problems: Problems) -> Optimize:
