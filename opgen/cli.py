@@ -18,10 +18,11 @@ from opgen import catalogue
 from opgen.cache import CACHE_VARIABLE, Cache, default_folder
 from opgen.commands import config as configuration
 from opgen.commands.skeleton import skeleton
+from opgen.emit.custom_op import namespace_problem
 from opgen.emit.render import Renderer
 from opgen.errors import Problems, SpecError
 from opgen.pipeline import build, plan_all
-from opgen.spec.model import POLICIES
+from opgen.spec.model import FORMS, POLICIES
 from opgen.spec.parse import name_problem
 from opgen.write import files as write
 from opgen.write import package_name as names
@@ -93,6 +94,16 @@ def _build_options(command: argparse.ArgumentParser) -> None:
         "--fuse",
         action=argparse.BooleanOptionalAction,
         help="compile every op's forward and backward math with torch.compile",
+    )
+    command.add_argument(
+        "--form",
+        choices=FORMS,
+        help="the form of every spec without a `form:` key (default: function, a torch.autograd.Function)",
+    )
+    command.add_argument(
+        "--namespace",
+        metavar="NAME",
+        help="the torch.library namespace of custom_op-form ops (default: the package name)",
     )
     command.add_argument(
         "--no-cache",
@@ -172,9 +183,12 @@ def _generate(args: argparse.Namespace) -> int:
         return _error(f"--templates {args.templates}: no such folder")
     if args.verbose and args.config is not None:
         print(f"opgen: using [tool.opgen] of {args.config}", file=sys.stderr)
+    if args.namespace is not None and (problem := namespace_problem(args.namespace)):
+        return _error(f"--namespace {args.namespace}: {problem}; choose an ASCII identifier such as my_ops")
     folder = None if args.no_cache else default_folder()
     cache = Cache(folder, templates) if folder is not None else None
-    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache)
+    namespace = out.name if args.namespace is None else args.namespace
+    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache, args.form, namespace)
     if result.problems:
         return _report(result.problems)
     if args.command == "generate":

@@ -185,9 +185,11 @@ def _spec(path: Path, display: str, exported: dict[str, Loc], result: Result) ->
     return spec
 
 
-def _parsed(args: list[str], result: Result, policy: str | None, fuse: bool) -> Iterator[tuple[Spec, Loc, float]]:
-    """Each spec of `args`, parsed (recorded in `result`), with `policy`/`fuse` applied, where its
-    errors are reported and what is left of its time budget."""
+def _parsed(
+    args: list[str], result: Result, policy: str | None, fuse: bool, form: str | None = None, namespace: str = ""
+) -> Iterator[tuple[Spec, Loc, float]]:
+    """Each spec of `args`, parsed (recorded in `result`), with `policy`/`fuse` and its form
+    (`_with_form`) applied, where its errors are reported and what is left of its time budget."""
     exported: dict[str, Loc] = {}  # every name the package exports: functionals and classes
     for path, display in find_spec_files(args, result.problems):
         spec, seconds = None, limits.budget_seconds()
@@ -198,20 +200,33 @@ def _parsed(args: list[str], result: Result, policy: str | None, fuse: bool) -> 
         if policy is not None or fuse:
             chosen = replace(spec.optimize, policy=policy or spec.optimize.policy, fuse=fuse or spec.optimize.fuse)
             spec = replace(spec, optimize=chosen)
-        yield spec, Loc(display, 1, 1), seconds
+        with result.problems.collect():
+            spec = _with_form(spec, form, namespace)
+        if spec is not None:
+            yield spec, Loc(display, 1, 1), seconds
 
 
 def build(
-    args: list[str], renderer: Renderer, policy: str | None = None, fuse: bool = False, cache: Cache | None = None
+    args: list[str],
+    renderer: Renderer,
+    policy: str | None = None,
+    fuse: bool = False,
+    cache: Cache | None = None,
+    form: str | None = None,
+    namespace: str = "",
 ) -> Result:
     """Generate every spec.
 
-    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`.
+    `policy`, when given, replaces each spec's `optimize.policy`; `fuse` sets `optimize.fuse`;
+    `form` is the form of specs without `form:` (default `function`), `namespace` the
+    torch.library namespace of `custom_op`-form ops (the package name, or `--namespace`).
     With a `cache`, a spec generated before with the same opgen is not generated again.
     """
     result = Result()
     shape_checked = False  # some op uses the package's `_shape_checks.py`
-    for spec, where, seconds in _parsed(args, result, policy, fuse):
+    custom_ops = False  # some op uses the package's `_custom_ops.py`
+    for spec, where, seconds in _parsed(args, result, policy, fuse, form, namespace):
+        custom_ops |= spec.custom_op
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
@@ -226,15 +241,16 @@ def build(
             shape_checked |= entry.shape_checks
     if not result.problems:
         with result.problems.collect():  # a user's template fails at its own line (opgen.emit.render)
-            result.files.update(package_files(result.specs, renderer, shape_checked))
+            result.files.update(package_files(result.specs, renderer, shape_checked, custom_ops))
     return result
 
 
 def plan_all(args: list[str], policy: str | None = None, fuse: bool = False) -> tuple[list[Planned], Problems]:
-    """The plan of every spec's op, as `build` makes it, without emitting anything (`opgen show`)."""
+    """The plan of every spec's op, as `build` makes it, without emitting anything (`opgen show`;
+    a custom_op-form spec is planned as any other: the form changes only how the op is printed)."""
     result = Result()
     planned: list[Planned] = []
-    for spec, where, seconds in _parsed(args, result, policy, fuse):
+    for spec, where, seconds in _parsed(args, result, policy, fuse, namespace="show"):
         import_stages()
         with result.problems.collect(), limits.budget(where, seconds):
             one = plan_spec(spec, result.problems, oracle=False)
@@ -243,8 +259,29 @@ def plan_all(args: list[str], policy: str | None = None, fuse: bool = False) -> 
     return planned, result.problems
 
 
-def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) -> dict[str, str]:
-    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`."""
+def _with_form(spec: Spec, form: str | None, namespace: str) -> Spec | None:
+    """`spec` in its form: its own `form:`, else the run's; a `custom_op` one with its namespace."""
+    from opgen.emit.custom_op import namespace_problem
+
+    spec = replace(spec, form=spec.form or form or "function")
+    if not spec.custom_op:
+        return spec
+    if problem := namespace_problem(namespace):
+        raise SpecError(
+            spec.loc,
+            f"form custom_op: the namespace '{namespace}' (the package name unless --namespace says) {problem}; "
+            "pass --namespace NAME",
+        )
+    if spec.optimize.fuse:  # torch.compile'd kernels inside a custom op's kernel crash torch 2.13's fake-tensor checks
+        raise SpecError(spec.loc, "form custom_op cannot be fused (optimize.fuse / --fuse); drop one of the two")
+    return replace(spec, namespace=namespace)
+
+
+def package_files(
+    specs: list[Spec], renderer: Renderer, shape_checked: bool, custom_ops: bool = False
+) -> dict[str, str]:
+    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`;
+    `custom_ops`: some op registers itself with the shared `_custom_ops.py`."""
     specs = sorted(specs, key=lambda s: s.name)
     imports = []
     exported: list[str] = []
@@ -273,4 +310,6 @@ def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) ->
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.runtime("shape_checks")
+    if custom_ops:
+        files["_custom_ops.py"] = renderer.runtime("custom_ops")
     return files

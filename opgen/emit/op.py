@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from opgen.emit.backward import backward_body
 from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
+from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
@@ -67,7 +68,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     if autocasts(plan):
-        helpers = [*helpers, autocast_helper(names.autocast, names.torch)]
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch, _apply(spec.custom_op))]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
@@ -108,21 +109,36 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             for name, dims in shape_checks(spec)
         ],
         helpers=helpers,
-        **_capture_context(plan, names),
+        **_capture_context(plan, names, jnames),
         uses_math=quote.uses_math(code, names.math),
     )
-    return text
+    return with_fingerprint(text) if spec.custom_op else text
 
 
-def _capture_context(plan: Plan, names: OpNames) -> dict[str, object]:
-    """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture)."""
+def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
+    """What the template writes for a custom_op-form op (opgen.emit.custom_op)."""
+    spec = plan.derived.spec
+    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
+    taken |= {names.function_ref, names.functional_ref, names.autocast, jnames.compiled}
+    return custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
+
+
+def _apply(custom_op: bool) -> str:
+    """How the autocast helper calls its `function`: the custom op itself, or a Function's `apply`."""
+    return "function" if custom_op else "function.apply"
+
+
+def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
+    """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture),
+    and the custom op it calls in the custom_op form (opgen.emit.custom_op)."""
     spec = plan.derived.spec
     loss = capture_loss(plan)
     return {
+        "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
         "call_tuple": call_tuple([i.name for i in spec.inputs]),
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),
-        "export_refusal": export_refusal(spec.name, loss) if loss else None,
+        "export_refusal": export_refusal(spec.name, loss) if loss and not spec.custom_op else None,
     }
 
 

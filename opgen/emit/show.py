@@ -15,7 +15,7 @@ from sympy.printing.precedence import PRECEDENCE
 
 from opgen.emit.display import _formulas, _unguarded
 from opgen.emit.docstring import formulas_doc
-from opgen.emit.names import make_names, make_printer, variant_temps
+from opgen.emit.names import make_names, make_printer, variant_printer, variant_temps
 from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
 from opgen.formula import tensor
@@ -35,7 +35,8 @@ def show(plan: Plan, latex: bool = False) -> list[str]:
     formulas = _latex(plan) if latex else formulas_doc(plan.derived, plan, names)
     lines += ["  " + line if line else "" for line in formulas]
     lines += ["", "  Saved for backward:", *(f"    {line}" for line in _saved(plan))]
-    lines += ["", "  Kernels:", *(f"    {line}" for line in _kernels(plan, make_printer(plan, names)))]
+    printer = variant_printer(make_printer(plan, names), plan.backward[-1], names)  # knows backward's temporaries
+    lines += ["", "  Kernels:", *(f"    {line}" for line in _kernels(plan, printer))]
     return lines
 
 

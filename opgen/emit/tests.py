@@ -305,6 +305,7 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
         residuals=[r.name for r in plan.residuals],
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
+        custom_op=f"{spec.namespace}.{spec.name}" if spec.custom_op else None,
         **numbers,
     )
 

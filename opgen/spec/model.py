@@ -155,6 +155,7 @@ class TestConfig:
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))
 
 
+FORMS = ("function", "custom_op")  # Note [custom_op form] in opgen/emit/custom_op.py
 POLICIES = ("balanced", "memory", "speed")  # Note [save policies] in opgen/optimize/save.py
 
 
@@ -184,6 +185,15 @@ class Spec:
     source: str  # how the generated header names the spec file, e.g. specs/swish.yaml
     loc: Loc
     optimize: Optimize = Optimize()
+    form: str | None = None  # `form:` as written (None: not said; the run's --form decides)
+    namespace: str = ""  # the torch.library namespace of a custom_op-form op, set by the run
+
+    def __post_init__(self) -> None:
+        assert self.form is None or self.form in FORMS, self.form
+
+    @property
+    def custom_op(self) -> bool:
+        return self.form == "custom_op"
 
     @property
     def class_name(self) -> str:

@@ -17,14 +17,14 @@ import re
 from opgen import limits
 from opgen.errors import Loc, Problems, SpecError
 from opgen.spec.load import Raw, RawMap, RawScalar
-from opgen.spec.model import POLICIES, GradientOverride, Input, Let, Optimize, Output, Spec, TestConfig
+from opgen.spec.model import FORMS, POLICIES, GradientOverride, Input, Let, Optimize, Output, Spec, TestConfig
 from opgen.spec.names import op_name_problem
 from opgen.spec.parse_common import check_identifier, check_keys, formula, need_map, need_text, parse_type, suggest
 from opgen.spec.parse_module import parse_module
 from opgen.spec.parse_tests import parse_tests
 from opgen.spec.quote import identifier_problem
 
-TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize")
+TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize", "form")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
 OPTIMIZE_KEYS = tuple(f.name for f in dataclasses.fields(Optimize))
 OUTPUT_KEYS = ("formula", "differentiable")
@@ -159,11 +159,24 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     with problems.collect():
         if (node := top.get("optimize")) is not None:
             optimize = _parse_optimize(node, problems)
+    form = None
+    with problems.collect():
+        form = _parse_form(top.get("form"))
     _check_unique_names(inputs, lets, outputs, problems)
     _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
-    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize)
+    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+
+
+def _parse_form(node: Raw | None) -> str | None:
+    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py); None when the spec does not say."""
+    if node is None:
+        return None
+    if not isinstance(node, RawScalar) or node.value not in FORMS:
+        shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
+        raise SpecError(node.loc, f"form {shown} is not one of: {', '.join(FORMS)}")
+    return str(node.value)
 
 
 def _parse_optimize(node: Raw, problems: Problems) -> Optimize:

@@ -36,6 +36,8 @@ def spec_yaml(spec: Spec) -> str:
         lines += ["module:", *_indented(_module(spec.module))]
     lines += _section("tests", _tests(spec))
     lines += _section("optimize", _optimize(spec.optimize))
+    if spec.form is not None:
+        lines.append(f"form: {quoted(spec.form)}")
     return "\n".join(lines) + "\n"
 
 
