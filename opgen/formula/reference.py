@@ -53,6 +53,7 @@ TORCH_FUNCTIONS = {
     "mean": "torch.mean",
     "amax": "torch.amax",
     "logsumexp": "torch.logsumexp",
+    "unsqueeze": "torch.unsqueeze",
 }
 
 

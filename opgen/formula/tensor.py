@@ -224,7 +224,7 @@ def fuse_softmax(expr: Expr) -> Expr:
 
 
 class Unsqueeze(_Linear):
-    """`g.unsqueeze(dim)`, `dim` counted from the end; only gradients use it."""
+    """`g.unsqueeze(dim)`, `dim` counted from the end: the formula language's `unsqueeze`, and gradients."""
 
     nargs = 2
 
@@ -316,6 +316,21 @@ def reduce_dim(a: Shape, dim: int, what: str) -> int:
     if not -rank <= dim < rank:
         raise ShapeError(f"{what}: dim={dim} is not a dimension of {show(a)}, which has {rank} dimensions")
     return dim - rank if dim >= 0 else dim
+
+
+def unsqueeze_dim(a: Shape, dim: int) -> int:
+    """`dim` of `unsqueeze(a, dim=...)` counted from the end (-1: a new last dimension), checked."""
+    if not a:  # a plain Tensor (unknown rank) or a number
+        raise ShapeError("unsqueeze() needs a tensor operand with declared dimensions, e.g. Tensor[..., N, K]")
+    batch, dims = split(a)
+    rank = len(dims)
+    if batch and dim >= 0:
+        raise ShapeError(
+            f"unsqueeze(): with batch dimensions `...` count dim from the end (dim=-1: after the last of {show(a)})"
+        )
+    if not -rank - 1 <= dim <= rank:
+        raise ShapeError(f"unsqueeze(): dim={dim} is not a place in {show(a)}, which has {rank} dimensions")
+    return dim - rank - 1 if dim >= 0 else dim
 
 
 def reduce_shape(a: Shape, dim: int, keepdim: bool) -> Shape:
