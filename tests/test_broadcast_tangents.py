@@ -42,6 +42,12 @@ SPECS = {
         "{x: 'Tensor[..., N, K]', w: 'Tensor[O, K, K]', v: 'Tensor[K]'}",
         "sum(unsqueeze(x + v, dim=-3) @ w, dim=-1).T + sum(sum(unsqueeze(v, dim=-1) * w, dim=-2), dim=-1)",
     ),
+    # unsqueeze as the whole output (a view of the input), and twice in one product
+    "unsqueeze_output": ("{x: 'Tensor[N, K]'}", "unsqueeze(x, dim=-1)"),
+    "unsqueeze_outer": (
+        "{x: 'Tensor[N, K]'}",
+        "sum(unsqueeze(x, dim=1) * unsqueeze(x, dim=-1), dim=0) + unsqueeze(sum(x, dim=0), dim=0)",
+    ),
 }
 SHAPES = {
     "bias_matmul": ([3, 4], [4], [4, 2]),
@@ -50,6 +56,8 @@ SHAPES = {
     "sum_broadcast": ([3, 4], [4]),
     "batched": ([2, 3, 4], [4], [4, 4]),
     "unsqueezed": ([2, 3, 4], [5, 4, 4], [4]),
+    "unsqueeze_output": ([3, 4],),
+    "unsqueeze_outer": ([3, 4],),
 }
 
 

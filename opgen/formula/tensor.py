@@ -333,6 +333,13 @@ def unsqueeze_dim(a: Shape, dim: int) -> int:
     return dim - rank - 1 if dim >= 0 else dim
 
 
+def unsqueeze_shape(a: Shape, dim: int) -> Shape:
+    """`a` with a dimension of size 1 at `dim` (from the end, as `unsqueeze_dim` gives it)."""
+    assert a is not None and dim < 0
+    k = len(a) + dim + 1
+    return a[:k] + (1,) + a[k:]
+
+
 def reduce_shape(a: Shape, dim: int, keepdim: bool) -> Shape:
     assert a is not None and dim < 0
     k = len(a) + dim
@@ -354,10 +361,7 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dim, expr.keepdim)
     if isinstance(expr, Unsqueeze):
-        inner = shape_of(expr.args[0], table)
-        assert inner is not None
-        k = len(inner) + int(expr.args[1]) + 1
-        return inner[:k] + (1,) + inner[k:]
+        return unsqueeze_shape(shape_of(expr.args[0], table), int(expr.args[1]))
     if isinstance(expr, SumDims):
         inner = shape_of(expr.args[0], table)
         assert inner is not None

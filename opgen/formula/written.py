@@ -77,7 +77,7 @@ class Walk:
             return self.operation(node, [node.left, node.right])
         if isinstance(node, ast.Attribute):
             return self.operation(node, [node.value])
-        if isinstance(node, ast.Call) and node.keywords:  # a reduction
+        if isinstance(node, ast.Call) and node.keywords:  # a reduction or unsqueeze
             return self.operation(node, node.args[:1])
         parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
         if isinstance(node, ast.Call):
@@ -120,6 +120,8 @@ class Walk:
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
         dim = ast.literal_eval(options["dim"])
+        if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
+            return tensor.unsqueeze_shape(shapes[0], tensor.unsqueeze_dim(shapes[0], dim))
         keepdim = "keepdim" in options and ast.unparse(options["keepdim"]) in ("true", "True")
         return tensor.reduce_shape(shapes[0], tensor.reduce_dim(shapes[0], dim, "reduction"), keepdim)
 
