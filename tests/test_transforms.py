@@ -453,6 +453,29 @@ def test_linear_takes_leading_batch_dimensions_as_nn_linear(ops, shape, bias):
         torch.testing.assert_close(p.grad, q.grad, msg=lambda m, k=k: f"{k}: {m}")
 
 
+@pytest.mark.parametrize("batch", [[5], [2, 5], [3, 2, 5], [1], [2, 1]])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bilinear_takes_leading_batch_dimensions_as_nn_bilinear(ops, batch, bias):
+    """Values, the inputs' and the parameters' gradients, forward mode and vmap, as nn.Bilinear's."""
+    torch.manual_seed(0)
+    ours, theirs = ops.Bilinear(4, 2, 3, bias=bias).double(), torch.nn.Bilinear(4, 2, 3, bias=bias).double()
+    theirs.load_state_dict(ours.state_dict())
+    x1, x2 = (torch.randn([*batch, n], dtype=torch.float64, requires_grad=True) for n in (4, 2))
+    results = []
+    for m in (ours, theirs):
+        m.zero_grad()
+        y = m(x1, x2)
+        y.square().sum().backward()
+        tangents = (torch.ones_like(x1), torch.linspace(-1, 1, x2.numel(), dtype=torch.float64).view_as(x2))
+        jvp = torch.func.jvp(m, (x1.detach(), x2.detach()), tangents)[1]
+        mapped = vmap(m)(x1.detach().unsqueeze(0).expand(2, *x1.shape), x2.detach().unsqueeze(0).expand(2, *x2.shape))
+        grads = {"x1": x1.grad, "x2": x2.grad} | {k: p.grad for k, p in m.named_parameters()}
+        results.append((y, jvp, mapped, grads))
+        x1.grad = x2.grad = None
+    for what, got, want in zip(["output", "jvp", "vmap", "gradients"], *results, strict=True):
+        torch.testing.assert_close(got, want, msg=lambda m, what=what: f"{what}: {m}")
+
+
 def _modules(ops):
     torch.manual_seed(0)
     return [

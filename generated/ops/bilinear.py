@@ -34,16 +34,17 @@ class BilinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(x1, x2, weight, bias):
         if bias is None:
-            y = (x2 * (x1 @ weight)).sum(-1).T
+            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).mT
         else:
-            y = (x2 * (x1 @ weight)).sum(-1).T + bias
+            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).mT + bias
         return y
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x1, x2, weight, _ = inputs
+        x1, x2, weight, bias = inputs
         y = output
         ctx.save_for_backward(x1, x2, weight)
+        ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_forward(x1, x2, weight, y)
 
     @staticmethod
@@ -51,30 +52,40 @@ class BilinearFunction(torch.autograd.Function):
         x1, x2, weight = ctx.saved_tensors
         grad_x1 = grad_x2 = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            tmp0 = grad_y.T.unsqueeze(-1)
+            tmp0 = grad_y.mT.unsqueeze(-1)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
-            tmp1 = tmp0 * x2
+            tmp1 = tmp0 * x2.unsqueeze(-3)
         if ctx.needs_input_grad[0]:
-            grad_x1 = (tmp1 @ weight.mT).sum(0)
+            grad_x1 = (tmp1 @ weight.mT).sum(-3)
+            grad_x1 = grad_x1.sum_to_size(x1.shape)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            tmp2 = x1.unsqueeze(-3)
         if ctx.needs_input_grad[1]:
-            grad_x2 = (tmp0 * (x1 @ weight)).sum(0)
+            grad_x2 = (tmp0 * (tmp2 @ weight)).sum(-3)
+            grad_x2 = grad_x2.sum_to_size(x2.shape)
         if ctx.needs_input_grad[2]:
-            grad_weight = x1.T @ tmp1
+            grad_weight = tmp2.mT @ tmp1
+            grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[3]:
-            grad_bias = grad_y.sum(0)
+            grad_bias = grad_y.sum(-2)
+            grad_bias = grad_bias.sum_to_size(ctx.bias_shape)
         return grad_x1, grad_x2, grad_weight, grad_bias
 
     @staticmethod
     def jvp(ctx, tangent_x1, tangent_x2, tangent_weight, tangent_bias):
         x1, x2, weight, y = ctx.saved_tensors
         tangent_y = None
+        if tangent_weight is not None or tangent_x1 is not None:
+            jvp0 = x2.unsqueeze(-3)
         if tangent_x1 is not None:
-            tangent_y = (x2 * (tangent_x1 @ weight)).sum(-1).T
+            tangent_y = (jvp0 * (tangent_x1.unsqueeze(-3) @ weight)).sum(-1).mT
+        if tangent_weight is not None or tangent_x2 is not None:
+            jvp1 = x1.unsqueeze(-3)
         if tangent_x2 is not None:
-            step = (tangent_x2 * (x1 @ weight)).sum(-1).T
+            step = ((jvp1 @ weight) * tangent_x2.unsqueeze(-3)).sum(-1).mT
             tangent_y = step if tangent_y is None else tangent_y + step
         if tangent_weight is not None:
-            step = (x2 * (x1 @ tangent_weight)).sum(-1).T
+            step = (jvp0 * (jvp1 @ tangent_weight)).sum(-1).mT
             tangent_y = step if tangent_y is None else tangent_y + step
         if tangent_bias is not None:
             step = tangent_bias
@@ -93,13 +104,13 @@ def bilinear(x1, x2, weight, bias=None):
     """Bilinear layer y = x1ᵀ A x2 + b, one A per output feature; F.bilinear(x1, x2, weight, bias).
 
     Forward:
-        y = sum(x2*(x1 @ weight), dim=-1).T + bias
+        y = sum((unsqueeze(x1, dim=-3) @ weight)*unsqueeze(x2, dim=-3), dim=-1).T + bias
 
     Gradients:
-        grad_x1 = sum((x2*unsqueeze(grad.T, dim=-1)) @ weight.T, dim=0)
-        grad_x2 = sum((x1 @ weight)*unsqueeze(grad.T, dim=-1), dim=0)
-        grad_weight = x1.T @ (x2*unsqueeze(grad.T, dim=-1))
-        grad_bias = sum(grad, dim=0)
+        grad_x1 = sum((unsqueeze(x2, dim=-3)*unsqueeze(grad.T, dim=-1)) @ weight.T, dim=-3)
+        grad_x2 = sum((unsqueeze(x1, dim=-3) @ weight)*unsqueeze(grad.T, dim=-1), dim=-3)
+        grad_weight = unsqueeze(x1, dim=-3).T @ (unsqueeze(x2, dim=-3)*unsqueeze(grad.T, dim=-1))
+        grad_bias = sum(grad, dim=-2)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         for arg in (x1, x2, weight, bias):
@@ -107,8 +118,8 @@ def bilinear(x1, x2, weight, bias=None):
                 return arg.tracer.create_proxy("call_function", bilinear, (x1, x2, weight, bias), {})
     check_shapes(
         "bilinear",
-        ("x1", x1, ("N", "in1_features")),
-        ("x2", x2, ("N", "in2_features")),
+        ("x1", x1, ("...", "N", "in1_features")),
+        ("x2", x2, ("...", "N", "in2_features")),
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )

@@ -153,10 +153,47 @@ def check_gradients(op, args, second_order=False, positions=None):
     if not positions:
         return
     fixed = [a.detach() if isinstance(a, torch.Tensor) and k not in positions else a for k, a in enumerate(args)]
-    # check_batched_grad: backward under vmap too (Note [in place under vmap] in opgen's emit)
-    assert torch.autograd.gradcheck(*only(op, fixed, positions), check_forward_ad=True, check_batched_grad=True)
+    # check_batched_grad: backward under vmap too (Note [in place under vmap] in opgen's emit);
+    # check_undefined_grad: backward given None (an output that does not reach the loss)
+    assert torch.autograd.gradcheck(
+        *only(op, fixed, positions),
+        check_forward_ad=True,
+        check_backward_ad=True,
+        check_batched_grad=True,
+        check_undefined_grad=True,
+    )
     if second_order:
         assert torch.autograd.gradgradcheck(*only(op, fixed, positions), check_fwd_over_rev=True)
+
+
+def check_jvp(op, args, reference):
+    """`torch.func.jvp` of the op along every derived Tensor input at once equals forward-mode AD of
+    the reference (the tangent of each differentiable output); finite where the reference's is not."""
+    positions = [k for k in op.checked if args[k] is not None]
+    if not positions:
+        return
+    fixed = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    generator = torch.Generator().manual_seed(3)
+    tangents = tuple(torch.rand(fixed[k].shape, generator=generator, dtype=DTYPE) * 2 - 1 for k in positions)
+
+    def along(fn, pick):
+        def call(*tensors):
+            full = list(fixed)
+            for k, tensor in zip(positions, tensors, strict=True):
+                full[k] = tensor
+            return tuple(as_tensor(value) for value in pick(fn(*full)))
+
+        return call
+
+    primals = tuple(fixed[k] for k in positions)
+    _, got = torch.func.jvp(along(op, lambda outs: [outs[k] for k in op.differentiable]), primals, tangents)
+    named = along(reference, lambda values: [values[op.outputs[k]] for k in op.differentiable])
+    _, want = torch.func.jvp(named, primals, tangents)
+    for k, tangent, expected in zip(op.differentiable, got, want, strict=True):
+        name, expected = op.outputs[k], expected.to(tangent.dtype).expand_as(tangent)
+        naive = ~torch.isfinite(expected)  # as in check_gradient
+        assert torch.isfinite(tangent[naive]).all(), f"tangent of {name} is not finite"
+        torch.testing.assert_close(tangent[~naive], expected[~naive], msg=lambda m, n=name: f"tangent of {n}: {m}")
 
 
 def check_function_apply(op, function, args, residuals=0):

@@ -66,6 +66,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
@@ -85,6 +89,7 @@ def test_matches_native_op_on_batched_inputs():
 def test_batched_inputs():
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 

@@ -15,18 +15,19 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [2], "weight": [2, 4, 5], "x1": [3, 4], "x2": [3, 5]}
+BATCHED_SHAPES = {"bias": [2], "weight": [2, 4, 5], "x1": [2, 3, 4], "x2": [2, 3, 5]}  # with batch dimensions for `...`
 SAVED = ["x1", "x2", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
 def reference(x1, x2, weight, bias):
     """The spec's formulas in plain torch."""
-    y = torch.sum(x1 @ weight * x2, dim=-1).mT + bias
+    y = torch.sum(torch.unsqueeze(x1, dim=-3) @ weight * torch.unsqueeze(x2, dim=-3), dim=-1).mT + bias
     return {"y": y}
 
 
 def reference_without_bias(x1, x2, weight, bias):
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
-    y = torch.sum(x1 @ weight * x2, dim=-1).mT
+    y = torch.sum(torch.unsqueeze(x1, dim=-3) @ weight * torch.unsqueeze(x2, dim=-3), dim=-1).mT
     return {"y": y}
 
 
@@ -72,6 +73,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
@@ -82,6 +87,17 @@ def test_saves_the_planned_inputs_and_outputs():
 
 def test_matches_native_op():
     harness.check_against_native(OP, sample_inputs(), native)
+
+
+def test_matches_native_op_on_batched_inputs():
+    harness.check_against_native(OP, sample_inputs(BATCHED_SHAPES, seed=4), native)
+
+
+def test_batched_inputs():
+    args = sample_inputs(BATCHED_SHAPES, seed=3)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 def test_wrong_shape_is_a_value_error():
@@ -95,6 +111,7 @@ def test_bias_none_drops_its_terms():
     args = sample_inputs()
     args[3] = None
     harness.check_against_reference(OP, args, reference_without_bias)
+    harness.check_jvp(OP, args, reference_without_bias)
     harness.check_gradients(OP, args)
 
 

@@ -60,6 +60,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
@@ -157,4 +161,5 @@ def test_wrong_shape_is_a_value_error():
 def test_broadcasting_inputs():
     args = sample_inputs(BROADCAST_SHAPES, seed=2)
     harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args)

@@ -76,6 +76,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
@@ -94,6 +98,7 @@ def test_non_tensor_inputs_away_from_their_defaults():
 def test_batched_inputs():
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
@@ -108,6 +113,7 @@ def test_bias_none_drops_its_terms():
     args = sample_inputs()
     args[2] = None
     harness.check_against_reference(OP, args, reference_without_bias)
+    harness.check_jvp(OP, args, reference_without_bias)
     harness.check_gradients(OP, args)
 
 

@@ -67,6 +67,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
@@ -78,6 +82,7 @@ def test_saves_the_planned_inputs_and_outputs():
 def test_batched_inputs():
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
@@ -92,6 +97,7 @@ def test_bias_none_drops_its_terms():
     args = sample_inputs()
     args[2] = None
     harness.check_against_reference(OP, args, reference_without_bias)
+    harness.check_jvp(OP, args, reference_without_bias)
     harness.check_gradients(OP, args)
 
 

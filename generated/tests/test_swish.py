@@ -61,6 +61,10 @@ def test_gradcheck():
     harness.check_gradients(OP, sample_inputs())
 
 
+def test_jvp_matches_forward_mode_of_reference():
+    harness.check_jvp(OP, sample_inputs(), reference)
+
+
 def test_gradgradcheck():
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 

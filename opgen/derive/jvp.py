@@ -18,6 +18,18 @@ each other, as for any PyTorch op (for `sign_ste`: `(abs(x) <= 1) * tangent_x`).
 that is not linear in the incoming gradients (`clamp(grad, -c, c)`) or uses a tensor
 operation of it has no such Jacobian: forward mode along that input is refused at call time,
 naming the spec and the input.
+
+Note [broadcast tangents]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+A tangent is as big as the input it belongs to, so where the formula broadcasts that input
+(`x @ w + b` with `b: Tensor[M]`, `sum(x + s, dim=0)` with `s: Tensor[K]`) the tangent that
+reaches the next tensor operation is smaller than its operand: it stands for the tangent
+expanded. Each rule takes it so without expanding it: missing leading dimensions become size-1
+ones (`.unsqueeze`) where the operation needs them (`@`, `.T`, the reduced dimension), and a
+dimension the tangent is constant along is handled by the rule's algebra: `sum` over it is its
+size times the tangent, `mean` over it is the tangent, `@` contracting it meets the other operand
+summed over it (`t @ sum(b, dim=-2, keepdim=true)`, as backward does in Note [narrow gradients]).
+Everything else broadcasts as the forward does.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from opgen.derive.vjp import substitute_outputs
 from opgen.errors import Loc, located
 from opgen.formula import functions as fn
 from opgen.formula.tensor import (
+    BATCH,
     LogSoftmax,
     MatMul,
     ReduceAmax,
@@ -50,8 +63,10 @@ from opgen.formula.tensor import (
     TensorOp,
     Transpose,
     Unsqueeze,
+    dim_size,
     dims_count,
     shape_of,
+    split,
 )
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
@@ -129,39 +144,67 @@ class _Jvp:
                 total += factor * self.tangent(leaf)
         return total
 
-    def operand(self, a: Expr, what: str | None = None) -> tuple[Expr, bool]:
-        """The tangent of an operand of a tensor operation and whether it has fewer dimensions than the
-        operand (it was broadcast: `s` in `amax(a @ w + s)`); `what` refuses that."""
+    def operand(self, a: Expr, rank: int = 0) -> tuple[Expr, tuple[int, ...]]:
+        """The tangent of an operand of a tensor operation, with at least `rank` dimensions after any
+        batch (size-1 ones put in front), and the dims (from the end) where it is 1 and the operand is
+        not: it was broadcast (`s` in `amax(a @ w + s)`; Note [broadcast tangents])."""
         ta = self.tangent(a)
-        narrow = ta != 0 and shape_of(ta, self.table) != shape_of(a, self.table)
-        if narrow and what is not None:
-            raise _Refused(f"the tangent reaches {what} with fewer dimensions than its operand (it was broadcast)")
+        if ta == 0:
+            return ta, ()
+        have, want = shape_of(ta, self.table), shape_of(a, self.table)
+        assert have is not None and want is not None  # tensor operations need declared dimensions
+        have_dims, want_dims = split(have)[1], split(want)[1]
+        for k in range(len(have_dims), rank):
+            ta = Unsqueeze(ta, sympy.Integer(-k - 1))
+        narrow = tuple(
+            -k
+            for k in range(len(want_dims), 0, -1)
+            if want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1)
+        )
         return ta, narrow
+
+    def size(self, a: Expr, dim: int) -> Expr:
+        entry = (shape_of(a, self.table) or ())[dim]
+        if entry == BATCH:  # reductions never reach into `...` (opgen.formula.tensor.reduce_dim)
+            raise ShapeError("a reduction over a batch dimension `...` has no size to scale a tangent by")
+        return S.One if entry == 1 else dim_size(str(entry))
 
     def rule(self, node: Expr) -> Expr:
         if isinstance(node, MatMul):
+            # Note [broadcast tangents]: a tangent constant along the contracted dimension meets the other
+            # operand summed over it, as a gradient does in backward (Note [narrow gradients]).
             a, b = node.args
-            ta, tb = self.operand(a, "`@`")[0], self.operand(b, "`@`")[0]
-            return (MatMul(ta, b) if ta != 0 else S.Zero) + (MatMul(a, tb) if tb != 0 else S.Zero)
+            (ta, narrow_a), (tb, narrow_b) = self.operand(a, 2), self.operand(b, 2)
+            left = MatMul(ta, ReduceSum(b, sympy.Integer(-2), S.One) if -1 in narrow_a else b) if ta != 0 else S.Zero
+            right = MatMul(ReduceSum(a, S.NegativeOne, S.One) if -2 in narrow_b else a, tb) if tb != 0 else S.Zero
+            return left + right
         if isinstance(node, Transpose):
-            return Transpose(self.operand(node.args[0], "`.T`")[0])
-        if isinstance(node, (Softmax, LogSoftmax)):
-            a, dim = node.args
-            ta, narrow = self.operand(a)
+            ta = self.operand(node.args[0], 2)[0]
+            return Transpose(ta) if ta != 0 else S.Zero
+        if isinstance(node, Unsqueeze):
+            ta, dim = self.tangent(node.args[0]), node.args[1]
             if ta == 0:
                 return S.Zero
+            # A tangent that stops before the new dimension (broadcast) broadcasts the same way unsqueezed.
+            have = shape_of(ta, self.table)
+            return Unsqueeze(ta, dim) if have is not None and len(split(have)[1]) >= -int(dim) - 1 else ta
+        if isinstance(node, (Softmax, LogSoftmax)):
+            a, dim = node.args
+            ta = self.tangent(a)
+            if ta == 0:
+                return S.Zero
+            broadcast = shape_of(ta, self.table) != shape_of(a, self.table)
             if isinstance(node, LogSoftmax):
                 return ta - ReduceSum(ta * sympy.exp(node), dim, S.One)
             # PyTorch's kernel wants the tangent in the operand's whole shape; the formula broadcasts it.
-            return node * (ta - ReduceSum(ta * node, dim, S.One)) if narrow else SoftmaxBackward(ta, node, dim)
+            return node * (ta - ReduceSum(ta * node, dim, S.One)) if broadcast else SoftmaxBackward(ta, node, dim)
         assert isinstance(node, ReductionBase), type(node)
         a, dims, keep = node.operand, node.args[1], node.args[2]
-        linear = isinstance(node, (ReduceSum, ReduceMean))
-        ta = self.operand(a, f"{node.spec_name}()" if linear else None)[0]
+        if isinstance(node, (ReduceSum, ReduceMean)):
+            return self.linear_reduction(node)
+        ta = self.tangent(a)  # the formulas below broadcast a narrower tangent themselves
         if ta == 0:
             return S.Zero
-        if linear:
-            return type(node)(ta, dims, keep)
         kept = self.kept(node)
         if isinstance(node, ReduceLogSumExp):
             weights = Softmax(a, dims) if len(node.dims) == 1 else sympy.exp(a - kept)
@@ -176,6 +219,21 @@ class _Jvp:
         # PyTorch's amax JVP: the mean of the tangent over the entries that tie for the maximum.
         mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
         return ReduceSum(ta * mask, dims, keep) / ReduceSum(mask, dims, keep)
+
+    def linear_reduction(self, node: ReductionBase) -> Expr:
+        """`sum`/`mean` of the tangent; where the tangent was broadcast along a summed dim (Note
+        [broadcast tangents]), the sum of its one entry there times the dim's size."""
+        a, dims, keep = node.operand, node.args[1], node.args[2]
+        ta, narrow = self.operand(a, max((-d for d in node.dims), default=0))
+        if ta == 0:
+            return S.Zero
+        if node.every_dim and narrow:
+            raise ShapeError(f"{node.spec_name}() over every dimension of an input broadcast along some of them")
+        value = type(node)(ta, dims, keep)
+        if isinstance(node, ReduceMean):
+            return value  # the mean of a broadcast tangent is the tangent
+        scale = sympy.Mul(*(self.size(a, d) for d in node.dims if d in narrow))
+        return value * scale
 
     def kept(self, node: ReductionBase) -> Expr:
         """The reduced value with the reduced dims back at size 1 (a scalar stays one)."""

@@ -59,6 +59,7 @@ from opgen.formula.tensor import (
     TensorOp,
     Transpose,
     Unsqueeze,
+    dim_size,
     dims_count,
     shape_of,
     split,
@@ -117,11 +118,30 @@ class _Vjp:
         flat = expr.xreplace(dummies)
         direct = self.clean(sympy.diff(flat, x)).xreplace(back)
         if direct != 0:
-            self.total += self.fit(grad * direct, x)
+            self.total += self.fit(self.spread(grad * direct, expr, x), x)
         for leaf, dummy in dummies.items():
             factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
             if factor != 0:
-                self.push(leaf, grad * factor)
+                self.push(leaf, self.spread(grad * factor, expr, leaf))
+
+    def spread(self, grad: Expr, expr: Expr, part: Expr) -> Expr:
+        """`grad`, the gradient of elementwise `expr`, as the gradient of its `part`: times the size of
+        each dimension that `expr` has and both lack (Note [narrow gradients])."""
+        have, full, want = self.shape(grad), self.shape(expr), self.shape(part)
+        if have is None or full is None or want is None:
+            return grad  # a plain Tensor: no tensor operation meets it
+        (have_batch, have_dims), (full_batch, full_dims), (want_batch, want_dims) = (
+            split(have),
+            split(full),
+            split(want),
+        )
+        if full_batch and not have_batch and not want_batch:
+            raise ShapeError("a gradient constant along the batch dimensions `...` meets an input without them")
+        factor: Expr = S.One
+        for k in range(1, len(full_dims) + 1):
+            if full_dims[-k] != 1 and all(k > len(dims) or dims[-k] == 1 for dims in (have_dims, want_dims)):
+                factor *= dim_size(str(full_dims[-k]))
+        return grad * factor
 
     def fit(self, grad: Expr, node: Expr) -> Expr:
         """`grad` summed over the dimensions `node` does not have (Note [carried batch dimensions])."""
@@ -157,6 +177,12 @@ class _Vjp:
             return
         if isinstance(node, Transpose):
             self.push(node.args[0], Transpose(grad))
+            return
+        if isinstance(node, Unsqueeze):
+            # The new dimension has size 1 in `grad` (fitted to the node), or `grad` stops before it.
+            have = self.shape(grad)
+            assert have is not None
+            self.push(node.args[0], _squeeze(grad, int(node.args[1])) if len(split(have)[1]) >= -node.args[1] else grad)
             return
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
@@ -214,6 +240,17 @@ class _Vjp:
             for k in range(len(want_dims), 0, -1)
             if want_dims[-k] != 1 and (k > len(have_dims) or have_dims[-k] == 1)
         )
+
+
+def _squeeze(grad: Expr, dim: int) -> Expr:
+    """`grad` without its size-1 dimension `dim` (from the end): a sum over it; when `fit` summed
+    down to that size 1, that sum drops the dimension instead of keeping it."""
+    if isinstance(grad, SumDims) and grad.args[2] and dim in grad.args[1]:
+        inner, dims = grad.args[0], [int(d) for d in grad.args[1]]
+        rest = [d + 1 if d < dim else d for d in dims if d != dim]  # counted from the end, one dimension fewer
+        squeezed = ReduceSum(inner, sympy.Integer(dim), S.Zero)
+        return SumDims(squeezed, sympy.Tuple(*rest), S.One) if rest else squeezed
+    return ReduceSum(grad, sympy.Integer(dim), S.Zero)
 
 
 def _kept_dims(have: tuple, want: tuple) -> tuple[int, ...]:

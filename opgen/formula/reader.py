@@ -205,6 +205,8 @@ class _Reader:
             raise self.fail(node, f"'{name}' is an input or intermediate, not a function")
         if name in REDUCTIONS:
             return self.read_reduction(node, name)
+        if name == "unsqueeze":
+            return self.read_unsqueeze(node)
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
             raise self.fail(node, f"unknown function '{name}'{hints.unknown_function(name, node.args)}")
         if name in ("max", "min") and (node.keywords or len(node.args) == 1):
@@ -280,6 +282,22 @@ class _Reader:
         kind = "var" if name == "std" else name
         reduced = tensor.reduction(kind, operand, found, keepdim, correction)
         return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
+
+    def read_unsqueeze(self, node: ast.Call) -> Value:
+        """`unsqueeze(x, dim=-3)`: `x` with a new dimension of size 1 at `dim`, as torch.unsqueeze."""
+        if len(node.args) != 1 or [kw.arg for kw in node.keywords] != ["dim"]:
+            raise self.fail(node, "unsqueeze() takes one tensor argument and `dim=`, e.g. unsqueeze(x, dim=-3)")
+        dim = int_literal(node.keywords[0].value)
+        if dim is None:
+            raise self.fail(node.keywords[0].value, "`dim` of unsqueeze() must be a whole number such as -1")
+        operand = self.number(node.args[0])
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM)
+        try:
+            dim = tensor.unsqueeze_dim(self.shape(node.args[0], operand), dim)
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM))
 
     def _arity(self, node: ast.Call, name: str, count: int) -> None:
         if len(node.args) != count:

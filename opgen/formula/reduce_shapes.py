@@ -83,3 +83,25 @@ def dims_count(a: Shape, dims: tuple[int, ...], what: str) -> Expr:
         if entry != 1:
             count *= dim_size(str(entry))
     return count
+
+
+def unsqueeze_dim(a: Shape, dim: int) -> int:
+    """`dim` of `unsqueeze(a, dim=...)` counted from the end (-1: a new last dimension), checked."""
+    if not a:  # a plain Tensor (unknown rank) or a number
+        raise ShapeError("unsqueeze() needs a tensor operand with declared dimensions, e.g. Tensor[..., N, K]")
+    batch, dims = split(a)
+    rank = len(dims)
+    if batch and dim >= 0:
+        raise ShapeError(
+            f"unsqueeze(): with batch dimensions `...` count dim from the end (dim=-1: after the last of {show(a)})"
+        )
+    if not -rank - 1 <= dim <= rank:
+        raise ShapeError(f"unsqueeze(): dim={dim} is not a place in {show(a)}, which has {rank} dimensions")
+    return dim - rank - 1 if dim >= 0 else dim
+
+
+def unsqueeze_shape(a: Shape, dim: int) -> Shape:
+    """`a` with a dimension of size 1 at `dim` (from the end, as `unsqueeze_dim` gives it)."""
+    assert a is not None and dim < 0
+    k = len(a) + dim + 1
+    return a[:k] + (1,) + a[k:]

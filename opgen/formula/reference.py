@@ -57,6 +57,7 @@ TORCH_FUNCTIONS = {
     "std": "torch.std",
     "norm": "torch.linalg.vector_norm",
     "xlogy": "torch.xlogy",
+    "unsqueeze": "torch.unsqueeze",
 }
 
 

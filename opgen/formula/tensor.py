@@ -44,7 +44,8 @@ from opgen.formula.dims import is_dim_size as is_dim_size
 from opgen.formula.reduce_shapes import dims_count as dims_count
 from opgen.formula.reduce_shapes import reduce_dim as reduce_dim
 from opgen.formula.reduce_shapes import reduce_dims as reduce_dims
-from opgen.formula.reduce_shapes import reduce_shape
+from opgen.formula.reduce_shapes import reduce_shape, unsqueeze_shape
+from opgen.formula.reduce_shapes import unsqueeze_dim as unsqueeze_dim
 
 # -- nodes -------------------------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ def fuse_softmax(expr: Expr) -> Expr:
 
 
 class Unsqueeze(_Linear):
-    """`g.unsqueeze(dim)`, `dim` counted from the end; only gradients use it."""
+    """`g.unsqueeze(dim)`, `dim` counted from the end: the formula language's `unsqueeze`, and gradients."""
 
     nargs = 2
 
@@ -364,10 +365,7 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dims, expr.keepdim)
     if isinstance(expr, Unsqueeze):
-        inner = shape_of(expr.args[0], table)
-        assert inner is not None
-        k = len(inner) + int(expr.args[1]) + 1
-        return inner[:k] + (1,) + inner[k:]
+        return unsqueeze_shape(shape_of(expr.args[0], table), int(expr.args[1]))
     if isinstance(expr, SumDims):
         inner = shape_of(expr.args[0], table)
         assert inner is not None

@@ -73,7 +73,11 @@ SPECIAL_FUNCTIONS = ("where", "max", "min")
 REDUCTIONS = ("sum", "mean", "amax", "logsumexp", "var", "std", "norm")
 
 
-ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS]))
+# `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights)
+SHAPE_FUNCTIONS = ("unsqueeze",)
+
+
+ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))
 
 
 CONSTANTS: dict[str, Value] = {

@@ -33,7 +33,9 @@ import sympy
 from opgen.formula import tensor
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
-from opgen.formula.vocabulary import REDUCTIONS
+from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
+
+SHAPED = (*REDUCTIONS, *SHAPE_FUNCTIONS)  # calls whose first argument sets the shape: reductions, unsqueeze
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class Walk:
             return self.operation(node, [node.left, node.right])
         if isinstance(node, ast.Attribute):
             return self.operation(node, [node.value])
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SHAPED:
             return self.operation(node, node.args[:1])
         parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
         if isinstance(node, ast.Call):
@@ -121,6 +123,9 @@ class Walk:
             return tensor.transpose_shape(shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
+        if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
+            place = ast.literal_eval(options["dim"])
+            return tensor.unsqueeze_shape(shapes[0], tensor.unsqueeze_dim(shapes[0], place))
         dims = reduction_dims(options.get("dim"))
         keepdim = "keepdim" in options and ast.unparse(options["keepdim"]) in ("true", "True")
         return tensor.reduce_shape(shapes[0], tensor.reduce_dims(shapes[0], dims, keepdim, "reduction"), keepdim)  # type: ignore[arg-type]
