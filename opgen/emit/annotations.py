@@ -25,6 +25,13 @@ op or Module may be named `float`, `tuple` or `Any`: then the builtin is written
 What torch leaves untyped (`Function.apply`, `torch.broadcast_shapes`) is called under a
 `# type: ignore[<code>, unused-ignore]` naming the exact error: `unused-ignore` keeps the line
 clean on a torch release whose stubs do type it.
+
+One relaxation, per op module: `# mypy: disable-error-code="no-any-return"`. torch types `ctx`
+as `Any`, so what `backward` and `jvp` read from it (`ctx.saved_tensors`, the values kept on it)
+is `Any`, and so is what `torch.ops.aten.*` returns; mypy can check nothing about such a value,
+and `--strict`'s `warn_return_any` would only ask for a `cast` (a call, on every call of the op)
+or a redeclared variable before each `return`. Every other `--strict` check stays on, and the
+signatures are what callers are checked against. The generated tests and `harness.py` need none.
 """
 
 from __future__ import annotations
@@ -109,3 +116,11 @@ def typed_params(inputs: list[Input], types: TypeNames, defaults: dict[str, str]
 def define(name: str, params: list[str], returns: str, indent: int) -> str:
     """`def name(params) -> returns:` as ruff formats it at column `indent`."""
     return layout.call(f"def {name}", params, indent, f" -> {returns}:")
+
+
+def reference_param(kind: InputType, name: str, absent: set[str], types: TypeNames) -> str:
+    """A parameter of a generated test's plain-torch reference: a tensor (None when the reference
+    is the one without it), or a number the reference turns into a tensor itself."""
+    if kind.kind == "Tensor":
+        return param(name, "None" if name in absent else types.tensor)
+    return param(name, f"{types.builtin[kind.kind]} | {types.tensor}")
