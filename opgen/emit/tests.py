@@ -185,7 +185,11 @@ def _values(spec: Spec, math: str) -> tuple[str, str] | None:
     given = {i.name: spec.test_value(i) for i in spec.inputs if not i.is_tensor}
     if not given:
         return None
-    return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
+    others = {n: other_value(v) for n, v in given.items()}
+    return (
+        _assigned("VALUES: dict[str, float]", given, math, "the non-tensor inputs in most tests"),
+        _assigned("OTHER_VALUES: dict[str, float]", others, math, "away from their defaults and VALUES"),
+    )
 
 
 def _assigned(name: str, value: quote.Literal, math: str, comment: str = "") -> str:
