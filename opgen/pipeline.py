@@ -306,6 +306,7 @@ def package_files(
         "ops/__init__.py": marker + '"""One module per op; import them from the package."""\n',
         "tests/__init__.py": marker + '"""Generated tests: run `pytest` on this folder."""\n',
         "tests/harness.py": renderer.runtime("harness"),
+        "tests/accuracy.py": renderer.runtime("accuracy"),
     }
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.

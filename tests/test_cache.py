@@ -66,7 +66,7 @@ def test_a_changed_spec_is_generated_again_and_only_it(specs, tmp_path, generate
     swish.write_text(swish.read_text(encoding="utf-8").replace("beta: float = 1.0", "beta: float = 2.0"))
     files = _build(specs, Cache(tmp_path / "cache"))
     assert generated[3:] == ["swish"]
-    assert "beta=2.0" in files["ops/swish.py"]
+    assert "beta: float = 2.0" in files["ops/swish.py"]
     assert files == _build(specs, None)
 
 

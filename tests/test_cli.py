@@ -54,7 +54,10 @@ def test_check_reports_a_stale_package_with_a_diff(run_cli, tmp_path):
     status, diff, err = run_cli("check", str(specs), "-o", str(out), "--diff")
     assert status == 1
     assert "--- a/ops/ops/swish.py" in diff and "+++ b/ops/ops/swish.py" in diff
-    assert "-def swish(x, beta=1.0):" in diff and "+def swish(x, beta=2.0):" in diff
+    assert (
+        "-def swish(x: torch.Tensor, beta: float = 1.0)" in diff
+        and "+def swish(x: torch.Tensor, beta: float = 2.0)" in diff
+    )
     assert "out of date" in err
 
 

@@ -46,16 +46,16 @@ def test_a_domain_without_real_values_has_no_rows():
 
 
 def test_the_check_fails_for_the_naive_float32_formula():
-    """The generated swish test's rows and the harness's `accurate` reject plain autograd of the formula."""
+    """The generated swish test's rows and `accurate` (tests/accuracy.py) reject plain autograd of the formula."""
     import_package(ROOT, "generated")
     tests = importlib.import_module("generated.tests.test_swish")
-    harness = importlib.import_module("generated.tests.harness")
+    accuracy = importlib.import_module("generated.tests.accuracy")
     rejected = []
     for _, point, (value,), slope, _ in tests.EXTREMES:
         x = torch.tensor([point], dtype=torch.float32, requires_grad=True)
         y = x / (1 + torch.exp(-x))
         (grad,) = torch.autograd.grad(y.sum(), x)
-        if not (harness.accurate(y.detach(), value) and harness.accurate(grad, slope)):
+        if not (accuracy.accurate(y.detach(), value) and accuracy.accurate(grad, slope)):
             rejected.append(point)
     assert -100.0 in rejected and -1e4 in rejected
     tests.test_float32_at_extreme_inputs()  # while the generated op passes

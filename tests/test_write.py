@@ -199,7 +199,7 @@ def test_the_package_imports_whole_after_each_switch(versions, tmp_path):
     assert not hasattr(import_package(tmp_path, "pkg"), "swish_two")
     write.generate(out, new)
     package = import_package(tmp_path, "pkg")
-    assert package.swish_two is not None and "beta=2.0" in (out / "ops" / "swish.py").read_text()
+    assert package.swish_two is not None and "beta: float = 2.0" in (out / "ops" / "swish.py").read_text()
 
 
 def test_leftovers_of_older_opgen_versions_are_removed_and_user_folders_kept(versions, tmp_path):
@@ -289,7 +289,10 @@ def test_a_symlinked_out_on_another_filesystem_is_written_beside_its_target(run_
             (specs / "swish.yaml").write_text(SWISH.replace("1.0", default))
             status, _, err = run_cli("generate", str(specs), "-o", str(out))
             assert status == 0, err
-        assert out.is_symlink() and f"beta={default}" in (target_parent / "real_pkg" / "ops" / "swish.py").read_text()
+        assert (
+            out.is_symlink()
+            and f"beta: float = {default}" in (target_parent / "real_pkg" / "ops" / "swish.py").read_text()
+        )
         assert leftovers(target_parent, "real_pkg") == [] and leftovers(tmp_path, "pkg") == []
         assert import_package(tmp_path, "pkg").swish is not None
         assert run_cli("check", str(specs), "-o", str(out))[0] == 0

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,16 +18,16 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
 BROADCAST_SHAPES = {"bias": [4], "weight": [4], "x": [3, 4]}
-SAVED = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(x, weight, bias):
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = x * weight + bias
     return {"y": y}
 
 
-def reference_without_bias(x, weight, bias):
+def reference_without_bias(x: torch.Tensor, weight: torch.Tensor, bias: None) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     y = x * weight
     return {"y": y}
@@ -41,7 +43,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -51,49 +53,49 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, AffineFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, AffineFunction, sample_inputs(), SAVED)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[2] = torch.zeros([5], dtype=DTYPE)
     with pytest.raises(ValueError, match="do not broadcast together"):
         affine(*args)
 
 
-def test_broadcasting_inputs():
+def test_broadcasting_inputs() -> None:
     args = sample_inputs(BROADCAST_SHAPES, seed=2)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args)
 
 
-def test_bias_none_drops_its_terms():
+def test_bias_none_drops_its_terms() -> None:
     args = sample_inputs()
     args[2] = None
     harness.check_against_reference(OP, args, reference_without_bias)
@@ -101,7 +103,7 @@ def test_bias_none_drops_its_terms():
     harness.check_gradients(OP, args)
 
 
-def test_module_matches_functional():
+def test_module_matches_functional() -> None:
     module = Affine(features=4).to(DTYPE)
     params = dict(module.named_parameters())
     assert "weight" in params or getattr(module, "weight", None) is None

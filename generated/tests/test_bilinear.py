@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,16 +18,18 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [2], "weight": [2, 4, 5], "x1": [3, 4], "x2": [3, 5]}
 BATCHED_SHAPES = {"bias": [2], "weight": [2, 4, 5], "x1": [2, 3, 4], "x2": [2, 3, 5]}  # with batch dimensions for `...`
-SAVED = ["x1", "x2", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x1", "x2", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(x1, x2, weight, bias):
+def reference(x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = torch.sum(torch.unsqueeze(x1, dim=-3) @ weight * torch.unsqueeze(x2, dim=-3), dim=-1).mT + bias
     return {"y": y}
 
 
-def reference_without_bias(x1, x2, weight, bias):
+def reference_without_bias(
+    x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: None
+) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     y = torch.sum(torch.unsqueeze(x1, dim=-3) @ weight * torch.unsqueeze(x2, dim=-3), dim=-1).mT
     return {"y": y}
@@ -41,7 +45,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -52,62 +56,62 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def native(x1, x2, weight, bias):
+def native(x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """PyTorch's own op, which the first output must match, gradients included."""
     return torch.nn.functional.bilinear(x1, x2, weight, bias)
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, BilinearFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, BilinearFunction, sample_inputs(), SAVED)
 
 
-def test_matches_native_op():
+def test_matches_native_op() -> None:
     harness.check_against_native(OP, sample_inputs(), native)
 
 
-def test_matches_native_op_on_batched_inputs():
+def test_matches_native_op_on_batched_inputs() -> None:
     harness.check_against_native(OP, sample_inputs(BATCHED_SHAPES, seed=4), native)
 
 
-def test_batched_inputs():
+def test_batched_inputs() -> None:
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([4, 5], dtype=DTYPE)
     with pytest.raises(ValueError, match="argument 'x2' must have shape"):
         bilinear(*args)
 
 
-def test_bias_none_drops_its_terms():
+def test_bias_none_drops_its_terms() -> None:
     args = sample_inputs()
     args[3] = None
     harness.check_against_reference(OP, args, reference_without_bias)
@@ -115,7 +119,7 @@ def test_bias_none_drops_its_terms():
     harness.check_gradients(OP, args)
 
 
-def test_module_matches_functional():
+def test_module_matches_functional() -> None:
     module = Bilinear(in1_features=4, in2_features=5, out_features=2).to(DTYPE)
     params = dict(module.named_parameters())
     assert "weight" in params or getattr(module, "weight", None) is None

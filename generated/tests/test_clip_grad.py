@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import ClipGradFunction, clip_grad
@@ -14,19 +16,19 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
-VALUES = {"bound": 1.0}  # the non-tensor inputs in most tests
-OTHER_VALUES = {"bound": 0.7}  # away from their defaults and VALUES
+SAVED: list[str] = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES: dict[str, float] = {"bound": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES: dict[str, float] = {"bound": 0.7}  # away from their defaults and VALUES
 
 
-def reference(x, bound):
+def reference(x: torch.Tensor, bound: float | torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     bound = T(bound)
     y = x
     return {"y": y}
 
 
-def reference_grad_x(x, bound, y, grad_y):
+def reference_grad_x(x: torch.Tensor, bound: float, y: torch.Tensor, grad_y: torch.Tensor) -> torch.Tensor:
     """The gradient override of `x`, evaluated independently."""
     return T(torch.clamp(grad_y, min=-bound, max=bound))
 
@@ -43,7 +45,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -52,23 +54,23 @@ def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, ClipGradFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, ClipGradFunction, sample_inputs(), SAVED)
 
 
-def test_non_tensor_inputs_away_from_their_defaults():
+def test_non_tensor_inputs_away_from_their_defaults() -> None:
     """An op that ignores a non-tensor input, or reads another value, fails here."""
     args = sample_inputs(seed=5, values=OTHER_VALUES)
     harness.check_against_reference(OP, args, reference)
@@ -94,5 +96,5 @@ EXTREMES = [
 PLACES = {"middle": {"x": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)

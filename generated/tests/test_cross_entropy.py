@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -15,10 +17,10 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"input": [3, 4], "target": [3, 4]}
-SAVED = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(input, target):
+def reference(input: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     loss = torch.mean(-torch.sum(target * (input - torch.logsumexp(input, dim=-1, keepdim=True)), dim=-1))
     return {"loss": loss}
@@ -34,7 +36,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -43,35 +45,35 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, CrossEntropyFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, CrossEntropyFunction, sample_inputs(), SAVED)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([4, 4], dtype=DTYPE)
     with pytest.raises(ValueError, match="argument 'target' must have shape"):

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,16 +18,18 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"logits": [3, 4], "target": [3, 4]}
 BROADCAST_SHAPES = {"logits": [3, 4], "target": [4]}
-SAVED = ["logits", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
-VALUES = {"alpha": 0.25, "gamma": 2.0}  # the non-tensor inputs in most tests
-OTHER_VALUES = {"alpha": 0.175, "gamma": 1.4}  # away from their defaults and VALUES
+SAVED: list[str] = ["logits", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES: dict[str, float] = {"alpha": 0.25, "gamma": 2.0}  # the non-tensor inputs in most tests
+OTHER_VALUES: dict[str, float] = {"alpha": 0.175, "gamma": 1.4}  # away from their defaults and VALUES
 POINTS = {
     "logits": [-100.0, -30.0, 0.0, 30.0, 100.0],
     "target": [0.0, 0.0, 1.0, 1.0, 1.0],
 }  # kinks and edges of the formulas, read row by row
 
 
-def reference(logits, target, alpha, gamma):
+def reference(
+    logits: torch.Tensor, target: torch.Tensor, alpha: float | torch.Tensor, gamma: float | torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     alpha = T(alpha)
     gamma = T(gamma)
@@ -47,7 +51,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -58,45 +62,45 @@ def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     ]
 
 
-def point_inputs():
+def point_inputs() -> list[Any]:
     """Inputs at `tests.points`, row by row; Tensor inputs without points drawn from their domain."""
     count = len(next(iter(POINTS.values())))
-    args = sample_inputs({name: (count,) for name in SHAPES}, seed=3)
+    args = sample_inputs({name: [count] for name in SHAPES}, seed=3)
     for k, name in enumerate(OP.inputs):
         if name in POINTS:
             args[k] = torch.tensor(POINTS[name], dtype=DTYPE, requires_grad=True)
     return args
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, FocalLossFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, FocalLossFunction, sample_inputs(), SAVED)
 
 
-def test_non_tensor_inputs_away_from_their_defaults():
+def test_non_tensor_inputs_away_from_their_defaults() -> None:
     """An op that ignores a non-tensor input, or reads another value, fails here."""
     args = sample_inputs(seed=5, values=OTHER_VALUES)
     harness.check_against_reference(OP, args, reference)
@@ -179,23 +183,23 @@ PLACES = {
 }
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
-def test_finite_at_points():
+def test_finite_at_points() -> None:
     """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
     harness.check_finite(OP, point_inputs(), second_order=True)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([3, 5], dtype=DTYPE)
     with pytest.raises(ValueError, match="do not broadcast together"):
         focal_loss(*args)
 
 
-def test_broadcasting_inputs():
+def test_broadcasting_inputs() -> None:
     args = sample_inputs(BROADCAST_SHAPES, seed=2)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -15,12 +17,12 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"input": [3, 4], "target": [3, 4]}
-SAVED = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
-VALUES = {"smoothing": 0.1}  # the non-tensor inputs in most tests
-OTHER_VALUES = {"smoothing": 0.07}  # away from their defaults and VALUES
+SAVED: list[str] = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES: dict[str, float] = {"smoothing": 0.1}  # the non-tensor inputs in most tests
+OTHER_VALUES: dict[str, float] = {"smoothing": 0.07}  # away from their defaults and VALUES
 
 
-def reference(input, target, smoothing):
+def reference(input: torch.Tensor, target: torch.Tensor, smoothing: float | torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     smoothing = T(smoothing)
     smoothed = (1 - smoothing) * target + smoothing / T(input.shape[-1])
@@ -38,7 +40,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -48,42 +50,42 @@ def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, LabelSmoothingCeFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, LabelSmoothingCeFunction, sample_inputs(), SAVED)
 
 
-def test_non_tensor_inputs_away_from_their_defaults():
+def test_non_tensor_inputs_away_from_their_defaults() -> None:
     """An op that ignores a non-tensor input, or reads another value, fails here."""
     args = sample_inputs(seed=5, values=OTHER_VALUES)
     harness.check_against_reference(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([4, 4], dtype=DTYPE)
     with pytest.raises(ValueError, match="argument 'target' must have shape"):

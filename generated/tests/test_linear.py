@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,16 +18,16 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"bias": [5], "input": [3, 4], "weight": [5, 4]}
 BATCHED_SHAPES = {"bias": [5], "input": [2, 3, 4], "weight": [5, 4]}  # with batch dimensions for `...`
-SAVED = ["input", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["input", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(input, weight, bias):
+def reference(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     out = input @ weight.mT + bias
     return {"out": out}
 
 
-def reference_without_bias(input, weight, bias):
+def reference_without_bias(input: torch.Tensor, weight: torch.Tensor, bias: None) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch, with the terms of the missing input dropped."""
     out = input @ weight.mT
     return {"out": out}
@@ -41,7 +43,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -51,49 +53,49 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, LinearFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, LinearFunction, sample_inputs(), SAVED)
 
 
-def test_batched_inputs():
+def test_batched_inputs() -> None:
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([5, 5], dtype=DTYPE)
     with pytest.raises(ValueError, match="argument 'weight' must have shape"):
         linear(*args)
 
 
-def test_bias_none_drops_its_terms():
+def test_bias_none_drops_its_terms() -> None:
     args = sample_inputs()
     args[2] = None
     harness.check_against_reference(OP, args, reference_without_bias)
@@ -101,7 +103,7 @@ def test_bias_none_drops_its_terms():
     harness.check_gradients(OP, args)
 
 
-def test_module_matches_functional():
+def test_module_matches_functional() -> None:
     module = Linear(in_features=4, out_features=5).to(DTYPE)
     params = dict(module.named_parameters())
     assert "weight" in params or getattr(module, "weight", None) is None

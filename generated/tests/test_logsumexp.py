@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,10 +18,10 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3]}
 BATCHED_SHAPES = {"x": [2, 3]}  # with batch dimensions for `...`
-SAVED = ["x", "y"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x", "y"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(x):
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = torch.logsumexp(x, dim=-1)
     return {"y": y}
@@ -35,7 +37,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -43,55 +45,55 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def native(x):
+def native(x: torch.Tensor) -> torch.Tensor:
     """PyTorch's own op, which the first output must match, gradients included."""
     return torch.logsumexp(x, dim=-1)
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, LogsumexpFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, LogsumexpFunction, sample_inputs(), SAVED)
 
 
-def test_matches_native_op():
+def test_matches_native_op() -> None:
     harness.check_against_native(OP, sample_inputs(), native)
 
 
-def test_matches_native_op_on_batched_inputs():
+def test_matches_native_op_on_batched_inputs() -> None:
     harness.check_against_native(OP, sample_inputs(BATCHED_SHAPES, seed=4), native)
 
 
-def test_batched_inputs():
+def test_batched_inputs() -> None:
     args = sample_inputs(BATCHED_SHAPES, seed=3)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)
     harness.check_gradients(OP, args, second_order=True)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[0] = torch.zeros([], dtype=DTYPE)
     with pytest.raises(ValueError, match="argument 'x' must have shape"):

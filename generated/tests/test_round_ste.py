@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import RoundSteFunction, round_ste
@@ -14,17 +16,17 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = []  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 POINTS = {"x": [-1.5, -0.5, 0.0, 0.5, 1.5, 2.5]}  # kinks and edges of the formulas, read row by row
 
 
-def reference(x):
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = torch.round(x)
     return {"y": y}
 
 
-def reference_grad_x(x, y, grad_y):
+def reference_grad_x(x: torch.Tensor, y: torch.Tensor, grad_y: torch.Tensor) -> torch.Tensor:
     """The gradient override of `x`, evaluated independently."""
     return T(grad_y)
 
@@ -41,7 +43,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -49,34 +51,34 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def point_inputs():
+def point_inputs() -> list[Any]:
     """Inputs at `tests.points`, row by row; Tensor inputs without points drawn from their domain."""
     count = len(next(iter(POINTS.values())))
-    args = sample_inputs({name: (count,) for name in SHAPES}, seed=3)
+    args = sample_inputs({name: [count] for name in SHAPES}, seed=3)
     for k, name in enumerate(OP.inputs):
         if name in POINTS:
             args[k] = torch.tensor(POINTS[name], dtype=DTYPE, requires_grad=True)
     return args
 
 
-def native(x):
+def native(x: torch.Tensor) -> torch.Tensor:
     """PyTorch's own op, which the first output must match, gradients included."""
     return torch.round(x)
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, RoundSteFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, RoundSteFunction, sample_inputs(), SAVED)
 
 
@@ -100,18 +102,18 @@ EXTREMES = [
 PLACES = {"middle": {"x": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
-def test_finite_at_points():
+def test_finite_at_points() -> None:
     """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
     harness.check_finite(OP, point_inputs(), second_order=True)
 
 
-def test_matches_native_op():
+def test_matches_native_op() -> None:
     harness.check_against_native(OP, sample_inputs(), native)
 
 
-def test_matches_native_op_at_points():
+def test_matches_native_op_at_points() -> None:
     harness.check_against_native(OP, point_inputs(), native)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import SafeSqrtFunction, safe_sqrt
@@ -14,11 +16,11 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 POINTS = {"x": [-1.0, 0.0, 1.0, 4.0]}  # kinks and edges of the formulas, read row by row
 
 
-def reference(x):
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = torch.where(x > 0, torch.sqrt(x), T(0))
     return {"y": y}
@@ -34,7 +36,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -42,41 +44,41 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def point_inputs():
+def point_inputs() -> list[Any]:
     """Inputs at `tests.points`, row by row; Tensor inputs without points drawn from their domain."""
     count = len(next(iter(POINTS.values())))
-    args = sample_inputs({name: (count,) for name in SHAPES}, seed=3)
+    args = sample_inputs({name: [count] for name in SHAPES}, seed=3)
     for k, name in enumerate(OP.inputs):
         if name in POINTS:
             args[k] = torch.tensor(POINTS[name], dtype=DTYPE, requires_grad=True)
     return args
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SafeSqrtFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, SafeSqrtFunction, sample_inputs(), SAVED)
 
 
@@ -100,10 +102,10 @@ EXTREMES = [
 PLACES = {"middle": {"x": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
-def test_finite_at_points():
+def test_finite_at_points() -> None:
     """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
     harness.check_finite(OP, point_inputs(), second_order=True)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import SignSteFunction, sign_ste
@@ -14,16 +16,16 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(x):
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = torch.sign(x)
     return {"y": y}
 
 
-def reference_grad_x(x, y, grad_y):
+def reference_grad_x(x: torch.Tensor, y: torch.Tensor, grad_y: torch.Tensor) -> torch.Tensor:
     """The gradient override of `x`, evaluated independently."""
     return T(grad_y * (torch.abs(x) <= 1))
 
@@ -40,7 +42,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -48,19 +50,19 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SignSteFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, SignSteFunction, sample_inputs(), SAVED)
 
 
@@ -84,5 +86,5 @@ EXTREMES = [
 PLACES = {"middle": {"x": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import SiluFunction, silu
@@ -14,10 +16,10 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(x):
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = x * torch.sigmoid(x)
     return {"y": y}
@@ -33,7 +35,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -41,36 +43,36 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def native(x):
+def native(x: torch.Tensor) -> torch.Tensor:
     """PyTorch's own op, which the first output must match, gradients included."""
     return torch.nn.functional.silu(x)
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SiluFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, SiluFunction, sample_inputs(), SAVED)
 
 
@@ -94,9 +96,9 @@ EXTREMES = [
 PLACES = {"middle": {"x": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
 
 
-def test_matches_native_op():
+def test_matches_native_op() -> None:
     harness.check_against_native(OP, sample_inputs(), native)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import torch
 
 from .. import SpikeFunction, spike
@@ -14,13 +16,13 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"v": [3, 4]}
-SAVED = ["v"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
-VALUES = {"slope": 10.0, "threshold": 1.0}  # the non-tensor inputs in most tests
-OTHER_VALUES = {"slope": 7.0, "threshold": 0.7}  # away from their defaults and VALUES
+SAVED: list[str] = ["v"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES: dict[str, float] = {"slope": 10.0, "threshold": 1.0}  # the non-tensor inputs in most tests
+OTHER_VALUES: dict[str, float] = {"slope": 7.0, "threshold": 0.7}  # away from their defaults and VALUES
 POINTS = {"v": [0.0, 1.0, 2.0, -1.0]}  # kinks and edges of the formulas, read row by row
 
 
-def reference(v, threshold, slope):
+def reference(v: torch.Tensor, threshold: float | torch.Tensor, slope: float | torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     threshold = T(threshold)
     slope = T(slope)
@@ -28,7 +30,9 @@ def reference(v, threshold, slope):
     return {"s": s}
 
 
-def reference_grad_v(v, threshold, slope, s, grad_s):
+def reference_grad_v(
+    v: torch.Tensor, threshold: float, slope: float, s: torch.Tensor, grad_s: torch.Tensor
+) -> torch.Tensor:
     """The gradient override of `v`, evaluated independently."""
     return T(grad_s / (1 + slope * torch.abs(v - threshold)) ** 2)
 
@@ -45,7 +49,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -55,33 +59,33 @@ def sample_inputs(shapes=SHAPES, seed=0, values=VALUES):
     ]
 
 
-def point_inputs():
+def point_inputs() -> list[Any]:
     """Inputs at `tests.points`, row by row; Tensor inputs without points drawn from their domain."""
     count = len(next(iter(POINTS.values())))
-    args = sample_inputs({name: (count,) for name in SHAPES}, seed=3)
+    args = sample_inputs({name: [count] for name in SHAPES}, seed=3)
     for k, name in enumerate(OP.inputs):
         if name in POINTS:
             args[k] = torch.tensor(POINTS[name], dtype=DTYPE, requires_grad=True)
     return args
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SpikeFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, SpikeFunction, sample_inputs(), SAVED)
 
 
-def test_non_tensor_inputs_away_from_their_defaults():
+def test_non_tensor_inputs_away_from_their_defaults() -> None:
     """An op that ignores a non-tensor input, or reads another value, fails here."""
     args = sample_inputs(seed=5, values=OTHER_VALUES)
     harness.check_against_reference(OP, args, reference)
@@ -107,10 +111,10 @@ EXTREMES = [
 PLACES = {"middle": {"v": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
-def test_finite_at_points():
+def test_finite_at_points() -> None:
     """Values, first and second derivatives are finite at the kinks and edges of the formulas."""
     harness.check_finite(OP, point_inputs(), second_order=True)

@@ -6,6 +6,8 @@ ops; autograd of the reference is what the generated backward must match. The ch
 themselves are in `harness.py` beside this file.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,10 +18,10 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"gate": [3, 4], "up": [3, 4]}
 BROADCAST_SHAPES = {"gate": [3, 4], "up": [4]}
-SAVED = ["gate", "up"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["gate", "up"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(gate, up):
+def reference(gate: torch.Tensor, up: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
     y = gate * torch.sigmoid(gate) * up
     return {"y": y}
@@ -35,7 +37,7 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes=SHAPES, seed=0):
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -44,31 +46,31 @@ def sample_inputs(shapes=SHAPES, seed=0):
     ]
 
 
-def test_forward_and_backward_match_reference():
+def test_forward_and_backward_match_reference() -> None:
     harness.check_against_reference(OP, sample_inputs(), reference)
 
 
-def test_function_apply_equals_functional():
+def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SwigluFunction, sample_inputs())
 
 
-def test_vmap_equals_a_loop():
+def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 
 
-def test_gradcheck():
+def test_gradcheck() -> None:
     harness.check_gradients(OP, sample_inputs())
 
 
-def test_jvp_matches_forward_mode_of_reference():
+def test_jvp_matches_forward_mode_of_reference() -> None:
     harness.check_jvp(OP, sample_inputs(), reference)
 
 
-def test_gradgradcheck():
+def test_gradgradcheck() -> None:
     harness.check_gradients(OP, sample_inputs(), second_order=True)
 
 
-def test_saves_the_planned_inputs_and_outputs():
+def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, SwigluFunction, sample_inputs(), SAVED)
 
 
@@ -147,18 +149,18 @@ EXTREMES = [
 PLACES = {"high": {"gate": 3.0, "up": 3.0}, "low": {"gate": -3.0, "up": -3.0}, "middle": {"gate": 0.0, "up": 0.0}}
 
 
-def test_float32_at_extreme_inputs():
+def test_float32_at_extreme_inputs() -> None:
     harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
 
 
-def test_wrong_shape_is_a_value_error():
+def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
     args[1] = torch.zeros([3, 5], dtype=DTYPE)
     with pytest.raises(ValueError, match="do not broadcast together"):
         swiglu(*args)
 
 
-def test_broadcasting_inputs():
+def test_broadcasting_inputs() -> None:
     args = sample_inputs(BROADCAST_SHAPES, seed=2)
     harness.check_against_reference(OP, args, reference)
     harness.check_jvp(OP, args, reference)

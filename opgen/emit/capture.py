@@ -66,7 +66,7 @@ def call_tuple(args: list[str]) -> str:
     return f"({args[0]},)" if len(args) == 1 else f"({', '.join(args)})"
 
 
-def autocast_helper(name: str, torch: str, call: str = "function.apply") -> Lines:
+def autocast_helper(name: str, torch: str, any_: str, call: str = "function.apply") -> Lines:
     """The module-level function a matrix op's functional calls under autocast (Note [autocast]).
 
     Note [autocast]
@@ -83,14 +83,14 @@ def autocast_helper(name: str, torch: str, call: str = "function.apply") -> Line
     back to its input's dtype. Elementwise ops are left to type promotion, as PyTorch's are.
     """
     return [
-        f"def {name}(function, *args):",
+        f"def {name}(function: {any_}, *args: {any_}) -> {any_}:",
         f'    """`{call}(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""',
         f"    tensors = [a for a in args if {torch}.is_tensor(a)]  # no builtins: an op may be named `isinstance`",
         "    device = tensors[0].device.type",
         f"    if not {torch}.is_autocast_enabled(device):",
         f"        return {call}(*args)",
         f"    dtype = {torch}.get_autocast_dtype(device)",
-        f"    args = [a.to(dtype) if {torch}.is_tensor(a) and a.is_floating_point() else a for a in args]",
+        f"    args = tuple(a.to(dtype) if {torch}.is_tensor(a) and a.is_floating_point() else a for a in args)",
         f"    with {torch}.autocast(device, enabled=False):",
         f"        return {call}(*args)",
     ]

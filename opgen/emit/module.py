@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opgen.emit import annotations as typed
 from opgen.spec import quote
 from opgen.spec.model import Input, Module, Scalar, Spec
 from opgen.spec.names import Namer
@@ -29,10 +30,12 @@ MODULE_ATTRIBUTES = frozenset(
 @dataclass(frozen=True)
 class ModuleContext:
     name: str
-    init_params: str
+    init_def: str
     init_body: list[str]
+    reset_def: str
     reset_body: list[str]
-    forward_params: str
+    forward_def: str
+    repr_def: str
     forward_call: str
     repr_text: str
     doc: str
@@ -63,15 +66,16 @@ def default_text(value: Scalar | None, has_default: bool, math: str) -> str:
     return quote.number(value, math) if has_default and value is not None else "None"
 
 
-def _defaults(module: Module, math: str) -> list[str]:
-    return [
-        f"{a.name}={default_text(a.type.default, True, math)}" if a.type.has_default else a.name for a in module.args
-    ]
+def _defaults(module: Module, math: str, types: typed.TypeNames) -> list[str]:
+    defaults = {a.name: default_text(a.type.default, True, math) for a in module.args if a.type.has_default}
+    return typed.typed_params(list(module.args), types, defaults)
 
 
-def module_context(spec: Spec, torch: str, math: str, self_: str, functional: str) -> ModuleContext:
-    """The Module's parts; `torch`, `math`, `self_` and `functional` are how the op's file names
-    torch, math, `self` and the functional (none of them a spec name)."""
+def module_context(
+    spec: Spec, torch: str, math: str, self_: str, functional: str, types: typed.TypeNames
+) -> ModuleContext:
+    """The Module's parts; `torch`, `math`, `self_`, `functional` and `types` are how the op's file
+    names torch, math, `self`, the functional and its annotations' types (none of them a spec name)."""
     assert spec.module is not None
     module = spec.module
     attrs = _attributes(module, self_)
@@ -80,12 +84,15 @@ def module_context(spec: Spec, torch: str, math: str, self_: str, functional: st
     call_args = [_call_arg(module, inp.name, attrs) for inp in spec.inputs]
     repr_text = _repr_fstring([(f"{a.name}=", attrs.arg_repr[a.name]) for a in module.args])
     doc = quote.docstring([f"`{spec.name}` as a module; see `{spec.name}` for the formulas."], indent=4)
+    returns = typed.tensors(len(spec.outputs), types)
     return ModuleContext(
         module.name,
-        ", ".join([self_, *_defaults(module, math)]),
+        typed.define("__init__", [self_, *_defaults(module, math, types)], "None", 4),
         _init_body(module, torch, attrs),
+        typed.define("reset_parameters", [self_], "None", 4),
         _reset_body(module, torch, attrs),
-        ", ".join([self_, *_forward_params(forward_inputs, math)]),
+        typed.define("forward", [self_, *_forward_params(forward_inputs, math, types)], returns, 4),
+        typed.define("extra_repr", [self_], types.builtin["str"], 4),
         f"{functional}({', '.join(call_args)})",
         repr_text,
         doc,
@@ -160,17 +167,19 @@ def _reset_body(module: Module, torch: str, attrs: _Attributes) -> list[str]:
     return reset
 
 
-def _forward_params(forward_inputs: list[Input], math: str) -> list[str]:
-    """The Module's forward parameters; trailing ones with a default (or `Tensor?`) keep it."""
+def _forward_params(forward_inputs: list[Input], math: str, types: typed.TypeNames) -> list[str]:
+    """The Module's forward parameters, annotated; trailing ones with a default (or `Tensor?`) keep it."""
     forward_params = []
     trailing = True
     for inp in reversed(forward_inputs):
         has_default = inp.type.has_default or inp.type.optional
+        annotation = typed.input_type(inp.type, types)
         if trailing and has_default:
-            forward_params.append(f"{inp.name}={default_text(inp.type.default, inp.type.has_default, math)}")
+            default = default_text(inp.type.default, inp.type.has_default, math)
+            forward_params.append(typed.param(inp.name, annotation, default))
         else:
             trailing = False
-            forward_params.append(inp.name)
+            forward_params.append(typed.param(inp.name, annotation))
     forward_params.reverse()
     return forward_params
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.derive.gradients import Derived
+from opgen.emit.annotations import TypeNames, type_names
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
@@ -24,7 +25,7 @@ from opgen.spec.names import Namer, ctx_namer
 
 @dataclass(frozen=True, kw_only=True)
 class OpNames:
-    """Internal names of one op module, none equal to a spec name (built by keyword: 18 names)."""
+    """Internal names of one op module, none equal to a spec name (built by keyword: 19 names)."""
 
     torch: str
     math: str
@@ -44,6 +45,7 @@ class OpNames:
     check_shapes: str  # the module-level helper that checks argument shapes at call time
     arg: str  # the functional's loop variable looking for an FX Proxy
     autocast: str  # the module-level helper a matrix op calls under autocast
+    types: TypeNames  # how annotations write torch.Tensor, Any and the builtins (Note [typed generated code])
 
 
 def spec_names(spec: Spec) -> set[str]:
@@ -78,6 +80,8 @@ def make_names(plan: Plan) -> OpNames:
     size_attrs = {n: attrs.fresh(n) for n in plan.dim_sizes}
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("check_shapes")
+    arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")
+    types = type_names(torch, namer, set(public_names(spec)) | {function_ref, functional_ref})
     return OpNames(
         torch=torch,
         math=math,
@@ -95,8 +99,9 @@ def make_names(plan: Plan) -> OpNames:
         size_attrs=size_attrs,
         size_locals=size_locals,
         check_shapes=check_shapes,
-        arg=namer.fresh("arg"),
-        autocast=namer.fresh("_autocast_apply"),
+        arg=arg,
+        autocast=autocast,
+        types=types,
     )
 
 

@@ -9,6 +9,7 @@ comes from opgen.emit.docstring; the file's shape lives in the Jinja template `o
 
 from __future__ import annotations
 
+from opgen.emit import annotations as typed
 from opgen.emit.backward import backward_body
 from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
@@ -16,7 +17,7 @@ from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
 from opgen.emit.fuse import fusable, fuse
-from opgen.emit.module import default_text, module_context
+from opgen.emit.module import ModuleContext, default_text, module_context
 from opgen.emit.names import (
     OpNames,
     make_names,
@@ -35,8 +36,8 @@ from opgen.spec import quote
 from opgen.spec.model import Spec
 
 
-def _signature(spec: Spec, math: str) -> list[str]:
-    """Python parameters in `inputs` order; trailing `Tensor?` inputs default to None."""
+def _signature(spec: Spec, math: str, types: typed.TypeNames) -> list[str]:
+    """Annotated Python parameters in `inputs` order; trailing `Tensor?` inputs default to None."""
     params = []
     defaults_from = len(spec.inputs)
     for k in range(len(spec.inputs) - 1, -1, -1):
@@ -47,9 +48,10 @@ def _signature(spec: Spec, math: str) -> list[str]:
             break
     for k, inp in enumerate(spec.inputs):
         if k >= defaults_from:
-            params.append(f"{inp.name}={default_text(inp.type.default, inp.type.has_default, math)}")
+            default = default_text(inp.type.default, inp.type.has_default, math)
+            params.append(typed.param(inp.name, typed.input_type(inp.type, types), default))
         else:
-            params.append(inp.name)
+            params.append(typed.param(inp.name, typed.input_type(inp.type, types)))
     return params
 
 
@@ -68,32 +70,29 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
     if autocasts(plan):
-        helpers = [*helpers, autocast_helper(names.autocast, names.torch, _apply(spec.custom_op))]
+        helpers = [*helpers, autocast_helper(names.autocast, names.torch, names.types.any, _apply(spec.custom_op))]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
-    params = _signature(spec, names.math)
+    params = _signature(spec, names.math, names.types)
     doc_lines = ([spec.doc.strip(), ""] if spec.doc.strip() else []) + formulas
-    module = module_context(spec, names.torch, names.math, names.self, names.functional_ref) if spec.module else None
-    code = forward + backward + jvp + [h for f in helpers for h in f] + params
+    module = _module(spec, names) if spec.module else None
+    defs = _defs(plan, names, jnames, params)
+    code = forward + backward + jvp + [h for f in helpers for h in f] + list(defs.values())
     if module is not None:
-        code += [module.init_params, module.forward_params, *module.init_body, *module.reset_body]
+        code += [module.init_def, module.forward_def, *module.init_body, *module.reset_body]
     text = renderer.render(
         "op.py.j2",
         spec=spec,
         source_comment=quote.comment(spec.source),
         module_doc=quote.docstring([f"{spec.name}: a custom autograd op generated from {spec.source}."], indent=0),
         names=names,
-        forward_params=", ".join(i.name for i in spec.inputs),
         forward=forward,
         setup=setup,
-        backward_params=", ".join([names.ctx, *(names.grads_in[name] for name in plan.returned)]),
         backward=backward,
-        jvp_params=", ".join([names.ctx, *jnames.params.values()]),
         jvp=jvp,
         jvp_free=jnames.compiled,
         jvp_chosen=jnames.chosen,
-        signature=", ".join(params),
         call_args=", ".join(i.name for i in spec.inputs),
         visible=_visible(plan),
         docstring=quote.docstring(doc_lines, indent=4),
@@ -110,9 +109,35 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         ],
         helpers=helpers,
         **_capture_context(plan, names, jnames),
+        **defs,
         uses_math=quote.uses_math(code, names.math),
     )
     return with_fingerprint(text) if spec.custom_op else text
+
+
+def _module(spec: Spec, names: OpNames) -> ModuleContext:
+    return module_context(spec, names.torch, names.math, names.self, names.functional_ref, names.types)
+
+
+def _defs(plan: Plan, names: OpNames, jnames: JvpNames, params: list[str]) -> dict[str, str]:
+    """The annotated `def` lines of the Function's methods and the functional (Note [typed generated code])."""
+    spec, types = plan.derived.spec, names.types
+    returned = typed.tensors(len(plan.returned), types)
+    ctx = typed.param(names.ctx, types.any)
+    grads_in = [typed.param(names.grads_in[name], types.tensor) for name in plan.returned]
+    tangents = [typed.param(jnames.params[i.name], typed.tangent_type(i.type, types)) for i in spec.inputs]
+    setup = [ctx, typed.param(names.inputs, f"{types.builtin['tuple']}[{types.any}, ...]")]
+    still = {o.name for o in spec.outputs if not o.differentiable}  # their tangent is None
+    tangents_out = ["None" if name in still else types.tensor for name in plan.returned]
+    grads_out = [typed.gradient_type(i.type, types) for i in spec.inputs]
+    return {
+        "apply_def": typed.define("apply", ["cls", f"*args: {types.any}"], returned, 4),
+        "forward_def": typed.define("forward", typed.typed_params(list(spec.inputs), types), returned, 4),
+        "setup_def": typed.define("setup_context", [*setup, typed.param(names.output, types.any)], "None", 4),
+        "backward_def": typed.define("backward", [ctx, *grads_in], typed.results(grads_out, types), 4),
+        "jvp_def": typed.define("jvp", [ctx, *tangents], typed.results(tangents_out, types), 4),
+        "functional_def": typed.define(spec.name, params, typed.tensors(len(spec.outputs), types), 0),
+    }
 
 
 def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:

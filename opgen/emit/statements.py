@@ -124,25 +124,25 @@ def indent_lines(lines: Lines, level: int = 1) -> Lines:
     return [("    " * level + line) if line else line for line in lines]
 
 
-def _variant_condition(absent: tuple[str, ...], optional: list[str], is_none: dict[str, str]) -> str:
-    return " and ".join(f"{is_none[n]}" if n in absent else f"not {is_none[n]}" for n in optional)
-
-
 def variant_branches(
     bodies: list[tuple[tuple[str, ...], Lines]], optional: list[str], is_none: dict[str, str]
 ) -> Lines:
-    """One `if` branch per variant; no branch when every variant has the same body."""
-    if all(body == bodies[-1][1] for _, body in bodies):
+    """The body of each variant (the `Tensor?` inputs it lacks, its lines) under `if` branches on
+    one optional input at a time, nested, so that a type checker knows in every branch which
+    inputs are tensors; no branch where the variants left have the same body."""
+    if all(body == bodies[-1][1] for _, body in bodies) or not optional:
         return bodies[-1][1]
-    lines: Lines = []
-    for i, (absent, body) in enumerate(bodies):
-        if i == len(bodies) - 1:
-            lines.append("else:")
-        else:
-            keyword = "if" if i == 0 else "elif"
-            lines.append(f"{keyword} {_variant_condition(absent, optional, is_none)}:")
-        lines += indent_lines(body)
-    return lines
+    name, rest = optional[0], optional[1:]
+    without = [(absent, body) for absent, body in bodies if name in absent]
+    present = [(absent, body) for absent, body in bodies if name not in absent]
+    if not without or not present:
+        return variant_branches(without or present, rest, is_none)
+    return [
+        f"if {is_none[name]}:",
+        *indent_lines(variant_branches(without, rest, is_none)),
+        "else:",
+        *indent_lines(variant_branches(present, rest, is_none)),
+    ]
 
 
 def unpack(targets: list[str]) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opgen.derive.gradients import Derived, dimension_names
+from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.forward import size_sources
 from opgen.emit.names import public_names
@@ -100,7 +101,9 @@ def _reference(
             continue
         lines += fitted(f"{names[name]} = ", tree, 4, fresh, math)
     kept = [n for n, _ in formulas if n not in gone]
-    signature = layout.call(f"def {fname}", [names[i.name] for i in spec.inputs], 0, ":")
+    types = _types(torch)
+    params = [typed.reference_param(i.type, names[i.name], absent, types) for i in spec.inputs]
+    signature = typed.define(fname, params, f"dict[str, {types.tensor}]", 0)
     converts = [names[i.name] for i in spec.inputs if not i.is_tensor]
     returns = layout.collection("return ", [f"{quote.string(n)}: {names[n]}" for n in kept], "{}", 4)
     return ReferenceFunction(fname, signature, converts, lines, returns)
@@ -141,7 +144,7 @@ def _finite(value: Scalar) -> bool:
 TEST_MODULE_NAMES = frozenset(
     """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED RESIDUALS VALUES OTHER_VALUES POINTS EXTREMES
     PLACES OP sample_inputs point_inputs native reference shapes seed values generator count args k name module
-    params forward_args full len next iter enumerate dict getattr list repr""".split()
+    params forward_args full len next iter enumerate dict getattr list repr Any bool float int str tuple""".split()
 )
 
 
@@ -182,7 +185,11 @@ def _values(spec: Spec, math: str) -> tuple[str, str] | None:
     given = {i.name: spec.test_value(i) for i in spec.inputs if not i.is_tensor}
     if not given:
         return None
-    return quote.literal(given, math), quote.literal({n: other_value(v) for n, v in given.items()}, math)
+    others = {n: other_value(v) for n, v in given.items()}
+    return (
+        _assigned("VALUES: dict[str, float]", given, math, "the non-tensor inputs in most tests"),
+        _assigned("OTHER_VALUES: dict[str, float]", others, math, "away from their defaults and VALUES"),
+    )
 
 
 def _assigned(name: str, value: quote.Literal, math: str, comment: str = "") -> str:
@@ -243,15 +250,23 @@ def _override_references(
         tree = reference_tree(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
         assert tree is not None
         returned = ast.Call(ast.Name(t, ast.Load()), [tree], [])
-        params = [*names.values(), *grads_in.values()]
+        params = [*_scope_params(spec, names, torch), *(typed.param(g, f"{torch}.Tensor") for g in grads_in.values())]
         overrides.append(
             {
                 "input": override.input,
-                "signature": layout.call(f"def reference_grad_{override.input}", params, 0, ":"),
+                "signature": typed.define(f"reference_grad_{override.input}", params, f"{torch}.Tensor", 0),
                 "lines": fitted("return ", returned, 4, _temporaries(namer), math),
             }
         )
     return overrides
+
+
+def _scope_params(spec: Spec, names: dict[str, str], torch: str) -> list[str]:
+    """An override reference's first parameters: the inputs as the op takes them, then the lets and
+    outputs, tensors (opgen.runtime.harness)."""
+    types = _types(torch)
+    kinds = {i.name: types.tensor if i.is_tensor else typed.input_type(i.type, types) for i in spec.inputs}
+    return [typed.param(names[n], kinds.get(n, types.tensor)) for n in names]
 
 
 def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
@@ -329,7 +344,7 @@ def _laid_out(
     if spec.tests.native:
         call = ast.parse(NATIVE_OPS[spec.tests.native].call(inputs, torch), mode="eval").body  # opgen's own text
         native = {
-            "signature": layout.call("def native", inputs, 0, ":"),
+            "signature": typed.define("native", _native_params(spec, torch), f"{torch}.Tensor", 0),
             "lines": fitted("return ", call, 4, _temporaries(namer)),
         }
     return {
@@ -338,10 +353,13 @@ def _laid_out(
         if len(flat) <= layout.LINE_LENGTH
         else layout.collection("from .. import ", imports, "()", 0),
         "saved_line": _assigned(
-            "SAVED", list(plan.saved), "", "what backward reads, as opgen's plan chose: inputs, outputs, residuals"
+            "SAVED: list[str]",
+            list(plan.saved),
+            "",
+            "what backward reads, as opgen's plan chose: inputs, outputs, residuals",
         ),
         "residuals_line": _assigned(
-            "RESIDUALS",
+            "RESIDUALS: list[str]",
             [r.name for r in plan.residuals],
             "",
             "what Function.apply returns after the outputs, for backward alone",
@@ -353,6 +371,15 @@ def _laid_out(
         },
         "native": native,
     }
+
+
+def _native_params(spec: Spec, torch: str) -> list[str]:
+    return typed.typed_params(list(spec.inputs), _types(torch))
+
+
+def _types(torch: str) -> typed.TypeNames:
+    """The annotation types of a test module: its builtins are never shadowed (TEST_MODULE_NAMES)."""
+    return typed.type_names(torch, Namer(set()), set())
 
 
 def _lists(shapes: dict[str, tuple[int, ...]]) -> dict[str, list[int]]:

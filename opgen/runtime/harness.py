@@ -6,30 +6,48 @@ float64 against independent references: autograd of the reference, the spec's gr
 overrides evaluated on their own, PyTorch's own op, `gradcheck` and `gradgradcheck`.
 """
 
-import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
+from .accuracy import check_extremes as check_extremes  # the float32 extremes checks (accuracy.py)
+
 DTYPE = torch.float64
 
+Args = list[Any]  # an op's arguments in spec order: tensors, numbers, None for an absent `Tensor?`
+Reference = Callable[..., dict[str, Any]]  # the spec's formulas in plain torch: output name -> value
 
-def as_tensor(value):
+
+class Applied(Protocol):
+    """A generated `torch.autograd.Function` class, as the checks use it: its (typed) `apply`."""
+
+    def apply(self, *args: Any) -> Any: ...
+
+
+def as_tensor(value: torch.Tensor | float) -> torch.Tensor:
     """A tensor (of DTYPE) of a plain number; tensors pass through."""
     return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=DTYPE)
 
 
-def fit_to(value, shape):
+def fit_to(value: torch.Tensor | float, shape: torch.Size) -> torch.Tensor:
     """`value` broadcast to `shape`, then summed back to it: how an op fits a gradient to its input."""
     value = as_tensor(value)
-    return value.expand(torch.broadcast_shapes(value.shape, shape)).sum_to_size(shape)
+    shape_of_both = torch.broadcast_shapes(value.shape, shape)  # type: ignore[no-untyped-call, unused-ignore]
+    return value.expand(shape_of_both).sum_to_size(shape)
 
 
-def as_tuple(value):
+def as_tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
 
 
-def counted(result, count, what):
+def prefixed(prefix: str) -> Callable[[str], str]:
+    """An `assert_close` message: `prefix`, then what assert_close says."""
+    return lambda message: f"{prefix}: {message}"
+
+
+def counted(result: object, count: int, what: str) -> tuple[torch.Tensor, ...]:
     """`result` as a tuple, after checking it holds `count` tensors: one Tensor, or a tuple of several."""
     if count == 1:
         assert isinstance(result, torch.Tensor), f"{what} returned {type(result).__name__}, expected one Tensor"
@@ -39,7 +57,7 @@ def counted(result, count, what):
     return result
 
 
-def uniform(generator, shape, low, high):
+def uniform(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
     """A float64 tensor drawn uniformly from [low, high), requiring grad."""
     values = torch.rand(shape, generator=generator, dtype=DTYPE)
     return (low + (high - low) * values).requires_grad_()
@@ -49,35 +67,38 @@ def uniform(generator, shape, low, high):
 class OpUnderTest:
     """A generated op as its spec declares it; positions index `inputs` and `outputs`."""
 
-    functional: object
-    inputs: tuple
-    outputs: tuple
-    tensor_inputs: tuple  # positions of the Tensor inputs
-    checked: tuple  # Tensor inputs whose gradient is derived, not overridden
-    differentiable: tuple  # positions of the differentiable outputs
-    scope: tuple = ()  # the spec's input, let and output names: the first parameters of an override
-    overrides: dict = field(default_factory=dict)  # input position -> its override, evaluated independently
+    functional: Callable[..., Any]
+    inputs: Sequence[str]
+    outputs: Sequence[str]
+    tensor_inputs: Sequence[int]  # positions of the Tensor inputs
+    checked: Sequence[int]  # Tensor inputs whose gradient is derived, not overridden
+    differentiable: Sequence[int]  # positions of the differentiable outputs
+    scope: Sequence[str] = ()  # the spec's input, let and output names: the first parameters of an override
+    # input position -> its override, evaluated independently
+    overrides: dict[int, Callable[..., torch.Tensor]] = field(default_factory=dict)
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         return counted(self.functional(*args), len(self.outputs), "the functional")
 
-    def present(self, args):
+    def present(self, args: Sequence[Any]) -> list[int]:
         return [k for k in self.tensor_inputs if args[k] is not None]
 
 
-def incoming_gradients(op, outs):
+def incoming_gradients(op: OpUnderTest, outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     return [torch.randn(outs[k].shape, generator=generator, dtype=DTYPE) for k in op.differentiable]
 
 
-def expected_gradients(op, args, reference, grads_out):
+def expected_gradients(
+    op: OpUnderTest, args: Args, reference: Reference, grads_out: list[torch.Tensor]
+) -> dict[int, torch.Tensor]:
     """Autograd of the reference, or the override formula, for every present Tensor input."""
     values = reference(*args)
     outs = tuple(values[name] for name in op.outputs)
     present = [k for k in op.present(args) if k in op.checked]
     # A reference output of steps only (sign, round, ...) has no autograd graph: zero gradient.
     pairs = [(outs[k], g) for k, g in zip(op.differentiable, grads_out, strict=True) if outs[k].requires_grad]
-    derived = [torch.zeros_like(args[k]) for k in present]
+    derived: Sequence[torch.Tensor] = [torch.zeros_like(args[k]) for k in present]
     if pairs and present:
         derived = torch.autograd.grad(
             [o for o, _ in pairs],
@@ -96,15 +117,13 @@ def expected_gradients(op, args, reference, grads_out):
     return expected
 
 
-def check_against_reference(op, args, reference):
+def check_against_reference(op: OpUnderTest, args: Args, reference: Reference) -> None:
     """Forward values and every gradient equal the reference's, with and without `create_graph`
     (an op may compute its gradient another way when it must be differentiable again)."""
     outs = op(*args)
     values = reference(*args)
     for name, out in zip(op.outputs, outs, strict=True):
-        torch.testing.assert_close(
-            out, values[name].to(out.dtype).expand_as(out), msg=lambda m, name=name: f"{name}: {m}"
-        )
+        torch.testing.assert_close(out, values[name].to(out.dtype).expand_as(out), msg=prefixed(name))
     grads_out = incoming_gradients(op, outs)
     present = op.present(args)
     expected = expected_gradients(op, args, reference, grads_out)
@@ -122,19 +141,21 @@ def check_against_reference(op, args, reference):
             check_gradient(op.inputs[k], grad, expected[k], args[k].shape)
 
 
-def check_gradient(name, grad, expected, shape):
+def check_gradient(name: str, grad: torch.Tensor, expected: torch.Tensor, shape: torch.Size) -> None:
     assert grad.shape == shape, f"gradient of {name} has shape {tuple(grad.shape)}"
     # Autograd of the plain formula is NaN where a `where` branch not taken is undefined;
     # the op must stay finite there (gradcheck checks its value).
     naive = ~torch.isfinite(expected)
     assert torch.isfinite(grad[naive]).all(), f"gradient of {name} is not finite"
-    torch.testing.assert_close(grad[~naive], expected[~naive], msg=lambda m: f"gradient of {name}: {m}")
+    torch.testing.assert_close(grad[~naive], expected[~naive], msg=prefixed(f"gradient of {name}"))
 
 
-def only(op, args, positions):
+def only(
+    op: OpUnderTest, args: Args, positions: Sequence[int]
+) -> tuple[Callable[..., tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     """A function of the tensors at `positions` (the other arguments fixed), for gradcheck."""
 
-    def call(*tensors):
+    def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
         for k, tensor in zip(positions, tensors, strict=True):
             full[k] = tensor
@@ -144,7 +165,9 @@ def only(op, args, positions):
     return call, [args[k] for k in positions]
 
 
-def check_gradients(op, args, second_order=False, positions=None):
+def check_gradients(
+    op: OpUnderTest, args: Args, second_order: bool = False, positions: Sequence[int] | None = None
+) -> None:
     """gradcheck (and gradgradcheck) in the derived gradients and the derived forward mode (jvp, and
     forward over reverse), the other tensors held fixed."""
     if positions is None:
@@ -165,7 +188,7 @@ def check_gradients(op, args, second_order=False, positions=None):
         assert torch.autograd.gradgradcheck(*only(op, fixed, positions), check_fwd_over_rev=True)
 
 
-def check_jvp(op, args, reference):
+def check_jvp(op: OpUnderTest, args: Args, reference: Reference) -> None:
     """`torch.func.jvp` of the op along every derived Tensor input at once equals forward-mode AD of
     the reference (the tangent of each differentiable output); finite where the reference's is not."""
     positions = [k for k in op.checked if args[k] is not None]
@@ -175,8 +198,8 @@ def check_jvp(op, args, reference):
     generator = torch.Generator().manual_seed(3)
     tangents = tuple(torch.rand(fixed[k].shape, generator=generator, dtype=DTYPE) * 2 - 1 for k in positions)
 
-    def along(fn, pick):
-        def call(*tensors):
+    def along(fn: Callable[..., Any], pick: Callable[[Any], list[Any]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+        def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
             full = list(fixed)
             for k, tensor in zip(positions, tensors, strict=True):
                 full[k] = tensor
@@ -185,32 +208,32 @@ def check_jvp(op, args, reference):
         return call
 
     primals = tuple(fixed[k] for k in positions)
-    _, got = torch.func.jvp(along(op, lambda outs: [outs[k] for k in op.differentiable]), primals, tangents)
+    got = torch.func.jvp(along(op, lambda outs: [outs[k] for k in op.differentiable]), primals, tangents)[1]
     named = along(reference, lambda values: [values[op.outputs[k]] for k in op.differentiable])
-    _, want = torch.func.jvp(named, primals, tangents)
-    for k, tangent, expected in zip(op.differentiable, got, want, strict=True):
-        name, expected = op.outputs[k], expected.to(tangent.dtype).expand_as(tangent)
+    want = torch.func.jvp(named, primals, tangents)[1]
+    for k, tangent, wanted in zip(op.differentiable, got, want, strict=True):
+        name, expected = op.outputs[k], wanted.to(tangent.dtype).expand_as(tangent)
         naive = ~torch.isfinite(expected)  # as in check_gradient
         assert torch.isfinite(tangent[naive]).all(), f"tangent of {name} is not finite"
-        torch.testing.assert_close(tangent[~naive], expected[~naive], msg=lambda m, n=name: f"tangent of {n}: {m}")
+        torch.testing.assert_close(tangent[~naive], expected[~naive], msg=prefixed(f"tangent of {name}"))
 
 
-def check_function_apply(op, function, args, residuals=0):
+def check_function_apply(op: OpUnderTest, function: Applied, args: Args, residuals: int = 0) -> None:
     """`Function.apply` returns the outputs and then the `residuals` tensors backward reads; the
     functional returns the outputs alone, equal to apply's."""
     got = counted(function.apply(*args), len(op.outputs) + residuals, "Function.apply")
     for name, a, b in zip(op.outputs, got[: len(op.outputs)], op(*args), strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(a, b, msg=prefixed(name))
 
 
-def check_non_differentiable_outputs(op, args):
+def check_non_differentiable_outputs(op: OpUnderTest, args: Args) -> None:
     outs = op(*args)
     for k, (name, out) in enumerate(zip(op.outputs, outs, strict=True)):
         assert out.requires_grad == (k in op.differentiable), name
-    sum(out.sum() for out in outs).backward()  # the others' backward still works
+    torch.autograd.backward(torch.stack([out.sum() for out in outs]).sum())  # the others' backward still works
 
 
-def check_finite(op, args, second_order):
+def check_finite(op: OpUnderTest, args: Args, second_order: bool) -> None:
     """Values, first (and second) derivatives are finite at `args`."""
     outs = op(*args)
     for name, out in zip(op.outputs, outs, strict=True):
@@ -236,7 +259,7 @@ def check_finite(op, args, second_order):
                 assert torch.isfinite(value).all(), f"d2 / d{op.inputs[k]} d{op.inputs[j]}: {value}"
 
 
-def check_against_native(op, args, native):
+def check_against_native(op: OpUnderTest, args: Args, native: Callable[..., torch.Tensor]) -> None:
     """The first output and its derived gradients equal PyTorch's own op's."""
     out = op(*args)[0]
     expected = native(*args)
@@ -248,15 +271,26 @@ def check_against_native(op, args, native):
     got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
     want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
     for k, a, b in zip(op.checked, got, want, strict=True):
-        torch.testing.assert_close(a, b, msg=lambda m, k=k: f"gradient of {op.inputs[k]}: {m}")
+        torch.testing.assert_close(a, b, msg=prefixed(f"gradient of {op.inputs[k]}"))
 
 
-def check_saved(op, function, args, saved, residuals=()):
+def check_saved(
+    op: OpUnderTest,
+    function: Applied,
+    args: Args,
+    saved: Sequence[str],
+    residuals: Sequence[str] = (),
+) -> None:
     """The tensors saved for backward are, in order, the inputs and outputs named in `saved` (what
     opgen's plan chose): each the very tensor `Function.apply` received or returned, never another
     intermediate. `residuals` names what apply returns after the outputs, for backward alone."""
-    stored = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: stored.append(t) or t, lambda t: t):
+    stored: list[torch.Tensor] = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        stored.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         returned = counted(function.apply(*args), len(op.outputs) + len(residuals), "Function.apply")
     named = dict(zip(op.inputs, args, strict=True)) | dict(zip((*op.outputs, *residuals), returned, strict=True))
     present = [name for name in saved if named[name] is not None]
@@ -266,110 +300,24 @@ def check_saved(op, function, args, saved, residuals=()):
         assert tensor.data_ptr() == want.data_ptr() and tensor.shape == want.shape, f"saved a tensor that is not {name}"
 
 
-def check_module(module, op, forward_args, full_args):
+def check_module(module: torch.nn.Module, op: OpUnderTest, forward_args: Args, full_args: Args) -> None:
     """The module equals the functional on its parameters, and every parameter gets a gradient."""
     got = counted(module(*forward_args), len(op.outputs), "the module")
     for a, b in zip(got, op(*full_args), strict=True):
         torch.testing.assert_close(a, b)
-    sum(got[k].sum() for k in op.differentiable).backward()
+    torch.autograd.backward(torch.stack([got[k].sum() for k in op.differentiable]).sum())
     for name, param in module.named_parameters():
         assert param.grad is not None and param.grad.shape == param.shape, name
-    module.reset_parameters()
+    module.reset_parameters()  # type: ignore[operator, unused-ignore]
 
 
-def extreme_inputs(op, args, name, point, others):
-    """float32 inputs of one element: `name` at `point`, the other Tensor inputs at `others`."""
-    args = list(args)
-    for k in op.tensor_inputs:
-        value = point if op.inputs[k] == name else others[op.inputs[k]]
-        args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
-    return args
-
-
-# Note [what a float32 op can give]
-# A float32 op computes with float32 intermediates: rounding one of them (`a * x` in
-# `sin(a * x)` at x = 1e4) costs as much as moving the input by an ulp, and no formula in
-# float32 avoids it. So a value may miss the exact one by 1e-5 relative (1e-6 absolute) plus
-# its slack: how far the float64 reference moves when the moving input moves by two float32
-# ulps either way. Numbers the spec computes from constants and non-tensor inputs alone (the
-# clamp bound `1 - eps`) reach a float32 op rounded to float32; the exact rows are computed
-# with them rounded so (opgen/plan/extremes.py).
-ULPS = 2.0**-22
-
-
-def accurate(got, exact, rival=None, slack=0.0):
-    """Finite, and within 1e-5 relative (1e-6 absolute) plus `slack` of exact, or no worse than
-    PyTorch's op (`rival`, when finite)."""
-    if not torch.isfinite(got).all():
-        return False
-    error = abs(got.item() - exact)
-    if error <= 1e-6 + 1e-5 * abs(exact) + slack:
-        return True
-    return rival is not None and bool(torch.isfinite(rival).all()) and error <= abs(rival.item() - exact)
-
-
-def reference_at(op, reference, inputs, k, factor):
-    """The float64 reference's outputs, and its slope in input `k`, with input `k` scaled by `factor`."""
-    moved = [a.detach().to(DTYPE).requires_grad_() if isinstance(a, torch.Tensor) else a for a in inputs]
-    moved[k] = (moved[k].detach() * factor).requires_grad_()
-    computed = reference(*moved)
-    outs = [as_tensor(computed[name]).to(DTYPE) for name in op.outputs]
-    tracked = [outs[j].sum() for j in op.differentiable if outs[j].requires_grad]
-    slope = torch.autograd.grad(tracked, [moved[k]], allow_unused=True, materialize_grads=True)[0] if tracked else 0
-    return [out.item() for out in outs], float(slope)
-
-
-def rounding_slack(op, reference, inputs, k):
-    """The slack of each output and of the slope in input `k` (Note [what a float32 op can give]);
-    0 where the reference is not finite."""
-    values, slope = reference_at(op, reference, inputs, k, 1.0)
-    slack = [0.0] * len(values)
-    slope_slack = 0.0
-    for factor in (1 - ULPS, 1 + ULPS):
-        moved_values, moved_slope = reference_at(op, reference, inputs, k, factor)
-        for j, (a, b) in enumerate(zip(values, moved_values, strict=True)):
-            slack[j] = max(slack[j], finite_or_zero(abs(a - b)))
-        slope_slack = max(slope_slack, finite_or_zero(abs(slope - moved_slope)))
-    return slack, slope_slack
-
-
-def finite_or_zero(value):
-    return value if math.isfinite(value) else 0.0
-
-
-def check_extremes(op, args, extremes, places, reference, native=None):
-    """float32 values and derivatives at extreme inputs against exact ones (see EXTREMES and
-    Note [what a float32 op can give])."""
-    bad = []
-    for name, point, exact, slope, at in extremes:
-        inputs = extreme_inputs(op, args, name, point, places[at])
-        k = op.inputs.index(name)
-        outs = op(*inputs)
-        slack, slope_slack = rounding_slack(op, reference, inputs, k)
-        rival = native(*inputs) if native is not None else None
-        for j, (out, want) in enumerate(zip(outs, exact, strict=True)):
-            if not accurate(out, want, rival if j == 0 else None, slack[j]):
-                bad.append(f"output {j} at {name} = {point} ({at}): {out.item()!r}, exact {want!r}")
-        if slope is None:
-            continue
-        rival_grad = None
-        if rival is not None and rival.requires_grad and len(op.differentiable) == 1:
-            (rival_grad,) = torch.autograd.grad(rival.sum(), [inputs[k]], allow_unused=True, materialize_grads=True)
-        (grad,) = torch.autograd.grad(
-            [outs[j].sum() for j in op.differentiable], [inputs[k]], allow_unused=True, materialize_grads=True
-        )
-        if not accurate(grad, slope, rival_grad, slope_slack):
-            bad.append(f"derivative at {name} = {point} ({at}): {grad.item()!r}, exact {slope!r}")
-    assert not bad, "\n".join(bad)
-
-
-def check_vmap(op, samples):
+def check_vmap(op: OpUnderTest, samples: Sequence[Args]) -> None:
     """torch.func.vmap of the op over the samples (every present Tensor input batched) equals a
     Python loop over them, output by output."""
     base = samples[0]
     present = op.present(base)
 
-    def call(*tensors):
+    def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = list(base)
         for k, tensor in zip(present, tensors, strict=True):
             args[k] = tensor
@@ -379,4 +327,4 @@ def check_vmap(op, samples):
     rows = [call(*(s[k] for k in present)) for s in samples]
     for j, name in enumerate(op.outputs):
         want = torch.stack([row[j] for row in rows])
-        torch.testing.assert_close(got[j], want, msg=lambda m, name=name: f"vmap of {name}: {m}")
+        torch.testing.assert_close(got[j], want, msg=prefixed(f"vmap of {name}"))

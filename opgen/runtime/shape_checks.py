@@ -2,15 +2,18 @@
 
 import torch
 
+# (argument name, what the caller passed, its named dimensions or None)
+Argument = tuple[str, object, tuple[str, ...] | None]
 
-def check_shapes(op, *arguments):
+
+def check_shapes(op: str, *arguments: Argument) -> None:
     """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions.
 
     `dims` None: a tensor of any shape, which must broadcast with the other such arguments.
     """
-    sizes = {}
-    batches = []
-    plain = []
+    sizes: dict[str, tuple[int, str]] = {}  # dimension -> (size, the argument it was read from)
+    batches: list[tuple[str, tuple[int, ...]]] = []
+    plain: list[tuple[str, tuple[int, ...]]] = []
     for name, tensor, dims in arguments:
         if tensor is None:
             continue
@@ -34,13 +37,13 @@ def check_shapes(op, *arguments):
             batches.append((name, shape[: len(shape) - len(named)]))
     if len(batches) > 1:
         try:
-            torch.broadcast_shapes(*(b for _, b in batches))
+            torch.broadcast_shapes(*(b for _, b in batches))  # type: ignore[no-untyped-call, unused-ignore]
         except RuntimeError:
             described = ", ".join(f"'{name}' has {list(b)}" for name, b in batches)
             raise ValueError(f"{op}(): the batch dimensions `...` do not broadcast: {described}") from None
     if len(plain) > 1:
         try:
-            torch.broadcast_shapes(*(s for _, s in plain))
+            torch.broadcast_shapes(*(s for _, s in plain))  # type: ignore[no-untyped-call, unused-ignore]
         except RuntimeError:
             described = ", ".join(f"'{name}' has shape {list(s)}" for name, s in plain)
             raise ValueError(f"{op}(): the arguments do not broadcast together: {described}") from None

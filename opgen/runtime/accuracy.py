@@ -1,0 +1,111 @@
+"""The float32 accuracy checks of the generated tests: an op at extreme inputs against exact values.
+
+Part of the checks every generated test file calls through `harness` (which re-exports
+`check_extremes`); the exact values come from opgen's plan (opgen/plan/extremes.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .harness import Args, OpUnderTest, Reference
+
+
+def extreme_inputs(op: OpUnderTest, args: Args, name: str, point: float, others: dict[str, float]) -> Args:
+    """float32 inputs of one element: `name` at `point`, the other Tensor inputs at `others`."""
+    args = list(args)
+    for k in op.tensor_inputs:
+        value = point if op.inputs[k] == name else others[op.inputs[k]]
+        args[k] = torch.tensor([value], dtype=torch.float32, requires_grad=True)
+    return args
+
+
+# Note [what a float32 op can give]
+# A float32 op computes with float32 intermediates: rounding one of them (`a * x` in
+# `sin(a * x)` at x = 1e4) costs as much as moving the input by an ulp, and no formula in
+# float32 avoids it. So a value may miss the exact one by 1e-5 relative (1e-6 absolute) plus
+# its slack: how far the float64 reference moves when the moving input moves by two float32
+# ulps either way. Numbers the spec computes from constants and non-tensor inputs alone (the
+# clamp bound `1 - eps`) reach a float32 op rounded to float32; the exact rows are computed
+# with them rounded so (opgen/plan/extremes.py).
+ULPS = 2.0**-22
+
+
+def accurate(got: torch.Tensor, exact: float, rival: torch.Tensor | None = None, slack: float = 0.0) -> bool:
+    """Finite, and within 1e-5 relative (1e-6 absolute) plus `slack` of exact, or no worse than
+    PyTorch's op (`rival`, when finite)."""
+    if not torch.isfinite(got).all():
+        return False
+    error = abs(got.item() - exact)
+    if error <= 1e-6 + 1e-5 * abs(exact) + slack:
+        return True
+    return rival is not None and bool(torch.isfinite(rival).all()) and error <= abs(rival.item() - exact)
+
+
+def reference_at(
+    op: OpUnderTest, reference: Reference, inputs: Args, k: int, factor: float
+) -> tuple[list[float], float]:
+    """The float64 reference's outputs, and its slope in input `k`, with input `k` scaled by `factor`."""
+    moved = [a.detach().to(torch.float64).requires_grad_() if isinstance(a, torch.Tensor) else a for a in inputs]
+    moved[k] = (moved[k].detach() * factor).requires_grad_()
+    computed = reference(*moved)
+    outs = [torch.as_tensor(computed[name], dtype=torch.float64) for name in op.outputs]
+    tracked = [outs[j].sum() for j in op.differentiable if outs[j].requires_grad]
+    slope = torch.autograd.grad(tracked, [moved[k]], allow_unused=True, materialize_grads=True)[0] if tracked else 0
+    return [out.item() for out in outs], float(slope)
+
+
+def rounding_slack(op: OpUnderTest, reference: Reference, inputs: Args, k: int) -> tuple[list[float], float]:
+    """The slack of each output and of the slope in input `k` (Note [what a float32 op can give]);
+    0 where the reference is not finite."""
+    values, slope = reference_at(op, reference, inputs, k, 1.0)
+    slack = [0.0] * len(values)
+    slope_slack = 0.0
+    for factor in (1 - ULPS, 1 + ULPS):
+        moved_values, moved_slope = reference_at(op, reference, inputs, k, factor)
+        for j, (a, b) in enumerate(zip(values, moved_values, strict=True)):
+            slack[j] = max(slack[j], finite_or_zero(abs(a - b)))
+        slope_slack = max(slope_slack, finite_or_zero(abs(slope - moved_slope)))
+    return slack, slope_slack
+
+
+def finite_or_zero(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
+
+
+def check_extremes(
+    op: OpUnderTest,
+    args: Args,
+    extremes: Sequence[tuple[str, float, Sequence[float], float | None, str]],
+    places: dict[str, dict[str, float]],
+    reference: Reference,
+    native: Callable[..., torch.Tensor] | None = None,
+) -> None:
+    """float32 values and derivatives at extreme inputs against exact ones (see EXTREMES and
+    Note [what a float32 op can give])."""
+    bad: list[str] = []
+    for name, point, exact, slope, at in extremes:
+        inputs = extreme_inputs(op, args, name, point, places[at])
+        k = op.inputs.index(name)
+        outs = op(*inputs)
+        slack, slope_slack = rounding_slack(op, reference, inputs, k)
+        rival = native(*inputs) if native is not None else None
+        for j, (out, want) in enumerate(zip(outs, exact, strict=True)):
+            if not accurate(out, want, rival if j == 0 else None, slack[j]):
+                bad.append(f"output {j} at {name} = {point} ({at}): {out.item()!r}, exact {want!r}")
+        if slope is None:
+            continue
+        rival_grad = None
+        if rival is not None and rival.requires_grad and len(op.differentiable) == 1:
+            (rival_grad,) = torch.autograd.grad(rival.sum(), [inputs[k]], allow_unused=True, materialize_grads=True)
+        (grad,) = torch.autograd.grad(
+            [outs[j].sum() for j in op.differentiable], [inputs[k]], allow_unused=True, materialize_grads=True
+        )
+        if not accurate(grad, slope, rival_grad, slope_slack):
+            bad.append(f"derivative at {name} = {point} ({at}): {grad.item()!r}, exact {slope!r}")
+    assert not bad, "\n".join(bad)
