@@ -83,6 +83,13 @@ class _Reader:
         expr = value.expr
         if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:
             raise self.fail(node, f"the constant `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
+        if expr.is_number and (expr.has(S.NaN, S.ComplexInfinity) or expr.is_extended_real is False):
+            # Formulas compute over the reals: SymPy would carry `sqrt(-1)` on as `I`, `log(0)` as `zoo`.
+            what = "not a real number"
+            if expr.has(S.ComplexInfinity, S.NaN):
+                what = "undefined (a division by zero, log(0) or inf * 0)"
+            text = short(ast.unparse(node))
+            raise self.fail(node, f"the constant `{text}` is {what}; formulas compute over the reals")
         return value
 
     def number(self, node: ast.expr) -> Expr:
