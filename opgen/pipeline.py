@@ -39,6 +39,7 @@ from opgen.spec.parse import parse_spec
 if TYPE_CHECKING:
     from opgen.derive.gradients import Derived
     from opgen.plan.backward import Plan
+    from opgen.plan.extremes import Row
 
 
 @dataclass
@@ -94,10 +95,11 @@ def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Deriv
 
 @dataclass(frozen=True)
 class Planned:
-    """One spec through every stage before emit: the plan of its op and the oracle of its tests."""
+    """One spec through every stage before emit: the plan of its op, and what the oracle (the spec
+    derived as written, Note [derived twice]) says of its tests."""
 
     plan: Plan
-    written: Derived | None  # derived as written (Note [derived twice]); None: no accuracy tests
+    rows: tuple[Row, ...] = ()  # the float32 accuracy tests' exact rows (`opgen.plan.extremes`)
     warnings: tuple[str, ...] = ()  # `FILE:LINE:COL: warning: ...`: tests bound to fail (`opgen.plan.domain`)
 
 
@@ -112,6 +114,7 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
     from opgen.plan.domain import domain_warnings
+    from opgen.plan.extremes import Oracle, extreme_rows
     from opgen.plan.extremes import applies as needs_oracle
     from opgen.plan.forward import with_forward
 
@@ -134,8 +137,11 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
         tangents = derive_jvp(
             derived, tuple((r.name, r.expr) for r in residuals), rewrite if spec.optimize.rewrite else None
         )
-        warnings = tuple(f"{loc}: warning: {message}" for loc, message in domain_warnings(spec, written))
-        return Planned(with_forward(plan(derived, residuals), tangents), written, warnings)
+        compiled = Oracle(written) if written is not None else None  # compiled once for rows and warnings
+        rows = tuple(extreme_rows(spec, written, compiled))
+        found = domain_warnings(spec, written, compiled)
+        warnings = tuple(f"{loc}: warning: {message}" for loc, message in found)
+        return Planned(with_forward(plan(derived, residuals), tangents), rows, warnings)
     return None
 
 
@@ -153,7 +159,7 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
         try:
             files = {
                 f"ops/{spec.name}.py": emit_op(planned.plan, renderer),
-                f"tests/test_{spec.name}.py": emit_tests(planned.plan, renderer, planned.written),
+                f"tests/test_{spec.name}.py": emit_tests(planned.plan, renderer, planned.rows),
             }
         except PrintError as error:
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None

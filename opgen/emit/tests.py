@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ast
 import math as math_module
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opgen.derive.gradients import Derived, dimension_names
+from opgen.derive.gradients import dimension_names
 from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.forward import size_sources
@@ -29,7 +29,7 @@ from opgen.formula.reference import reference_tree
 from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
-from opgen.plan.extremes import applies, extreme_rows, places
+from opgen.plan.extremes import Row, applies, places
 from opgen.spec import quote
 from opgen.spec.model import SAMPLE_VALUES, Formula, Scalar, Spec
 from opgen.spec.names import Namer
@@ -197,7 +197,7 @@ def _assigned(name: str, value: quote.Literal, math: str, comment: str = "") -> 
     return layout.literal(f"{name} = ", value, 0, f"  # {comment}" if comment else "", math)
 
 
-def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, object], list[str]]:
+def _numbers(spec: Spec, math: str, rows: Sequence[Row]) -> tuple[dict[str, object], list[str]]:
     """The template's number-bearing parts as source (`math.inf` where infinite; see `opgen.spec.quote`),
     and all their texts (to see whether the file needs `math`)."""
     samples = []
@@ -208,7 +208,7 @@ def _numbers(spec: Spec, math: str, written: Derived | None) -> tuple[dict[str, 
         else:
             samples.append({"name": inp.name, "tensor": False})
     extremes = []
-    for name, point, values, slope, at in extreme_rows(spec, written):
+    for name, point, values, slope, at in rows:
         shown = quote.number(values[0]) + "," if len(values) == 1 else ", ".join(quote.number(v) for v in values)
         row = [
             quote.string(name),
@@ -269,9 +269,9 @@ def _scope_params(spec: Spec, names: dict[str, str], torch: str) -> list[str]:
     return [typed.param(names[n], kinds.get(n, types.tensor)) for n in names]
 
 
-def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -> str:
-    """The test file of `plan`'s op; `written` is the spec derived as written, the oracle of its
-    float32 accuracy tests (Note [derived twice] in opgen/pipeline.py)."""
+def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
+    """The test file of `plan`'s op; `rows` are its float32 accuracy tests' exact values, from the
+    spec derived as written (`opgen.plan.extremes`, Note [derived twice] in opgen/pipeline.py)."""
     derived = plan.derived
     spec = derived.spec
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
@@ -290,7 +290,7 @@ def emit_tests(plan: Plan, renderer: Renderer, written: Derived | None = None) -
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
-    numbers, number_texts = _numbers(spec, math, written)
+    numbers, number_texts = _numbers(spec, math, rows)
     texts = [line for ref in references for line in ref.lines] + [line for o in overrides for line in o["lines"]]
     texts += number_texts
     return renderer.render(

@@ -24,7 +24,7 @@ from opgen.plan.extremes import (
     DIGITS,
     FLOAT32_MAX,
     MPMATH_ERRORS,
-    compile_outputs,
+    Oracle,
     float32,
     input_arguments,
     mpf,
@@ -35,12 +35,13 @@ from opgen.spec.model import Spec
 GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
 
 
-def domain_warnings(spec: Spec, written: Derived | None) -> list[tuple[Loc, str]]:
+def domain_warnings(spec: Spec, written: Derived | None, oracle: Oracle | None = None) -> list[tuple[Loc, str]]:
     """`(where, message)` for each output the generated tests will find undefined or out of float32
-    range inside the test domain (one warning per output and moving input)."""
+    range inside the test domain (one warning per output and moving input); `oracle`: `written`
+    compiled already."""
     if written is None:
         return []
-    outputs = compile_outputs(written)
+    outputs = (oracle or Oracle(written)).outputs
     middle = places(spec)["middle"]
     found: list[tuple[Loc, str]] = []
     for k, inp in enumerate(spec.inputs):

@@ -17,6 +17,7 @@ is None where it is not, or where the gradient is an override.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import struct
 from collections.abc import Callable
@@ -60,11 +61,12 @@ def places(spec: Spec) -> dict[str, dict[str, float]]:
     return found
 
 
-def extreme_rows(spec: Spec, written: Derived | None) -> list[Row]:
-    """The rows of `spec`, from `written`, its derivation as written (None: no rows)."""
+def extreme_rows(spec: Spec, written: Derived | None, oracle: Oracle | None = None) -> list[Row]:
+    """The rows of `spec`, from `written`, its derivation as written (None: no rows); `oracle`:
+    `written` compiled already (the pipeline compiles it once for the rows and the warnings)."""
     if not applies(spec) or written is None or not spec.tests.extremes:
         return []
-    compiled = _Compiled(written)
+    compiled = oracle or Oracle(written)
     arguments = {place: input_arguments(spec, others) for place, others in places(spec).items()}
     rows: list[Row] = []
     for k, inp in enumerate(spec.inputs):
@@ -209,9 +211,9 @@ def _rounded(expr: sympy.Basic, tensors: set[sympy.Symbol], bools: set[sympy.Sym
     return expr.func(*(_rounded(a, tensors, bools) for a in expr.args))
 
 
-class _Compiled:
-    """Each output of `derived`, and the sum of the differentiable ones, turned into an mpmath
-    function once, however many points read it."""
+class Oracle:
+    """Each output of `derived` (a spec derived as written), and the sum of the differentiable
+    ones, turned into an mpmath function once, however many points read it."""
 
     def __init__(self, derived: Derived) -> None:
         symbols = derived.symbols
@@ -221,18 +223,19 @@ class _Compiled:
         bools = {symbols.inputs[i.name] for i in spec.inputs if i.type.kind == "bool"}
         rounded = [_rounded(expr, tensors, bools) for _, expr in derived.full.inlined]
         self.outputs = [self.compile(expr) for expr in rounded]
-        total = sum((e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero)
-        self.total = self.compile(total)
+        self.differentiable_sum = sum(
+            (e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero
+        )
         self.checked = {i.name for i in spec.tensor_inputs if spec.override(i.name) is None}
         self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
+    @functools.cached_property
+    def total(self) -> Callable[..., Any]:
+        """The sum of the differentiable outputs, whose slopes the rows check (compiled when first read)."""
+        return self.compile(self.differentiable_sum)
+
     def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
         return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
-
-
-def compile_outputs(derived: Derived) -> list[Callable[..., Any]]:
-    """Each output of `derived` as an mpmath function of the spec's inputs, in order."""
-    return _Compiled(derived).outputs
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
@@ -265,7 +268,7 @@ def input_arguments(spec: Spec, others: dict[str, float]) -> list[Any]:
 
 
 def _row(
-    compiled: _Compiled, name: str, point: float, args: list[Any]
+    compiled: Oracle, name: str, point: float, args: list[Any]
 ) -> tuple[str, float, tuple[float, ...], float | None] | None:
     outputs = []
     for function in compiled.outputs:
