@@ -82,17 +82,22 @@ class Case:
     saved: dict[str, int] = field(default_factory=dict)
 
 
-def elementwise_specs(folder: Path) -> list[Spec]:
-    """The specs whose Tensor inputs have no named dimensions (elementwise, broadcasting)."""
+def load_specs(folder: Path, keep: Callable[[Spec], bool]) -> list[Spec]:
+    """The specs of `folder` that `keep` accepts; a bad spec ends the run with its located message."""
     problems = Problems()
     specs = []
     for path, display in find_spec_files([str(folder)], problems):
         spec = parse_spec(load_file(path, display), source_name(path), problems)
-        if spec is not None and spec.tensor_inputs and all(i.type.dims is None for i in spec.tensor_inputs):
+        if spec is not None and keep(spec):
             specs.append(spec)
     if problems:
         sys.exit("\n".join(problems.report()))
     return specs
+
+
+def elementwise_specs(folder: Path) -> list[Spec]:
+    """The specs whose Tensor inputs have no named dimensions (elementwise, broadcasting)."""
+    return load_specs(folder, lambda s: bool(s.tensor_inputs) and all(i.type.dims is None for i in s.tensor_inputs))
 
 
 def _naive(spec: Spec, package: str) -> Callable[..., object]:

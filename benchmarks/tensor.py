@@ -25,12 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.run import ROOT, Case, geomean, machine, measure, median_ms, ratio
-from opgen.errors import Problems
-from opgen.pipeline import find_spec_files, source_name
-from opgen.spec.load import load_file
+from benchmarks.run import ROOT, Case, geomean, load_specs, machine, measure, median_ms, ratio
 from opgen.spec.model import Spec
-from opgen.spec.parse import parse_spec
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -53,15 +49,7 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
 
 def tensor_specs(folder: Path) -> list[Spec]:
     """The specs with named dimensions that have a PyTorch counterpart."""
-    problems = Problems()
-    specs = []
-    for path, display in find_spec_files([str(folder)], problems):
-        spec = parse_spec(load_file(path, display), source_name(path), problems)
-        if spec is not None and spec.name in NATIVE and any(i.type.dims for i in spec.tensor_inputs):
-            specs.append(spec)
-    if problems:
-        sys.exit("\n".join(problems.report()))
-    return specs
+    return load_specs(folder, lambda s: s.name in NATIVE and any(i.type.dims for i in s.tensor_inputs))
 
 
 def _shape(spec: Spec, dims: tuple[str, ...], rows: int, dim: int, matrix_dim: int) -> list[int]:
