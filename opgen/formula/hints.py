@@ -2,9 +2,10 @@
 
 Used by opgen.formula.reader for its error messages. Receives the offending syntax (a name, a
 call, an attribute); returns the text that follows "unknown function 'square'" and the like:
-a spelled-out formula where the language has one (`square(u)` -> `u**2`, `np.exp(u)` ->
-`exp(u)`, `u.sum(dim=-1)` -> `sum(u, dim=-1)`), a believable typo fix (Note [plausible
-suggestions] in opgen.spec.parse_common), or else what the language has.
+the call by bare name (`np.exp(u)` -> `exp(u)`, `F.relu(u)` -> `relu(u)`, `u.sum(dim=-1)` ->
+`sum(u, dim=-1)`), a believable typo fix (Note [plausible suggestions] in
+opgen.spec.parse_common), or else what the language has. `ALTERNATIVES` are the formulas PyTorch's
+names stand for (opgen.formula.aliases reads them).
 """
 
 from __future__ import annotations
@@ -65,23 +66,17 @@ ALTERNATIVES: dict[str, str] = {
     "norm": "sqrt(sum({0}**2, dim=-1))",
     "average": "mean({0}, dim=-1)",
 }
-_ALONG = " (along the last dimension; choose another with `dim=`)"
-_NOTES = {"softmax": _ALONG, "log_softmax": _ALONG, "amin": _ALONG, "norm": _ALONG, "average": _ALONG}
 _PLACEHOLDERS = ("x", "a", "b")
 # Constants of numpy, torch and math: `np.pi` -> `pi`.
 _CONSTANTS = {"pi": "pi", "inf": "inf", "e": "exp(1)", "Inf": "inf", "infty": "inf", "PINF": "inf"}
 
 
 def unknown_function(name: str, args: list[ast.expr]) -> str:
-    """What follows "unknown function 'NAME'": the formula to write, a typo fix, or what exists."""
-    if name in ALTERNATIVES:
-        return f"; formulas write it as `{spelled(name, args)}`{_NOTES.get(name, '')}"
-    close = plausible(name, ALL_FUNCTIONS)
+    """What follows "unknown function 'NAME'": a typo fix, or what exists. PyTorch's names for the
+    functions (`ALTERNATIVES`) are read as their formula before this is asked (opgen.formula.aliases)."""
+    close = plausible(name, (*ALL_FUNCTIONS, *ALTERNATIVES))
     if close:
         return f"; did you mean '{close}'?"
-    other = plausible(name, ALTERNATIVES)
-    if other:
-        return f"; for '{other}' formulas write `{spelled(other, args)}`{_NOTES.get(other, '')}"
     return "; the functions are: " + ", ".join(ALL_FUNCTIONS)
 
 
@@ -117,10 +112,7 @@ def qualified_call(node: ast.Call, names: set[str]) -> str:
     method = dotted is None or dotted[0] in names  # a method of a value: `u.exp()`
     args = [receiver, *node.args] if method else list(node.args)
     written = ast.unparse(node.func)
-    note = _NOTES.get(name, "")
-    if name in ALTERNATIVES:
-        instead = spelled(name, args)
-    elif name in ALL_FUNCTIONS:
+    if name in ALL_FUNCTIONS or name in ALTERNATIVES:  # the language's name, or an alias of one
         instead = ast.unparse(ast.Call(ast.Name(name), args, node.keywords))
     else:
         close = plausible(name, ALL_FUNCTIONS)
@@ -129,8 +121,8 @@ def qualified_call(node: ast.Call, names: set[str]) -> str:
             return f"only the functions of the formula language can be called, by name as f(x), not `.{name}()`{also}"
         return f"`{written}` is not a function of the formula language, which calls functions by bare name{also}"
     if method:
-        return f"formulas call functions by name, not as methods: write `{instead}`{note}"
-    return f"formulas use bare function names, without `{'.'.join(dotted or [])}.`: write `{instead}`{note}"
+        return f"formulas call functions by name, not as methods: write `{instead}`"
+    return f"formulas use bare function names, without `{'.'.join(dotted or [])}.`: write `{instead}`"
 
 
 def qualified_constant(node: ast.Attribute) -> str | None:

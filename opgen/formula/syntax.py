@@ -1,7 +1,8 @@
 """Formula text -> its Python syntax tree, within the limits (opgen.limits); no meaning yet.
 
 `parse_ast` parses a formula's text with Python's `ast` (never `eval`) and refuses, located, a
-syntax error, a number with too many digits, a formula too large or nested too deeply;
+syntax error, a number with too many digits, a formula too large or nested too deeply; it writes
+out the PyTorch names of functions (`relu(x)` -> `max(x, 0)`, opgen.formula.aliases);
 `holds_tensors` reads the trees of a spec for the names that hold tensors. The tree is turned
 into SymPy, node by node through a whitelist, by opgen.formula.reader.
 """
@@ -12,6 +13,7 @@ import ast
 
 from opgen import limits
 from opgen.errors import Loc, SpecError
+from opgen.formula.aliases import AliasError, expand
 from opgen.spec.model import Formula, Spec
 
 
@@ -51,7 +53,10 @@ def parse_ast(formula: Formula) -> ast.expr:
             formula.loc, f"`{short(text)}` is nested too deeply to read (the '{limit.name}' limit is {limit.value})"
         ) from None
     _check_size(tree.body, formula)
-    return tree.body
+    try:
+        return expand(tree.body)  # Note [aliases]
+    except AliasError as error:
+        raise SpecError(node_loc(formula, error.node), f"in `{short(text)}`: {error}") from None
 
 
 def _check_size(tree: ast.expr, formula: Formula) -> None:

@@ -1,0 +1,120 @@
+"""PyTorch and numpy names for formula-language functions: `relu(x)` is read as `max(x, 0)`.
+
+Receives a formula's syntax tree (opgen.formula.syntax); returns the same tree with every call of
+an alias replaced by the formula it stands for (`opgen.formula.hints.ALTERNATIVES`, each checked
+against the PyTorch function it names in tests/test_error_hints.py), or raises `AliasError`
+(what is wrong, and the node where) for a call the alias cannot take.
+
+Note [aliases]
+~~~~~~~~~~~~~~
+Users write `relu(x)`, `softmax(x, dim=-1)`, `square(x)`, `clip(x, 0, 1)` because that is what
+PyTorch calls them. Each is replaced in the syntax tree, before anything reads it, by the
+formula-language text it means, so the reader, the plain-torch reference of the generated tests,
+the shapes as written and the stable rewrites (softmax is recognised as `torch.softmax`) all see
+one language. The arguments are copied into the template as written (an argument used twice is
+read twice: the same SymPy expression). `softmax` and `log_softmax` need `dim=`, as
+`torch.softmax` does; `amin` and `average` take `dim=` and `keepdim=` like the reductions and
+pass them on. A template's own nodes carry the call's position, so an error inside one points at
+the call. Expansion is bottom-up and counted against the 'formula size' limit as it grows, so
+nested aliases that double their argument cannot build a tree the limit would refuse.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+
+from opgen import limits
+from opgen.formula.hints import ALTERNATIVES
+
+# `norm` is a reduction of the language itself; the others are read as their formula.
+ALIASES = frozenset(ALTERNATIVES) - {"norm"}
+
+# The keywords an alias takes, passed on to the reduction in its formula (`dim=-1` replaced).
+_KEYWORDS = {"softmax": ("dim",), "log_softmax": ("dim",), "amin": ("dim", "keepdim"), "average": ("dim", "keepdim")}
+_NEEDS_DIM = ("softmax", "log_softmax")
+_REDUCTIONS = ("logsumexp", "amax", "mean")
+
+
+class AliasError(Exception):
+    def __init__(self, node: ast.AST, message: str) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+def _arity(template: str) -> int:
+    return max((int(t) + 1 for t in "012" if "{" + t + "}" in template), default=0)
+
+
+def _placed(tree: ast.expr, at: ast.AST) -> ast.expr:
+    for node in ast.walk(tree):
+        for attr in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+            if hasattr(at, attr):
+                setattr(node, attr, getattr(at, attr))
+    return tree
+
+
+def _size(tree: ast.AST) -> int:
+    return sum(1 for node in ast.walk(tree) if isinstance(node, ast.expr))
+
+
+class _Expand(ast.NodeTransformer):
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
+        self.generic_visit(node)
+        if not isinstance(node.func, ast.Name) or node.func.id not in ALIASES:
+            return node
+        name = node.func.id
+        template = ALTERNATIVES[name]
+        needed = _arity(template)
+        if len(node.args) != needed or any(isinstance(a, ast.Starred) for a in node.args):
+            plural = "s" if needed != 1 else ""
+            raise AliasError(node, f"{name}() takes {needed} argument{plural}, got {len(node.args)}")
+        allowed = _KEYWORDS.get(name, ())
+        for kw in node.keywords:
+            if kw.arg not in allowed:
+                takes = " and ".join(f"`{k}=`" for k in allowed) if allowed else "no keyword arguments"
+                raise AliasError(node, f"{name}() takes {takes}, not `{kw.arg}=`")
+        if name in _NEEDS_DIM and not any(kw.arg == "dim" for kw in node.keywords):
+            raise AliasError(node, f"{name}() needs `dim=`, as torch.{name} does, e.g. {name}(x, dim=-1)")
+        holes = [f"__opgen_arg{k}__" for k in range(needed)]
+        tree = _placed(ast.parse(template.format(*holes), mode="eval").body, node)
+        tree = _Fill(dict(zip(holes, node.args, strict=True)), node.keywords, name in _KEYWORDS).visit(tree)
+        if _size(tree) > self.budget:
+            limit = limits.FORMULA_NODES
+            raise AliasError(
+                node,
+                f"{name}() here makes the formula too large once written out as `{template.format(*'xab')}`"
+                f" (the '{limit.name}' limit is {limit.value} {limit.unit}); name its argument with `let`",
+            )
+        return tree
+
+
+class _Fill(ast.NodeTransformer):
+    """Put the arguments into a template, and the call's keywords into its reduction."""
+
+    def __init__(self, args: dict[str, ast.expr], keywords: list[ast.keyword], reduces: bool) -> None:
+        self.args = args
+        self.keywords = keywords
+        self.reduces = reduces
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802
+        return copy.deepcopy(self.args[node.id]) if node.id in self.args else node
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in _REDUCTIONS and self.reduces:
+            given = {kw.arg for kw in self.keywords}
+            kept = [kw for kw in node.keywords if kw.arg not in given and kw.arg != "dim"]
+            node.keywords = [*kept, *copy.deepcopy(self.keywords)]
+        return node
+
+
+def expand(tree: ast.expr) -> ast.expr:
+    """`tree` with its alias calls written out (Note [aliases]); `AliasError` for a bad call."""
+    calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
+    if not any(call.func.id in ALIASES for call in calls):  # type: ignore[attr-defined]
+        return tree
+    return _Expand(limits.FORMULA_NODES.value).visit(copy.deepcopy(tree))

@@ -1,0 +1,112 @@
+"""PyTorch's and numpy's names for functions (`relu`, `softmax(x, dim=-1)`, `square`, `clip`, ...)
+are read as the formula they stand for (Note [aliases] in opgen.formula.aliases): every alias, put
+in a spec and generated, computes what PyTorch's function of that name computes, with its
+gradient; a call an alias cannot take is a located error."""
+
+from __future__ import annotations
+
+import importlib
+import string
+import sys
+
+import pytest
+import torch
+
+from opgen.emit.render import Renderer
+from opgen.formula.aliases import ALIASES
+from opgen.formula.hints import ALTERNATIVES
+from opgen.pipeline import build
+from tests.test_error_hints import TORCH
+
+# Reductions and normalisations: the spec's input is a batch of rows, the call names `dim=`.
+ALONG = {
+    "softmax": ("softmax(x, dim=-1)", lambda x: torch.softmax(x, dim=-1)),
+    "log_softmax": ("log_softmax(x, dim=0)", lambda x: torch.log_softmax(x, dim=0)),
+    "amin": ("amin(x, dim=-1, keepdim=true)", lambda x: torch.amin(x, dim=-1, keepdim=True)),
+    "average": ("average(x)", torch.mean),
+}
+DOMAIN = {"arccosh": (1.1, 3.0), "arcsin": (0.05, 0.95), "arccos": (0.05, 0.95), "arctanh": (0.05, 0.95)}
+DOMAIN["logit"] = DOMAIN["arcsin"]
+
+
+def _arity(name: str) -> int:
+    return max((int(t) + 1 for t in "012" if "{" + t + "}" in ALTERNATIVES[name]), default=0)
+
+
+def _spec(name: str) -> str:
+    if name in ALONG:
+        return f"name: alias_{name}\ninputs:\n  x: Tensor[N, K]\noutputs:\n  y: {ALONG[name][0]}\n"
+    args = list("xab"[: _arity(name)])
+    low, high = DOMAIN.get(name, (0.05, 3.0))
+    inputs = "".join(f"  {a}: Tensor\n" for a in args)
+    domain = ", ".join(f"{a}: [{low}, {high}]" for a in args)
+    output = f"  y: {name}({', '.join(args)})\n"
+    return f"name: alias_{name}\ninputs:\n{inputs}outputs:\n{output}tests:\n  domain: {{{domain}}}\n"
+
+
+def test_every_alias_has_a_reference():
+    assert ALIASES <= set(TORCH)
+    assert "norm" not in ALIASES  # a reduction of the language itself
+
+
+@pytest.mark.parametrize("name", sorted(ALIASES))
+def test_alias_computes_torchs_function_and_its_gradient(name, generated_aliases):
+    op = getattr(generated_aliases, f"alias_{name}")
+    generator = torch.Generator().manual_seed(sum(map(ord, name)))
+    if name in ALONG:
+        x = torch.randn(4, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+        inputs, reference = [x], ALONG[name][1]
+    else:
+        low, high = DOMAIN.get(name, (0.05, 3.0))
+        inputs = [
+            (low + (high - low) * torch.rand(4, 5, generator=generator, dtype=torch.float64)).requires_grad_()
+            for _ in range(_arity(name))
+        ]
+        if name in ("pow", "power", "float_power"):
+            inputs[1] = torch.full((4, 5), 2.5, dtype=torch.float64, requires_grad=True)
+        reference = TORCH[name]
+    ours, theirs = op(*inputs), reference(*inputs)
+    torch.testing.assert_close(ours, theirs.to(ours.dtype))
+    weights = torch.randn(ours.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((ours * weights).sum(), inputs)
+    expected = torch.autograd.grad((theirs * weights).sum(), inputs)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want.to(got.dtype))
+
+
+@pytest.fixture(scope="module")
+def generated_aliases(tmp_path_factory):
+    from opgen.cli import main
+
+    root = tmp_path_factory.mktemp("aliases")
+    specs = root / "specs"
+    specs.mkdir()
+    for name in sorted(ALIASES):
+        (specs / f"alias_{name}.yaml").write_text(_spec(name))
+    package = "alias_ops_" + "".join(c for c in root.name if c in string.ascii_letters + string.digits)
+    assert main(["generate", str(specs), "-o", str(root / package), "-q", "--no-cache"]) == 0
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module(package)
+    finally:
+        sys.path.remove(str(root))
+
+
+@pytest.mark.parametrize(
+    ("formula", "message"),
+    [
+        ("softmax(x)", "softmax() needs `dim=`, as torch.softmax does"),
+        ("relu(x, x)", "relu() takes 1 argument, got 2"),
+        ("relu(x, dim=-1)", "relu() takes no keyword arguments, not `dim=`"),
+        ("softmax(x, dim=-1, keepdim=true)", "softmax() takes `dim=`, not `keepdim=`"),
+        ("clip(x, 0)", "clip() takes 3 arguments, got 2"),
+        ("softmax(" * 9 + "x" + ", dim=-1)" * 9, "'formula size' limit"),  # each level doubles its argument
+    ],
+)
+def test_a_call_an_alias_cannot_take_is_located(tmp_path, formula, message):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(f"name: bad\ninputs:\n  x: Tensor[N, K]\noutputs:\n  y: {formula}\n")
+    report = build([str(spec)], Renderer()).problems.report()
+    assert len(report) == 1
+    assert report[0].startswith(f"{spec}:5:"), report
+    assert message in report[0], report
