@@ -30,6 +30,7 @@ from typing import Any
 
 from opgen.cache import Cache, default_folder
 from opgen.emit.render import Renderer
+from opgen.formula.syntax import is_elementwise
 from opgen.pipeline import Result, build
 from opgen.spec.model import Spec
 
@@ -112,7 +113,7 @@ def read_op(spec: Spec, source: str) -> OpView:
 
 def elementwise(spec: Spec) -> bool:
     """An op a plot of f and df/dx over one input can show: Tensor inputs without named dimensions."""
-    return bool(spec.tensor_inputs) and all(i.type.dims is None for i in spec.tensor_inputs)
+    return is_elementwise(spec)
 
 
 def benchmark_rows(text: str) -> tuple[list[str], dict[str, list[str]]]:

@@ -64,10 +64,10 @@ from opgen.formula.tensor import (
     Transpose,
     Unsqueeze,
     dim_size,
-    dims_count,
     shape_of,
     split,
 )
+from opgen.formula.whole_reductions import reduction_count
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
 
@@ -212,7 +212,7 @@ class _Jvp:
         if isinstance(node, ReduceNorm):
             return fn.where(sympy.Eq(node, 0, evaluate=False), S.Zero, ReduceSum(a * ta, dims, keep) / node)
         if isinstance(node, ReduceVar):
-            count = dims_count(shape_of(a, self.table), node.dims, "var()")
+            count = reduction_count(node, self.table)
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
             return 2 * ReduceSum(centered * ta, dims, keep) / (count - node.correction)
         assert isinstance(node, ReduceAmax), type(node)
@@ -224,6 +224,11 @@ class _Jvp:
         """`sum`/`mean` of the tangent; where the tangent was broadcast along a summed dim (Note
         [broadcast tangents]), the sum of its one entry there times the dim's size."""
         a, dims, keep = node.operand, node.args[1], node.args[2]
+        if shape_of(a, self.table) is None:  # every dimension of plain Tensors, whose shapes are not known here
+            # The mean of a tangent broadcast to the operand is the tangent's own mean; a sum is that times the count.
+            ta = self.tangent(a)
+            mean = ReduceMean(ta, dims, keep) if ta != 0 else S.Zero
+            return mean if isinstance(node, ReduceMean) else mean * reduction_count(node, self.table)
         ta, narrow = self.operand(a, max((-d for d in node.dims), default=0))
         if ta == 0:
             return S.Zero

@@ -39,7 +39,9 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.formula.dims import broadcast_shape
 from opgen.formula.tensor import (
+    BroadcastTo,
     LogSoftmax,
     LogSoftmaxBackward,
     MatMul,
@@ -56,14 +58,15 @@ from opgen.formula.tensor import (
     Softmax,
     SoftmaxBackward,
     SumDims,
+    SumTo,
     TensorOp,
     Transpose,
     Unsqueeze,
     dim_size,
-    dims_count,
     shape_of,
     split,
 )
+from opgen.formula.whole_reductions import reduction_count, spread_to_operand, whole_reduction_of_plain
 
 Clean = Callable[[Expr], Expr]
 
@@ -89,6 +92,7 @@ class _Vjp:
         self.x = x
         self.pending: dict[Expr, Expr] = {}  # tensor operation -> gradient collected so far
         self.total: Expr = S.Zero  # the gradient of x (its batch dimensions maybe broadcast)
+        self.pieces = False  # fit each part of a plain Tensor's gradient to its shape (Note [counts of unknown shapes])
 
     def shape(self, expr: sympy.Basic) -> Shape:
         return shape_of(expr, self.table)
@@ -147,7 +151,13 @@ class _Vjp:
         """`grad` summed over the dimensions `node` does not have (Note [carried batch dimensions])."""
         have, want = self.shape(grad), self.shape(node)
         if want is None and node == self.x:
-            return grad  # a plain Tensor input: summed to its shape at run time
+            if not self.pieces:
+                return grad  # a plain Tensor input: summed to its shape at run time
+            # Note [counts of unknown shapes]: each part is fitted to the input's shape on its own.
+            shape = broadcast_shape((node.name,))
+            return BroadcastTo(grad, shape) if have == () else SumTo(grad, shape)
+        if want == () and have is None:  # a scalar (a whole reduction) met by a gradient of plain Tensors
+            return ReduceSum(grad, sympy.Tuple(), S.Zero)
         if have is None or want is None:
             raise ShapeError(
                 "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
@@ -192,7 +202,7 @@ class _Vjp:
             return
         assert isinstance(node, ReductionBase), type(node)
         a, dims = node.operand, node.args[1]
-        full = self.restore(grad, node)
+        full = spread_to_operand(self.restore(grad, node), node, self.table)
         kept = self.restore(node, node)  # the reduced value at size 1: the op's saved output when it is one
         if isinstance(node, ReduceSum):
             self.push(a, full)
@@ -228,7 +238,7 @@ class _Vjp:
         return value
 
     def count(self, a: Expr, node: ReductionBase) -> Expr:
-        return dims_count(self.shape(a), node.dims, f"{node.spec_name}()")
+        return reduction_count(node, self.table)
 
     def narrow(self, grad: Expr, node: Expr) -> tuple[int, ...]:
         """The trailing dims (from the end) where `grad` is 1 or missing and `node` is not (Note [narrow gradients])."""
@@ -278,6 +288,7 @@ def tensor_gradient(
 ) -> Expr:
     """The gradient of every `(formula, incoming gradient)` pair with respect to `x`, summed."""
     engine = _Vjp(table, clean, x)
+    engine.pieces = table.get(x, ()) is None and any(whole_reduction_of_plain(expr, table) for expr, _ in outputs)
     for expr, grad in outputs:
         engine.push(expr, grad)
     return engine.run()
@@ -290,8 +301,12 @@ def leaf_fit(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batc
     batch of the gradient may be bigger than `x`'s own.
     """
     have, want = shape_of(grad, table), table[x]
-    if grad == 0 or want is None or have is None:
-        return LeafFit(False, have is None or want is None)
+    own = broadcast_shape((x.name,))
+    parts = [term.as_coeff_Mul()[1] for term in sympy.Add.make_args(grad)]
+    if grad != 0 and all(isinstance(p, (SumTo, BroadcastTo)) and p.args[1] == own for p in parts):
+        return LeafFit(False, False)  # every part is fitted to x already (Note [counts of unknown shapes])
+    if grad == 0 or want is None or have is None:  # a scalar gradient of a plain Tensor is expanded to it
+        return LeafFit(want is None and have == (), have is None or want is None)
     have_batch, have_dims = split(have)
     want_batch, want_dims = split(want)
     expand = (want_batch and not have_batch) or any(

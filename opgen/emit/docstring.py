@@ -7,10 +7,16 @@ import sympy
 from opgen.derive.gradients import Derived, dimension_names
 from opgen.emit.display import display_lines
 from opgen.emit.names import OpNames
+from opgen.formula.dims import counted
 from opgen.formula.tensor import dim_size
 from opgen.plan.backward import Plan
 
 DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
+
+
+def _size_doc(dim: str) -> str:
+    """`numel(x, t)`: how a count of a reduction over plain Tensors reads (Note [counts of unknown shapes])."""
+    return f"numel({', '.join(counted(dim) or ())})"
 
 
 def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
@@ -22,6 +28,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     single = len(plan.incoming) == 1
     table |= {s: ("grad" if single else f"grad_{o}") for o, s in plan.incoming.items()}
     table |= {dim_size(d): d for d in dimension_names(spec)}
+    table |= {dim_size(d): _size_doc(d) for d in plan.dim_sizes if counted(d)}
     lines = ["Forward:"]
     full = derived.full
     residuals = [(r.name, r.expr) for r in plan.residuals]

@@ -16,6 +16,7 @@ from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
+from opgen.formula.dims import counted
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
 from opgen.plan.backward import Plan
@@ -101,7 +102,8 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
     ctx = names.ctx
     lines = []
     sizes = size_sources(spec, plan.dim_sizes)
-    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes) | {source for source, _ in sizes.values()}
+    needed_inputs = set(plan.saved) | set(plan.ctx_values) | set(plan.shapes)
+    needed_inputs |= {name for source, _ in sizes.values() for name in size_inputs(source)}
     needed_inputs |= forward.inputs if forward else set()
     if plan.varies:
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
@@ -142,10 +144,14 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
 
 
 def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """For each named dimension, an input that has it (not a `Tensor?` if possible) and where, from the end."""
+    """For each named dimension, an input that has it (not a `Tensor?` if possible) and where, from
+    the end; a count (Note [counts of unknown shapes]) is its own source."""
     sources: dict[str, tuple[str, int]] = {}
     inputs = sorted(spec.tensor_inputs, key=lambda i: i.type.optional)  # stable: spec order otherwise
     for dim in dims:
+        if counted(dim):
+            sources[dim] = (dim, 0)
+            continue
         for inp in inputs:
             if inp.type.dims and dim in inp.type.dims:
                 sources[dim] = (inp.name, inp.type.dims.index(dim) - len(inp.type.dims))
@@ -153,8 +159,22 @@ def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]
     return sources
 
 
+def size_inputs(source: str) -> tuple[str, ...]:
+    """The inputs a size of `size_sources` is read from."""
+    return counted(source) or (source,)
+
+
 def size_text(spec: Spec, source: str, index: int) -> str:
-    """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks)."""
+    """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks); for a
+    count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()`."""
+    tensors = counted(source)
+    if tensors is not None:
+        shape = (
+            f"{tensors[0]}.shape"
+            if len(tensors) == 1
+            else f"torch.broadcast_shapes({', '.join(f'{t}.shape' for t in tensors)})"
+        )
+        return f"{shape}.numel()" if source.startswith("#") else shape
     inp = spec.input(source)
     text = f"{source}.shape[{index}]"
     return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text

@@ -27,6 +27,7 @@ from opgen.derive.jvp import OutputTangent
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign
+from opgen.formula.dims import counted, size_stem
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import ShapeError, dim_size, shape_of
 from opgen.plan.backward import Plan
@@ -73,7 +74,7 @@ def jvp_names(
     attrs.taken |= attrs_taken
     ctx_attrs, size_attrs = set_attrs  # what setup_context keeps for backward already
     own = {n: ctx_attrs.get(n) or attrs.fresh(n) for n in forward.ctx_values}
-    sizes = {d: size_attrs.get(d) or attrs.fresh(d) for d in forward.dim_sizes}
+    sizes = {d: size_attrs.get(d) or attrs.fresh(size_stem(d)) for d in forward.dim_sizes}
     compiled = namer.fresh(f"_{spec.function_class_name}NoJvp")
     return JvpNames(
         params=params,
@@ -101,7 +102,7 @@ def jvp_setup(
         if jnames.size_attrs[dim] in set_attrs:
             continue
         lines.append(f"{ctx}.{jnames.size_attrs[dim]} = {size_text[dim]}")
-        inputs.add(size_text[dim].split(".shape", 1)[0].split()[-1])
+        inputs |= set(counted(dim) or (size_text[dim].split(".shape", 1)[0].split()[-1],))
     returned = set(forward.saved) - spec_inputs
     return JvpSetup(frozenset(inputs), frozenset(returned), tuple(lines))
 

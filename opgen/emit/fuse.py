@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.emit.printer import TorchPrinter
+from opgen.formula.syntax import is_elementwise
 from opgen.optimize.kernels import _Prime, _Primitive
 from opgen.plan.backward import Plan
 
@@ -39,7 +40,7 @@ def fusable(plan: Plan) -> bool:
     derived = plan.derived
     spec = derived.spec
     return (
-        all(i.type.dims is None for i in spec.tensor_inputs)
+        is_elementwise(spec)
         and len(derived.variants) == 1
         and not plan.gate_none
         and not plan.shapes

@@ -54,7 +54,8 @@ class KernelPrinting:
     def _zeros_like(self, expr: sympy.Basic) -> str:
         """A zero tensor of `expr`'s shape that costs no memory (huber's target)."""
         value = self._print(expr)
-        return f"{value}.new_zeros(()).expand_as({value})"
+        operand = value if isinstance(expr, (sympy.Symbol, sympy.Function)) else f"({value})"
+        return f"{operand}.new_zeros(()).expand_as({value})"
 
     # -- forward -----------------------------------------------------------------------------------
 

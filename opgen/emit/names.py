@@ -16,6 +16,7 @@ import sympy
 from opgen.derive.gradients import Derived
 from opgen.emit.annotations import TypeNames, type_names
 from opgen.emit.printer import TorchPrinter
+from opgen.formula.dims import size_stem
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.plan.backward import BackwardPlan, Plan, Temp
@@ -77,7 +78,7 @@ def make_names(plan: Plan) -> OpNames:
     attrs = ctx_namer()
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
-    size_attrs = {n: attrs.fresh(n) for n in plan.dim_sizes}
+    size_attrs = {n: attrs.fresh(size_stem(n)) for n in plan.dim_sizes}
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("check_shapes")
     arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")

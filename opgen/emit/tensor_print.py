@@ -14,6 +14,7 @@ from sympy.printing.precedence import PRECEDENCE
 
 from opgen.formula.tensor import (
     BATCH,
+    BroadcastTo,
     LogSoftmax,
     LogSoftmaxBackward,
     MatMul,
@@ -27,6 +28,7 @@ from opgen.formula.tensor import (
     Softmax,
     SoftmaxBackward,
     SumDims,
+    SumTo,
     TensorOp,
     Transpose,
     Unsqueeze,
@@ -147,6 +149,12 @@ class TensorPrinting(_TensorNodes):
     def _print_LogSoftmax(self, expr: LogSoftmax) -> str:
         return f"{self.torch}.log_softmax({self._print(expr.args[0])}, {int(expr.args[1])})"
 
+    def _print_BroadcastTo(self, expr: BroadcastTo) -> str:
+        return f"{self._postfix(expr.args[0])}.expand({self._print(expr.args[1])})"
+
+    def _print_SumTo(self, expr: SumTo) -> str:
+        return f"{self._postfix(expr.args[0])}.sum_to_size({self._print(expr.args[1])})"
+
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=True" if expr.args[2] else ""
         return f"{self._postfix(expr.args[0])}.sum({_dims_text(expr)}{keep})"
@@ -190,6 +198,11 @@ class TensorDisplay(_TensorNodes):
         return self._print(expr.elementary())
 
     _print_LogSoftmaxBackward = _print_SoftmaxBackward
+
+    def _print_BroadcastTo(self, expr: BroadcastTo | SumTo) -> str:
+        return self._print(expr.args[0])  # the gradient, spread over (or summed to) a shape as an elementwise value is
+
+    _print_SumTo = _print_BroadcastTo
 
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=true" if expr.args[2] else ""

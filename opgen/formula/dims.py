@@ -39,5 +39,42 @@ def dim_size(name: str) -> sympy.Symbol:
     return sympy.Symbol("size:" + name, integer=True, positive=True)
 
 
+def count_size(tensors: tuple[str, ...]) -> sympy.Symbol:
+    """How many entries the broadcast of the tensor inputs `tensors` has, known at call time.
+
+    Note [counts of unknown shapes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `mean((x - t)**2)` of plain `Tensor`s (or over every dimension of a `Tensor[..., D]`) divides
+    by a count no named dimension gives. Its operand is elementwise in the inputs it reaches
+    without passing a reduction, so its shape is their broadcast: the count is a size like a
+    named dimension's (`size:#x,t`), taken at call time as
+    `torch.broadcast_shapes(x.shape, t.shape).numel()` and kept on ctx like the others. The
+    gradient of such a reduction reaches each input through its operand; where the operand's
+    derivative does not span the broadcast (`sum(x**2 + t)`, `t` smaller than `x`: d/dt is 1), it
+    is first expanded to that broadcast shape (`broadcast_shape`, `BroadcastTo`), so summing it to
+    each input's shape at run time counts every entry it was broadcast to.
+    """
+    return sympy.Symbol("size:#" + ",".join(tensors), integer=True, positive=True)
+
+
+def broadcast_shape(tensors: tuple[str, ...]) -> sympy.Symbol:
+    """The shape the tensor inputs `tensors` broadcast to, known at call time (Note [counts of unknown shapes])."""
+    return dim_size("@" + ",".join(tensors))  # a size symbol, kept on ctx the same way
+
+
+def counted(dim: str) -> tuple[str, ...] | None:
+    """The tensors whose broadcast a `count_size` counts or a `broadcast_shape` is; None for a named dimension."""
+    return tuple(dim[1:].split(",")) if dim[:1] in ("#", "@") else None
+
+
+def size_stem(dim: str) -> str:
+    """A name for the ctx attribute holding the size `dim`: the dimension's own, or `count`/`shape`."""
+    tensors = counted(dim)
+    if tensors is None:
+        return dim
+    stem = "count" if dim.startswith("#") else "shape"
+    return f"{tensors[0]}_{stem}" if len(tensors) == 1 else stem
+
+
 def is_dim_size(symbol: sympy.Basic) -> bool:
     return isinstance(symbol, sympy.Symbol) and symbol.name.startswith("size:")

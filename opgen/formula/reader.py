@@ -282,7 +282,7 @@ class _Reader:
             try:
                 shape = self.shape(node.args[0], operand)
                 found = tensor.reduce_dims(shape, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
-                if name in ("mean", "var", "std"):  # they divide by how many entries they reduce
+                if name in ("mean", "var", "std") and found:  # they divide by how many entries they reduce
                     tensor.dims_count(shape, found, f"{name}()")
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None

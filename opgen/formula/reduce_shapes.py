@@ -40,8 +40,11 @@ def reduce_dim(a: Shape, dim: int, what: str) -> int:
 def reduce_dims(a: Shape, dims: tuple[int, ...] | None, keepdim: bool, what: str) -> tuple[int, ...]:
     """`dims` (None: every dimension) as increasing negative indices into `a`; () for every dimension
     of a shape with batch dimensions (Note [reductions over every dimension])."""
+    if a is None and dims is None and not keepdim:  # every dimension of a plain Tensor: a scalar
+        return ()
     if a is None:
-        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]")
+        also = "; over every dimension leave out `dim=` and `keepdim=`" if dims is None or keepdim else ""
+        raise ShapeError(f"{what} needs an operand with declared dimensions, e.g. Tensor[..., N]{also}")
     batch, named = split(a)
     if dims is None:
         if not batch:
@@ -60,9 +63,9 @@ def reduce_dims(a: Shape, dims: tuple[int, ...] | None, keepdim: bool, what: str
 
 def reduce_shape(a: Shape, dims: tuple[int, ...], keepdim: bool) -> Shape:
     """The shape of a reduction of `a` over `dims` (negative; () for every dimension)."""
-    assert a is not None
     if not dims:
         return ()
+    assert a is not None
     reduced = {len(a) + d for d in dims}
     if keepdim:
         return tuple(1 if k in reduced else d for k, d in enumerate(a))

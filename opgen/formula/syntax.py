@@ -14,6 +14,7 @@ import ast
 from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula.aliases import AliasError, expand
+from opgen.formula.vocabulary import REDUCTIONS
 from opgen.spec.model import Formula, Spec
 
 
@@ -106,6 +107,18 @@ def holds_tensors(spec: Spec) -> frozenset[str]:
                 tensors.add(name)
                 grown = True
     return frozenset(tensors)
+
+
+def is_elementwise(spec: Spec) -> bool:
+    """Tensor inputs without named dimensions and no formula that reduces them (`mean((x - t)**2)`):
+    each entry of an output depends on the same entry of the inputs alone."""
+    tensors = spec.tensor_inputs
+    if not tensors or any(i.type.dims is not None for i in tensors):
+        return False
+    formulas = [let.formula for let in spec.lets] + [o.formula for o in spec.outputs]
+    formulas += [g.formula for g in spec.gradients]
+    calls = (n for f in formulas for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Call))
+    return not any(isinstance(c.func, ast.Name) and c.func.id in REDUCTIONS for c in calls)
 
 
 BAD_DIMS = object()

@@ -346,6 +346,21 @@ def transpose_shape(a: Shape) -> Shape:
     return a[: len(a) - 2] + (a[-1], a[-2])
 
 
+class SumTo(TensorOp):
+    """`grad.sum_to_size(shape)`, `shape` a `broadcast_shape` symbol of one input: one part of a
+    plain Tensor's gradient summed to the input's shape before it meets parts spread over other
+    shapes (Note [counts of unknown shapes])."""
+
+    nargs = 2
+
+
+class BroadcastTo(TensorOp):
+    """`grad.expand(shape)`, `shape` a `broadcast_shape` symbol: a gradient spread over the shape of
+    plain Tensors broadcast together (Note [counts of unknown shapes])."""
+
+    nargs = 2
+
+
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
     """The static shape of `expr`; symbols not in `table` are plain numbers."""
     if isinstance(expr, sympy.Symbol):
@@ -362,6 +377,8 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return (a[-1], g[-1])
     if isinstance(expr, (Softmax, LogSoftmax)):
         return shape_of(expr.args[0], table)
+    if isinstance(expr, (BroadcastTo, SumTo)):
+        return None
     if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dims, expr.keepdim)
     if isinstance(expr, Unsqueeze):

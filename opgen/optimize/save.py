@@ -41,6 +41,7 @@ from sympy import Expr
 from opgen.derive.gradients import Contribution, Derived, Symbols, Variant
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
+from opgen.formula.syntax import is_elementwise
 from opgen.spec.model import POLICIES
 
 
@@ -172,7 +173,7 @@ def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
         return []
     if spec.optimize.fuse:
         return []  # fused backward takes saved inputs and outputs, not a second incoming gradient
-    if not all(i.type.dims is None for i in spec.tensor_inputs):
+    if not is_elementwise(spec):
         return []
     calls = _costly_calls(factors, derived.symbols)
     # Forward computes the call once, as the residual, where an output's own formula has it

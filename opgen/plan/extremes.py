@@ -28,6 +28,7 @@ import sympy
 from sympy.printing.pycode import MpmathPrinter
 
 from opgen.derive.gradients import Derived
+from opgen.formula.syntax import is_elementwise
 from opgen.spec.model import Spec
 
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
@@ -47,7 +48,7 @@ def float32(value: float) -> float:
 def applies(spec: Spec) -> bool:
     """Elementwise specs without optional inputs, whose formulas are rewritten for stability."""
     tensors = spec.tensor_inputs
-    return spec.optimize.rewrite and bool(tensors) and all(i.type.dims is None and not i.type.optional for i in tensors)
+    return spec.optimize.rewrite and is_elementwise(spec) and not any(i.type.optional for i in tensors)
 
 
 def places(spec: Spec) -> dict[str, dict[str, float]]:

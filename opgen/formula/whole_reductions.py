@@ -1,0 +1,65 @@
+"""Reductions over every dimension of plain `Tensor`s or of a batch `...`: how many entries they
+take and how their gradient spreads (Note [counts of unknown shapes] in opgen.formula.dims).
+
+Receives a reduction node and the static shapes of the inputs; returns its count as a size symbol
+known at call time, or its gradient spread over its operand's run-time shape; a reduction whose
+operand is not elementwise in its inputs is a `ShapeError`.
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy import Expr
+
+from opgen.formula.dims import Shape, ShapeError, broadcast_shape, count_size, show
+from opgen.formula.tensor import BroadcastTo, ReductionBase, TensorOp, broadcast, dims_count, shape_of
+
+
+def elementwise_leaves(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> tuple[str, ...]:
+    """The tensor inputs a reduction over every dimension of `...` or of a plain `Tensor` reaches
+    without passing another tensor operation; its operand must have their broadcast shape (Note
+    [counts of unknown shapes]), else a `ShapeError`."""
+    shape = shape_of(node.operand, table)
+    leaves: set[sympy.Symbol] = set()
+    stack: list[sympy.Basic] = [node.operand]
+    while stack:
+        expr = stack.pop()
+        if isinstance(expr, sympy.Symbol) and expr in table:
+            leaves.add(expr)
+        elif not isinstance(expr, TensorOp):
+            stack.extend(expr.args)
+    reached: Shape = ()
+    for leaf in leaves:
+        reached = broadcast(reached, table[leaf])
+    if not leaves or reached != shape:
+        raise ShapeError(
+            f"{node.spec_name}() over every dimension of {show(shape)}: its operand is not elementwise in its"
+            " tensor inputs, so how many entries it has is not known; name the dims (dim=(-2, -1))"
+        )
+    return tuple(sorted(leaf.name for leaf in leaves))
+
+
+def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Expr:
+    """How many entries `node` (a `mean`, `var` or `std`) takes together: a product of named
+    dimension sizes, or over every dimension of a shape with `...` or of a plain `Tensor`, the
+    count of the broadcast of the inputs its operand is elementwise in (Note [counts of unknown shapes])."""
+    if node.dims:
+        return dims_count(shape_of(node.operand, table), node.dims, f"{node.spec_name}()")
+    return count_size(elementwise_leaves(node, table))
+
+
+def whole_reduction_of_plain(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> bool:
+    """Whether `expr` reduces plain Tensors over every dimension (Note [counts of unknown shapes])."""
+    return any(
+        isinstance(n, ReductionBase) and n.every_dim and shape_of(n.operand, table) is None
+        for n in sympy.preorder_traversal(expr)
+    )
+
+
+def spread_to_operand(grad: Expr, node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Expr:
+    """The gradient `grad` of a reduction over every dimension of plain Tensors, expanded to the shape
+    of its operand when that is a broadcast of several inputs (Note [counts of unknown shapes])."""
+    if shape_of(node.operand, table) is not None:
+        return grad
+    leaves = elementwise_leaves(node, table)
+    return BroadcastTo(grad, broadcast_shape(leaves)) if len(leaves) > 1 else grad

@@ -1,0 +1,140 @@
+"""Reductions over every dimension of plain `Tensor`s and of `Tensor[..., D]`: scalar losses such as
+`mean((input - target)**2)` (Note [counts of unknown shapes] in opgen.formula.dims). Each op,
+generated, equals plain torch autograd of the same formula in value, gradient, second derivative,
+forward mode (torch.func.jvp) and per-sample gradients (vmap of grad), with inputs of one shape and
+with inputs that broadcast."""
+
+from __future__ import annotations
+
+import importlib
+import string
+import sys
+
+import pytest
+import torch
+
+from opgen.cli import main
+from opgen.emit.render import Renderer
+from opgen.pipeline import build
+
+# name -> (formula over plain Tensors x and t, the same in plain torch)
+PLAIN = {
+    "mse": ("mean((x - t)**2)", lambda x, t: ((x - t) ** 2).mean()),
+    "l1": ("mean(abs(x - t))", lambda x, t: (x - t).abs().mean()),
+    "sum_narrow": ("sum(x * x + t)", lambda x, t: (x * x + t).sum()),
+    "shifted": ("t - mean(x * x)", lambda x, t: t - (x * x).mean()),
+    "mean_plus": ("mean(x) + t", lambda x, t: x.mean() + t),
+    "var_all": ("var(x * t)", lambda x, t: (x * t).var()),
+    "std_all": ("std(x - t, correction=0)", lambda x, t: (x - t).std(correction=0)),
+    "amax_all": ("amax(x + t)", lambda x, t: (x + t).amax()),
+    "ratio": ("sum(x * t) / mean(t)", lambda x, t: (x * t).sum() / t.mean()),
+    "huber_mean": (
+        "mean(where(abs(x - t) < 1, 0.5 * (x - t)**2, abs(x - t) - 0.5))",
+        lambda x, t: torch.nn.functional.huber_loss(x, t.expand_as(x)),
+    ),
+}
+# name -> (formula over x: Tensor[..., D] and w: Tensor[D], the same in plain torch)
+BATCHED = {
+    "scale_mean": ("mean(x * w)", lambda x, w: (x * w).mean()),
+    "batch_var": ("var(x, correction=0) + sum(w)", lambda x, w: x.var(correction=0) + w.sum()),
+}
+
+
+def _spec(name: str) -> str:
+    if name in PLAIN:
+        return f"name: {name}\ninputs:\n  x: Tensor\n  t: Tensor\noutputs:\n  y: {PLAIN[name][0]}\n"
+    return f"name: {name}\ninputs:\n  x: Tensor[..., D]\n  w: Tensor[D]\noutputs:\n  y: {BATCHED[name][0]}\n"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whole")
+    specs = root / "specs"
+    specs.mkdir()
+    for name in [*PLAIN, *BATCHED]:
+        (specs / f"{name}.yaml").write_text(_spec(name))
+    package = "whole_ops_" + "".join(c for c in root.name if c in string.ascii_letters + string.digits)
+    assert main(["generate", str(specs), "-o", str(root / package), "-q", "--no-cache"]) == 0
+    sys.path.insert(0, str(root))
+    try:
+        yield importlib.import_module(package)
+    finally:
+        sys.path.remove(str(root))
+
+
+def _inputs(name: str, shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(sum(map(ord, name)))
+    return [torch.randn(s, generator=generator, dtype=torch.float64, requires_grad=True) for s in shapes]
+
+
+CASES = [(n, s) for n in PLAIN for s in (((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 3, 4), (3, 1)))]
+CASES += [(n, s) for n in BATCHED for s in (((3, 4), (4,)), ((2, 3, 4), (4,)))]
+
+
+@pytest.mark.parametrize(("name", "shapes"), CASES)
+def test_op_equals_plain_autograd_in_every_mode(ops, name, shapes):
+    op = getattr(ops, name)
+    reference = (PLAIN | BATCHED)[name][1]
+    inputs = _inputs(name, shapes)
+    ours, theirs = op(*inputs), reference(*inputs)
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs)
+    weights = torch.randn(ours.shape, dtype=torch.float64)
+    grads = torch.autograd.grad((ours * weights).sum(), inputs, create_graph=True)
+    expected = torch.autograd.grad((theirs * weights).sum(), inputs, create_graph=True)
+    for got, want in zip(grads, expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+    # second derivatives: the gradient's gradient along a fixed direction
+    directions = [torch.randn_like(g) for g in grads]
+    for got, want in zip(_second(grads, directions, inputs), _second(expected, directions, inputs), strict=True):
+        torch.testing.assert_close(got, want)
+    plain = [i.detach() for i in inputs]
+    tangents = [torch.randn_like(i) for i in plain]
+    _, jvp = torch.func.jvp(op, tuple(plain), tuple(tangents))
+    _, jvp_ref = torch.func.jvp(reference, tuple(plain), tuple(tangents))
+    torch.testing.assert_close(jvp, jvp_ref)
+
+
+def _second(grads, directions, inputs) -> list[torch.Tensor]:
+    """The gradient of `sum(grads * directions)`, zeros where it does not depend on an input."""
+    total = sum((g * d).sum() for g, d in zip(grads, directions, strict=True) if g.requires_grad)
+    if not torch.is_tensor(total) or not total.requires_grad:
+        return [torch.zeros_like(i) for i in inputs]
+    found = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [torch.zeros_like(i) if f is None else f for f, i in zip(found, inputs, strict=True)]
+
+
+@pytest.mark.parametrize("name", ["mse", "sum_narrow", "var_all"])
+def test_per_sample_gradients_under_vmap(ops, name):
+    op, reference = getattr(ops, name), PLAIN[name][1]
+    x, t = (i.detach() for i in _inputs(name, ((5, 3, 4), (4,))))
+    ours = torch.func.vmap(torch.func.grad(op, argnums=(0, 1)), in_dims=(0, None))(x, t)
+    theirs = torch.func.vmap(torch.func.grad(reference, argnums=(0, 1)), in_dims=(0, None))(x, t)
+    for got, want in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_mse_equals_pytorchs_loss(ops):
+    x, t = _inputs("mse", ((6, 5), (6, 5)))
+    torch.testing.assert_close(ops.mse(x, t), torch.nn.functional.mse_loss(x, t))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "formula", "message"),
+    [
+        ("x: Tensor", "mean(x, keepdim=true)", "needs an operand with declared dimensions"),
+        ("x: Tensor", "sum(x, dim=-1)", "needs an operand with declared dimensions"),
+        (
+            "x: Tensor[..., D]\n  w: Tensor[D]",
+            "mean(amax(x, dim=-1, keepdim=true) * w)",
+            "is not elementwise in its tensor inputs",
+        ),
+    ],
+)
+def test_a_whole_reduction_that_cannot_be_counted_is_located(tmp_path, inputs, formula, message):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(f"name: bad\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n")
+    report = build([str(spec)], Renderer()).problems.report()
+    assert len(report) == 1 and message in report[0], report
+    assert report[0].startswith(str(spec) + ":"), report
