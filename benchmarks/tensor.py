@@ -44,6 +44,7 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
     "attention_scores": _attention,
     "rms_norm": lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps),
     "layer_norm": lambda x, weight, bias, eps: F.layer_norm(x, (x.shape[-1],), weight, bias, eps),
+    "glu": lambda x: F.glu(x, dim=-1),
 }
 
 

@@ -59,18 +59,12 @@ CASES = {
         lambda x, t: F.kl_div(x, t, reduction="batchmean"),
     ),
     "glu": (
-        lambda s, g, d, z=True: (
-            torch.randn(3, 4, generator=g, dtype=d) * s,
-            torch.randn(3, 4, generator=g, dtype=d) * s,
-        ),
-        lambda a, b: F.glu(torch.cat([a, b], dim=-1), dim=-1),
+        lambda s, g, d, z=True: (torch.randn(2, 3, 8, generator=g, dtype=d) * s,),
+        lambda x: F.glu(x, dim=-1),
     ),
     "swiglu": (
-        lambda s, g, d, z=True: (
-            torch.randn(3, 4, generator=g, dtype=d) * s,
-            torch.randn(3, 4, generator=g, dtype=d) * s,
-        ),
-        lambda gate, up: F.silu(gate) * up,
+        lambda s, g, d, z=True: (torch.randn(2, 3, 8, generator=g, dtype=d) * s,),
+        lambda x: F.silu(x.chunk(2, dim=-1)[0]) * x.chunk(2, dim=-1)[1],
     ),
 }
 

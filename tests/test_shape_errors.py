@@ -55,7 +55,7 @@ def ops(tmp_path_factory):
     from opgen.cli import main
 
     out = tmp_path_factory.mktemp("shape_ops")
-    specs = [str(SPECS / name) for name in ("linear.yaml", "softmax.yaml", "attention_scores.yaml")]
+    specs = [str(SPECS / name) for name in ("linear.yaml", "softmax.yaml", "attention_scores.yaml", "glu.yaml")]
     assert main(["generate", *specs, "-o", str(out / "shape_ops")]) == 0
     return import_package(out, "shape_ops")
 
@@ -71,6 +71,7 @@ def bad_calls(ops):
         ("module input", lambda: ops.Linear(4, 3)(torch.randn(2, 5))),
         ("attention keys", lambda: ops.attention_scores(torch.randn(2, 3, 4), torch.randn(5, 3))),
         ("attention batch", lambda: ops.attention_scores(torch.randn(2, 3, 4), torch.randn(5, 6, 4))),
+        ("odd halves", lambda: ops.glu(torch.randn(2, 5))),
     ]
 
 
@@ -90,6 +91,17 @@ def test_call_time_message_names_argument_expected_and_actual_shape(ops):
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
         ops.linear(torch.randn(2, 4), torch.randn(3, 5))
+
+
+def test_a_dimension_cut_in_halves_must_be_even(ops):
+    """`x[..., :D // 2]` of an odd D is refused at call time, naming D, its size and the argument; an even
+    D is what F.glu takes."""
+    with pytest.raises(ValueError, match=re.escape("dimension D of 'x' has size 5, which is not divisible by 2")):
+        ops.glu(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="not divisible by 2"):
+        ops.glu(torch.randn(7))
+    x = torch.randn(3, 6, dtype=torch.float64)
+    torch.testing.assert_close(ops.glu(x), torch.nn.functional.glu(x, dim=-1))
 
 
 def test_a_non_tensor_argument_is_a_type_error(ops):

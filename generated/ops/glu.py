@@ -24,43 +24,35 @@ class GluFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
-    def forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        y = a * torch.sigmoid(b)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        D = x.shape[-1]
+        y = x.narrow(-1, 0, D // 2) * torch.sigmoid(x.narrow(-1, D // 2, D // 2))
         return y
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        a, b = inputs
-        y = output
-        ctx.save_for_backward(a, b)
-        ctx.save_for_forward(a, b, y)
+        (x,) = inputs
+        ctx.save_for_backward(x)
+        ctx.D = x.shape[-1]
+        ctx.save_for_forward(x)
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        a, b = ctx.saved_tensors
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.sigmoid(b)
+    def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
+        (x,) = ctx.saved_tensors
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_a = grad_y * tmp0
-            grad_a = grad_a.sum_to_size(a.shape)
-        if ctx.needs_input_grad[1]:
-            grad_b = torch.ops.aten.sigmoid_backward(a * grad_y, tmp0)
-            grad_b = grad_b.sum_to_size(b.shape)
-        return grad_a, grad_b
+            tmp0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
+            tmp1 = grad_y * tmp0
+            grad_x_t0 = torch.nn.functional.pad(tmp1 * (1 - tmp0) * x.narrow(-1, 0, ctx.D // 2), (ctx.D // 2, 0))
+            grad_x = grad_x_t0 + torch.nn.functional.pad(tmp1, (0, ctx.D // 2))
+        return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_a: torch.Tensor, tangent_b: torch.Tensor) -> torch.Tensor:
-        a, b, y = ctx.saved_tensors
-        tangent_y = None
-        if tangent_a is not None or tangent_b is not None:
-            jvp0 = torch.sigmoid(b)
-        if tangent_a is not None:
-            tangent_y = jvp0 * tangent_a
-        if tangent_b is not None:
-            step = torch.ops.aten.sigmoid_backward(a * tangent_b, jvp0)
-            tangent_y = step if tangent_y is None else tangent_y + step
-        tangent_y = tangent_y.expand(y.shape)
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        jvp0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
+        tangent_y_t0 = jvp0 * (1 - jvp0) * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) * x.narrow(-1, 0, ctx.D // 2)
+        tangent_y = jvp0 * tangent_x.narrow(-1, 0, ctx.D // 2) + tangent_y_t0
         return tangent_y
 
 
@@ -70,36 +62,31 @@ class _GluFunctionNoJvp(GluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-def glu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Gated linear unit of the two halves of a tensor, `a` gated by sigmoid(`b`);
-    F.glu(torch.cat([a, b], dim=-1), dim=-1).
+def glu(x: torch.Tensor) -> torch.Tensor:
+    """Gated linear unit: the first half of `x`'s last dimension gated by the sigmoid of the second half;
+    F.glu(x, dim=-1).
 
     Forward:
-        y = a*sigmoid(b)
+        y = x[..., :D // 2]*sigmoid(x[..., D // 2:])
 
     Gradients:
-        grad_a = grad*sigmoid(b)
-        grad_b = a*grad*(1 - sigmoid(b))*sigmoid(b)
+        grad_x = pad(grad*sigmoid(x[..., D // 2:]), dim=-1, at=0:D // 2, size=D) + pad(grad*(1 - sigmoid(x[..., D //
+            2:]))*x[..., :D // 2]*sigmoid(x[..., D // 2:]), dim=-1, at=D // 2:D, size=D)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (a, b):
+        for arg in (x,):
             if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", glu, (a, b), {})
+                return arg.tracer.create_proxy("call_function", glu, (x,), {})
     check_shapes(
         "glu",
-        ("a", a, None),
-        ("b", b, None),
+        ("x", x, ("...", "D")),
+        divisible={"D": 2},
     )
-    if not torch.is_tensor(a) or not a.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
-            "glu(): argument 'a' must be a real floating-point Tensor, got "
-            f"{a.dtype if torch.is_tensor(a) else a.__class__.__name__}"
-        )
-    if not torch.is_tensor(b) or not b.is_floating_point():
-        raise TypeError(
-            "glu(): argument 'b' must be a real floating-point Tensor, got "
-            f"{b.dtype if torch.is_tensor(b) else b.__class__.__name__}"
+            "glu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     function = _GluFunctionNoJvp if torch.compiler.is_compiling() else GluFunction
-    return function.apply(a, b)
+    return function.apply(x)

@@ -24,43 +24,39 @@ class SwigluFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
-    def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        y = gate * up * torch.sigmoid(gate)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        D = x.shape[-1]
+        gate = x.narrow(-1, 0, D // 2)
+        y = gate * x.narrow(-1, D // 2, D // 2) * torch.sigmoid(gate)
         return y
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        gate, up = inputs
-        y = output
-        ctx.save_for_backward(gate, up)
-        ctx.save_for_forward(gate, up, y)
+        (x,) = inputs
+        ctx.save_for_backward(x)
+        ctx.D = x.shape[-1]
+        ctx.save_for_forward(x)
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        gate, up = ctx.saved_tensors
-        grad_gate = grad_up = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.sigmoid(gate)
+    def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
+        (x,) = ctx.saved_tensors
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_gate = grad_y * tmp0 * up * (gate * (1 - tmp0) + 1)
-            grad_gate = grad_gate.sum_to_size(gate.shape)
-        if ctx.needs_input_grad[1]:
-            grad_up = gate * grad_y * tmp0
-            grad_up = grad_up.sum_to_size(up.shape)
-        return grad_gate, grad_up
+            tmp0 = x.narrow(-1, 0, ctx.D // 2)
+            tmp1 = torch.sigmoid(tmp0)
+            tmp2 = tmp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
+            grad_x_t0 = torch.nn.functional.pad(grad_y * (tmp0 * tmp2 * (1 - tmp1) + tmp2), (0, ctx.D // 2))
+            grad_x = grad_x_t0 + torch.nn.functional.pad(grad_y * tmp0 * tmp1, (ctx.D // 2, 0))
+        return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_gate: torch.Tensor, tangent_up: torch.Tensor) -> torch.Tensor:
-        gate, up, y = ctx.saved_tensors
-        tangent_y = None
-        if tangent_gate is not None or tangent_up is not None:
-            jvp0 = torch.sigmoid(gate)
-        if tangent_gate is not None:
-            tangent_y = jvp0 * tangent_gate * up * (gate * (1 - jvp0) + 1)
-        if tangent_up is not None:
-            step = gate * jvp0 * tangent_up
-            tangent_y = step if tangent_y is None else tangent_y + step
-        tangent_y = tangent_y.expand(y.shape)
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        jvp0 = x.narrow(-1, 0, ctx.D // 2)
+        jvp1 = torch.sigmoid(jvp0)
+        jvp2 = jvp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
+        tangent_y_t0 = (jvp0 * jvp2 * (1 - jvp1) + jvp2) * tangent_x.narrow(-1, 0, ctx.D // 2)
+        tangent_y = jvp0 * jvp1 * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) + tangent_y_t0
         return tangent_y
 
 
@@ -70,36 +66,32 @@ class _SwigluFunctionNoJvp(SwigluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU gate of the two halves of a tensor, silu(`gate`) times `up` (as in LLaMA's MLP);
-    F.silu(gate) * up.
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU gate of the two halves of `x`'s last dimension, silu of the first (`gate`) times the
+    second (`up`), as in LLaMA's MLP: gate, up = x.chunk(2, dim=-1); F.silu(gate) * up.
 
     Forward:
-        y = gate*up*sigmoid(gate)
+        gate = x[..., :D // 2]
+        y = gate*x[..., D // 2:]*sigmoid(gate)
 
     Gradients:
-        grad_gate = grad*up*(gate*(1 - sigmoid(gate)) + 1)*sigmoid(gate)
-        grad_up = gate*grad*sigmoid(gate)
+        grad_x = pad(grad*(gate*(1 - sigmoid(gate))*x[..., D // 2:]*sigmoid(gate) + x[..., D // 2:]*sigmoid(gate)),
+            dim=-1, at=0:D // 2, size=D) + pad(gate*grad*sigmoid(gate), dim=-1, at=D // 2:D, size=D)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (gate, up):
+        for arg in (x,):
             if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", swiglu, (gate, up), {})
+                return arg.tracer.create_proxy("call_function", swiglu, (x,), {})
     check_shapes(
         "swiglu",
-        ("gate", gate, None),
-        ("up", up, None),
+        ("x", x, ("...", "D")),
+        divisible={"D": 2},
     )
-    if not torch.is_tensor(gate) or not gate.is_floating_point():
+    if not torch.is_tensor(x) or not x.is_floating_point():
         raise TypeError(
-            "swiglu(): argument 'gate' must be a real floating-point Tensor, got "
-            f"{gate.dtype if torch.is_tensor(gate) else gate.__class__.__name__}"
-        )
-    if not torch.is_tensor(up) or not up.is_floating_point():
-        raise TypeError(
-            "swiglu(): argument 'up' must be a real floating-point Tensor, got "
-            f"{up.dtype if torch.is_tensor(up) else up.__class__.__name__}"
+            "swiglu(): argument 'x' must be a real floating-point Tensor, got "
+            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
     function = _SwigluFunctionNoJvp if torch.compiler.is_compiling() else SwigluFunction
-    return function.apply(gate, up)
+    return function.apply(x)

@@ -16,23 +16,23 @@ from . import harness
 
 DTYPE = harness.DTYPE
 T = harness.as_tensor
-SHAPES = {"a": [3, 4], "b": [3, 4]}
-BROADCAST_SHAPES = {"a": [3, 4], "b": [4]}
-SAVED: list[str] = ["a", "b"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SHAPES = {"x": [4]}
+BATCHED_SHAPES = {"x": [2, 4]}  # with batch dimensions for `...`
+SAVED: list[str] = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
 
 
-def reference(a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+def reference(x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
-    y = a * torch.sigmoid(b)
+    y = x[..., : x.shape[-1] // 2] * torch.sigmoid(x[..., x.shape[-1] // 2 :])
     return {"y": y}
 
 
 OP = harness.OpUnderTest(
     glu,
-    inputs=["a", "b"],
+    inputs=["x"],
     outputs=["y"],
-    tensor_inputs=[0, 1],
-    checked=[0, 1],
+    tensor_inputs=[0],
+    checked=[0],
     differentiable=[0],
 )
 
@@ -41,8 +41,7 @@ def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
-        harness.uniform(generator, shapes["a"], -3.0, 3.0),
-        harness.uniform(generator, shapes["b"], -3.0, 3.0),
+        harness.uniform(generator, shapes["x"], -3.0, 3.0),
     ]
 
 
@@ -74,94 +73,15 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, GluFunction, sample_inputs(), SAVED)
 
 
-# The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at
-# float32 inputs where naive formulas overflow or cancel: input, point, outputs, derivative
-# of the differentiable outputs' sum in that input (None: not checked), where the other
-# Tensor inputs sit (a key of PLACES).
-EXTREMES = [
-    ("a", -10000.0, (-5000.0,), 0.5, "middle"),
-    ("a", -100.0, (-50.0,), 0.5, "middle"),
-    ("a", -30.0, (-15.0,), 0.5, "middle"),
-    ("a", -3.0, (-1.5,), 0.5, "middle"),
-    ("a", -9.999999974752427e-07, (-4.999999987376214e-07,), 0.5, "middle"),
-    ("a", 0.0, (0.0,), 0.5, "middle"),
-    ("a", 9.999999974752427e-07, (4.999999987376214e-07,), 0.5, "middle"),
-    ("a", 3.0, (1.5,), 0.5, "middle"),
-    ("a", 30.0, (15.0,), 0.5, "middle"),
-    ("a", 100.0, (50.0,), 0.5, "middle"),
-    ("a", 10000.0, (5000.0,), 0.5, "middle"),
-    ("a", -10000.0, (-474.2587317756678,), 0.04742587317756678, "low"),
-    ("a", -100.0, (-4.742587317756678,), 0.04742587317756678, "low"),
-    ("a", -30.0, (-1.4227761953270035,), 0.04742587317756678, "low"),
-    ("a", -3.0, (-0.14227761953270035,), 0.04742587317756678, "low"),
-    ("a", -9.999999974752427e-07, (-4.7425873057827965e-08,), 0.04742587317756678, "low"),
-    ("a", 0.0, (0.0,), 0.04742587317756678, "low"),
-    ("a", 9.999999974752427e-07, (4.7425873057827965e-08,), 0.04742587317756678, "low"),
-    ("a", 3.0, (0.14227761953270035,), 0.04742587317756678, "low"),
-    ("a", 30.0, (1.4227761953270035,), 0.04742587317756678, "low"),
-    ("a", 100.0, (4.742587317756678,), 0.04742587317756678, "low"),
-    ("a", 10000.0, (474.2587317756678,), 0.04742587317756678, "low"),
-    ("a", -10000.0, (-9525.741268224332,), 0.9525741268224333, "high"),
-    ("a", -100.0, (-95.25741268224333,), 0.9525741268224333, "high"),
-    ("a", -30.0, (-28.577223804672997,), 0.9525741268224333, "high"),
-    ("a", -3.0, (-2.8577223804672998,), 0.9525741268224333, "high"),
-    ("a", -9.999999974752427e-07, (-9.525741244174147e-07,), 0.9525741268224333, "high"),
-    ("a", 0.0, (0.0,), 0.9525741268224333, "high"),
-    ("a", 9.999999974752427e-07, (9.525741244174147e-07,), 0.9525741268224333, "high"),
-    ("a", 3.0, (2.8577223804672998,), 0.9525741268224333, "high"),
-    ("a", 30.0, (28.577223804672997,), 0.9525741268224333, "high"),
-    ("a", 100.0, (95.25741268224333,), 0.9525741268224333, "high"),
-    ("a", 10000.0, (9525.741268224332,), 0.9525741268224333, "high"),
-    ("b", -10000.0, (0.0,), 0.0, "middle"),
-    ("b", -100.0, (0.0,), 0.0, "middle"),
-    ("b", -30.0, (0.0,), 0.0, "middle"),
-    ("b", -3.0, (0.0,), 0.0, "middle"),
-    ("b", -9.999999974752427e-07, (0.0,), 0.0, "middle"),
-    ("b", 0.0, (0.0,), 0.0, "middle"),
-    ("b", 9.999999974752427e-07, (0.0,), 0.0, "middle"),
-    ("b", 3.0, (0.0,), 0.0, "middle"),
-    ("b", 30.0, (0.0,), 0.0, "middle"),
-    ("b", 100.0, (0.0,), 0.0, "middle"),
-    ("b", 10000.0, (0.0,), 0.0, "middle"),
-    ("b", -10000.0, (-0.0,), 0.0, "low"),
-    ("b", -100.0, (-1.1160227928062509e-43,), -1.1160227928062509e-43, "low"),
-    ("b", -30.0, (-2.8072868906517895e-13,), -2.807286890651527e-13, "low"),
-    ("b", -3.0, (-0.14227761953270035,), -0.1355299791927364, "low"),
-    ("b", -9.999999974752427e-07, (-1.499999250000002,), -0.7499999999998125, "low"),
-    ("b", 0.0, (-1.5,), -0.75, "low"),
-    ("b", 9.999999974752427e-07, (-1.500000749999998,), -0.7499999999998125, "low"),
-    ("b", 3.0, (-2.8577223804672998,), -0.1355299791927364, "low"),
-    ("b", 30.0, (-2.9999999999997193,), -2.807286890651527e-13, "low"),
-    ("b", 100.0, (-3.0,), -1.1160227928062509e-43, "low"),
-    ("b", 10000.0, (-3.0,), 0.0, "low"),
-    ("b", -10000.0, (0.0,), 0.0, "high"),
-    ("b", -100.0, (1.1160227928062509e-43,), 1.1160227928062509e-43, "high"),
-    ("b", -30.0, (2.8072868906517895e-13,), 2.807286890651527e-13, "high"),
-    ("b", -3.0, (0.14227761953270035,), 0.1355299791927364, "high"),
-    ("b", -9.999999974752427e-07, (1.499999250000002,), 0.7499999999998125, "high"),
-    ("b", 0.0, (1.5,), 0.75, "high"),
-    ("b", 9.999999974752427e-07, (1.500000749999998,), 0.7499999999998125, "high"),
-    ("b", 3.0, (2.8577223804672998,), 0.1355299791927364, "high"),
-    ("b", 30.0, (2.9999999999997193,), 2.807286890651527e-13, "high"),
-    ("b", 100.0, (3.0,), 1.1160227928062509e-43, "high"),
-    ("b", 10000.0, (3.0,), 0.0, "high"),
-]
-PLACES = {"high": {"a": 3.0, "b": 3.0}, "low": {"a": -3.0, "b": -3.0}, "middle": {"a": 0.0, "b": 0.0}}
-
-
-def test_float32_at_extreme_inputs() -> None:
-    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference)
+def test_batched_inputs() -> None:
+    args = sample_inputs(BATCHED_SHAPES, seed=3)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_jvp(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 def test_wrong_shape_is_a_value_error() -> None:
     args = sample_inputs()
-    args[1] = torch.zeros([3, 5], dtype=DTYPE)
-    with pytest.raises(ValueError, match="do not broadcast together"):
+    args[0] = torch.zeros([], dtype=DTYPE)
+    with pytest.raises(ValueError, match="argument 'x' must have shape"):
         glu(*args)
-
-
-def test_broadcasting_inputs() -> None:
-    args = sample_inputs(BROADCAST_SHAPES, seed=2)
-    harness.check_against_reference(OP, args, reference)
-    harness.check_jvp(OP, args, reference)
-    harness.check_gradients(OP, args)

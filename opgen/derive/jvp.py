@@ -45,6 +45,7 @@ from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.vjp import substitute_outputs
 from opgen.errors import Loc, located
 from opgen.formula import functions as fn
+from opgen.formula import slicing
 from opgen.formula.tensor import (
     BATCH,
     LogSoftmax,
@@ -188,6 +189,8 @@ class _Jvp:
             # A tangent that stops before the new dimension (broadcast) broadcasts the same way unsqueezed.
             have = shape_of(ta, self.table)
             return Unsqueeze(ta, dim) if have is not None and len(split(have)[1]) >= -int(dim) - 1 else ta
+        if isinstance(node, (slicing.Slice, slicing.Pad)):
+            return self.part(node)
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
             ta = self.tangent(a)
@@ -219,6 +222,17 @@ class _Jvp:
         # PyTorch's amax JVP: the mean of the tangent over the entries that tie for the maximum.
         mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
         return ReduceSum(ta * mask, dims, keep) / ReduceSum(mask, dims, keep)
+
+    def part(self, node: slicing.Slice | slicing.Pad) -> Expr:
+        """A part's tangent is the part of the tangent, a padded gradient's the padded tangent; a tangent
+        constant along the dimension (broadcast) is its own part, and `Pad` expands it."""
+        ta, cut = self.tangent(node.args[0]), node.cut
+        have = shape_of(ta, self.table)
+        if ta == 0:
+            return S.Zero
+        if isinstance(node, slicing.Slice):
+            return slicing.make(slicing.Slice, ta, cut) if slicing.reaches(have, cut.dim) else ta
+        return slicing.pad(ta, have, cut)
 
     def linear_reduction(self, node: ReductionBase) -> Expr:
         """`sum`/`mean` of the tangent; where the tangent was broadcast along a summed dim (Note

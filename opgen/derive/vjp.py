@@ -39,6 +39,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.formula import slicing
 from opgen.formula.dims import broadcast_shape
 from opgen.formula.tensor import (
     BroadcastTo,
@@ -193,6 +194,16 @@ class _Vjp:
             have = self.shape(grad)
             assert have is not None
             self.push(node.args[0], _squeeze(grad, int(node.args[1])) if len(split(have)[1]) >= -node.args[1] else grad)
+            return
+        if isinstance(node, slicing.Slice):
+            # The part's gradient put back in place among zeros; a narrow one is expanded by `Pad`.
+            self.push(node.args[0], slicing.pad(grad, self.shape(grad), node.cut))
+            return
+        if isinstance(node, slicing.Pad):
+            # A gradient constant along the dimension (narrow) is the same on the part: it broadcasts as it is.
+            dim = node.cut.dim
+            part = slicing.make(slicing.Slice, grad, node.cut)
+            self.push(node.args[0], part if slicing.reaches(self.shape(grad), dim) else grad)
             return
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args

@@ -6,12 +6,15 @@ Module: constructor signature and body, `reset_parameters`, `forward`, `extra_re
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from opgen.emit import annotations as typed
+from opgen.formula.python_source import source
 from opgen.spec import quote
 from opgen.spec.model import Input, Module, Scalar, Spec
 from opgen.spec.names import Namer
+from opgen.spec.parse_init import INIT_CONSTANTS, INIT_FUNCTIONS
 
 # Attributes an nn.Module already has; a spec name equal to one is kept under another name.
 MODULE_ATTRIBUTES = frozenset(
@@ -41,9 +44,23 @@ class ModuleContext:
     doc: str
 
 
-def _init_call(module_torch: str, target: str, init_kind: str, args: tuple[float, ...]) -> str:
+def _init_arg(arg: float | str, attrs: _Attributes, math: str) -> str:
+    """An init argument as source: a number, or the checked arithmetic on the module's args with each arg
+    read from the module and `sqrt`, `pi` from `math` (Note [init from constructor args])."""
+    if not isinstance(arg, str):
+        return quote.number(arg)  # finite: the parser refuses others
+
+    class Module(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802
+            if node.id in INIT_FUNCTIONS or node.id in INIT_CONSTANTS:
+                return ast.Attribute(ast.Name(math, ast.Load()), node.id, ast.Load())
+            return ast.Attribute(ast.Name(attrs.self_, ast.Load()), attrs.arg_attr[node.id], ast.Load())
+
+    return source(Module().visit(ast.parse(arg, mode="eval").body), math)
+
+
+def _init_call(module_torch: str, target: str, init_kind: str, a: list[str]) -> str:
     init = f"{module_torch}.nn.init"
-    a = [quote.number(x) for x in args]  # finite: the parser refuses others
     if init_kind == "uniform":
         return f"{init}.uniform_({target}, {a[0]}, {a[1]})"
     if init_kind == "normal":
@@ -55,9 +72,9 @@ def _init_call(module_torch: str, target: str, init_kind: str, args: tuple[float
     if init_kind == "constant":
         return f"{init}.constant_({target}, {a[0]})"
     if init_kind == "kaiming_uniform":
-        return f"{init}.kaiming_uniform_({target}" + (f", a={a[0]})" if args else ")")
+        return f"{init}.kaiming_uniform_({target}" + (f", a={a[0]})" if a else ")")
     if init_kind == "xavier_uniform":
-        return f"{init}.xavier_uniform_({target}" + (f", gain={a[0]})" if args else ")")
+        return f"{init}.xavier_uniform_({target}" + (f", gain={a[0]})" if a else ")")
     raise ValueError(init_kind)  # pragma: no cover - the parser allows only these
 
 
@@ -90,7 +107,7 @@ def module_context(
         typed.define("__init__", [self_, *_defaults(module, math, types)], "None", 4),
         _init_body(module, torch, attrs),
         typed.define("reset_parameters", [self_], "None", 4),
-        _reset_body(module, torch, attrs),
+        _reset_body(module, torch, math, attrs),
         typed.define("forward", [self_, *_forward_params(forward_inputs, math, types)], returns, 4),
         typed.define("extra_repr", [self_], types.builtin["str"], 4),
         f"{functional}({', '.join(call_args)})",
@@ -153,11 +170,11 @@ def _init_body(module: Module, torch: str, attrs: _Attributes) -> list[str]:
     return init
 
 
-def _reset_body(module: Module, torch: str, attrs: _Attributes) -> list[str]:
+def _reset_body(module: Module, torch: str, math: str, attrs: _Attributes) -> list[str]:
     reset: list[str] = []
     for p in module.parameters:
         attr = f"{attrs.self_}.{attrs.param_attr[p.name]}"
-        call = _init_call(torch, attr, p.init.kind, p.init.args)
+        call = _init_call(torch, attr, p.init.kind, [_init_arg(a, attrs, math) for a in p.init.args])
         if p.when:
             reset += [f"if {attr} is not None:", f"    {call}"]
         else:

@@ -30,6 +30,7 @@ from opgen.emit.names import (
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
 from opgen.emit.statements import Lines
+from opgen.formula import slicing
 from opgen.plan.backward import Plan
 from opgen.plan.capture import autocasts, capture_loss, float_inputs
 from opgen.spec import quote
@@ -107,12 +108,21 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
             )
             for name, dims in shape_checks(spec)
         ],
+        divisible=_divisible(plan),
         helpers=helpers,
         **_capture_context(plan, names, jnames),
         **defs,
         uses_math=quote.uses_math(code, names.math),
     )
     return with_fingerprint(text) if spec.custom_op else text
+
+
+def _divisible(plan: Plan) -> str:
+    """The dimensions the formulas cut into equal parts, as the call-time check's `divisible=` (Note [parts of
+    a dimension] in opgen.formula.dims); "" when none is cut."""
+    exprs = [e for v in plan.derived.variants for _, e in (*v.lets, *v.outputs)]
+    found = slicing.divisors(exprs)
+    return "{" + ", ".join(f"{quote.string(dim)}: {parts}" for dim, parts in found.items()) + "}" if found else ""
 
 
 def _module(spec: Spec, names: OpNames) -> ModuleContext:

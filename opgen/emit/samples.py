@@ -8,6 +8,7 @@ Module's parameters fit the sampled inputs (`parameter_sizes`).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from opgen.formula.tensor import BATCH
 from opgen.spec import quote
@@ -74,6 +75,15 @@ def _broadcast_error(spec: Spec, shapes: dict[str, tuple[int, ...]]) -> dict[str
 def _pattern(message: str) -> str:
     """A string literal of the regular expression that matches `message` as it is."""
     return quote.string(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", message))
+
+
+def with_cut_sizes(spec: Spec, divisible: dict[str, int]) -> Spec:
+    """`spec` with sample sizes, for the dimensions its formulas cut into equal parts, that those parts
+    divide (the default rounded up to a multiple); sizes the spec gives stay as they are."""
+    given = dict(spec.tests.shapes)
+    sizes = dim_sizes(spec)
+    added = tuple((d, (-(-sizes[d] // k) * k,)) for d, k in divisible.items() if d in sizes and d not in given)
+    return replace(spec, tests=replace(spec.tests, shapes=spec.tests.shapes + added)) if added else spec
 
 
 def dim_sizes(spec: Spec) -> dict[str, int]:

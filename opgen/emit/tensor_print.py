@@ -7,11 +7,13 @@ have batch dimensions), `a.sum(-1, keepdim=True)`, `g.unsqueeze(-1)`, `g.sum(0)`
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import sympy
 from sympy.printing.precedence import PRECEDENCE
 
+from opgen.formula import slicing
 from opgen.formula.tensor import (
     BATCH,
     BroadcastTo,
@@ -32,6 +34,7 @@ from opgen.formula.tensor import (
     TensorOp,
     Transpose,
     Unsqueeze,
+    dim_size,
     shape_of,
 )
 
@@ -70,6 +73,14 @@ def _reduced_dims_text(expr: ReductionBase) -> str:
 def _dims_text(expr: SumDims) -> str:
     dims = [int(d) for d in expr.args[1]]
     return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+def _times(fraction: Fraction, size: str) -> str:
+    """`fraction` of a dimension's size as integer arithmetic: `0`, `D`, `D // 2`, `3 * D // 4`."""
+    if fraction == 0:
+        return "0"
+    head = size if fraction.numerator == 1 else f"{fraction.numerator} * {size}"
+    return head if fraction.denominator == 1 else f"{head} // {fraction.denominator}"
 
 
 class _TensorNodes:
@@ -125,6 +136,24 @@ class TensorPrinting(_TensorNodes):
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
+
+    def _print_Slice(self, expr: slicing.Slice) -> str:
+        cut = expr.cut
+        size = self._print(dim_size(cut.base))
+        start, length = _times(cut.start, size), _times(cut.stop - cut.start, size)
+        return f"{self._postfix(expr.args[0])}.narrow({cut.dim}, {start}, {length})"
+
+    def _print_Pad(self, expr: slicing.Pad) -> str:
+        """`F.pad` of the part's gradient, expanded along the dimension first where it is narrow."""
+        cut, g = expr.cut, expr.args[0]
+        size = self._print(dim_size(cut.base))
+        text = self._print(g)
+        if expr.expands:
+            rest = "" if cut.dim == -1 else f", *{self._postfix(g)}.shape[{cut.dim + 1}:]"
+            length = _times(cut.stop - cut.start, size)
+            text = f"{self._postfix(g)}.expand(*{self._postfix(g)}.shape[:{cut.dim}], {length}{rest})"
+        pads = ["0"] * (2 * (-cut.dim - 1)) + [_times(cut.start, size), _times(cut.whole - cut.stop, size)]
+        return f"{self.torch}.nn.functional.pad({text}, ({', '.join(pads)}))"
 
     def _print_RowsOuter(self, expr: RowsOuter) -> str:
         # `a` broadcast to the gradient's rows (its batch may be bigger), then one matrix product; not
@@ -184,6 +213,18 @@ class TensorDisplay(_TensorNodes):
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
         return f"unsqueeze({self._print(expr.args[0])}, dim={int(expr.args[1])})"
+
+    def _print_Slice(self, expr: slicing.Slice) -> str:
+        cut = expr.cut
+        start = "" if cut.start == 0 else _times(cut.start, cut.base)
+        stop = "" if cut.stop == cut.whole else _times(cut.stop, cut.base)
+        return f"{self._print(expr.args[0])}[..., {start}:{stop}{', :' * (-cut.dim - 1)}]"
+
+    def _print_Pad(self, expr: slicing.Pad) -> str:
+        cut = expr.cut
+        start, stop = _times(cut.start, cut.base), _times(cut.stop, cut.base)
+        whole = _times(cut.whole, cut.base)
+        return f"pad({self._print(expr.args[0])}, dim={cut.dim}, at={start}:{stop}, size={whole})"
 
     def _print_RowsOuter(self, expr: RowsOuter) -> str:
         return f"sum_rows(outer({self._print(expr.args[0])}, {self._print(expr.args[1])}))"

@@ -23,9 +23,10 @@ from opgen.emit import layout
 from opgen.emit.forward import size_sources
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
-from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error
+from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error, with_cut_sizes
 from opgen.formula.python_source import fitted
 from opgen.formula.reference import reference_tree
+from opgen.formula.slicing import divisors
 from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
@@ -273,7 +274,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
     """The test file of `plan`'s op; `rows` are its float32 accuracy tests' exact values, from the
     spec derived as written (`opgen.plan.extremes`, Note [derived twice] in opgen/pipeline.py)."""
     derived = plan.derived
-    spec = derived.spec
+    spec = with_cut_sizes(derived.spec, divisors([e for v in derived.variants for _, e in (*v.lets, *v.outputs)]))
     user = [i.name for i in spec.inputs] + [let.name for let in spec.lets] + [o.name for o in spec.outputs]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     reserved = _test_module_globals(spec, optional)

@@ -8,9 +8,12 @@ the unknown shape of a plain `Tensor`.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Union
 
 import sympy
+
+from opgen.formula import functions as fn  # `floor`, which prints as an integer
 
 BATCH = "..."
 Dim = Union[str, int]  # noqa: UP007 - a runtime alias, also on Python 3.9 tooling  # a dimension name, the literal 1, or BATCH (first only)
@@ -34,9 +37,39 @@ def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
     return False, shape
 
 
-def dim_size(name: str) -> sympy.Symbol:
-    """The size of the named dimension `name`, a positive integer known at call time."""
-    return sympy.Symbol("size:" + name, integer=True, positive=True)
+def dim_size(name: str) -> sympy.Expr:
+    """The size of the named dimension `name`, a positive integer known at call time; of a part
+    of one (`D//2`, Note [parts of a dimension]), that integer of the whole's size."""
+    base, fraction = part_of(name)
+    size = sympy.Symbol("size:" + base, integer=True, positive=True)
+    if fraction == 1:
+        return size
+    return fn.floor(sympy.Rational(fraction.numerator, fraction.denominator) * size)
+
+
+# Note [parts of a dimension]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]` have a dimension that is a part of `D`: the shape
+# names it `D//2` (`3*D//4` for three quarters), so two halves of `D` broadcast together and a half
+# never does with `D`. The call-time check asks that `D` be divisible by what the formulas split it
+# into, so every part is exactly the fraction of `D` its name says.
+
+
+def part_dim(base: str, fraction: Fraction) -> str:
+    """The name of `fraction` of the dimension `base`: `D//2`, `3*D//4`, `D` itself for all of it."""
+    if fraction == 1:
+        return base
+    head = f"{fraction.numerator}*{base}" if fraction.numerator != 1 else base
+    return f"{head}//{fraction.denominator}"
+
+
+def part_of(name: str) -> tuple[str, Fraction]:
+    """(the dimension, the fraction of it) that a dimension name stands for: `3*D//4` -> (D, 3/4)."""
+    head, slashes, denominator = name.partition("//")
+    if not slashes:
+        return name, Fraction(1)
+    numerator, star, base = head.rpartition("*")
+    return base, Fraction(int(numerator) if star else 1, int(denominator))
 
 
 def count_size(tensors: tuple[str, ...]) -> sympy.Symbol:

@@ -72,6 +72,15 @@ def _simple_operand(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) or (isinstance(node, ast.Constant) and not isinstance(node.value, str))
 
 
+def _simple_bound(node: ast.expr) -> bool:
+    """A slice bound ruff writes without spaces around `:`: a name, a number, a dotted name, negated or not."""
+    if isinstance(node, ast.UnaryOp):
+        return _simple_bound(node.operand)
+    if isinstance(node, ast.Attribute):
+        return _simple_bound(node.value)
+    return isinstance(node, (ast.Name, ast.Constant))
+
+
 def _hugged(node: ast.BinOp) -> bool:
     right = node.right
     right_simple = _simple_operand(right) or (
@@ -99,6 +108,8 @@ class _Source:
             return f"{self.math}.nan" if math.isnan(value) else f"{self.math}.inf"
         if isinstance(value, str):
             return string(value)
+        if value is Ellipsis:
+            return "..."
         return float_literal(value) if isinstance(value, float) else repr(value)
 
     def _Name(self, node: ast.Name) -> str:  # noqa: N802
@@ -110,7 +121,17 @@ class _Source:
         return f"{self.wrapped(value, parens)}.{node.attr}"
 
     def _Subscript(self, node: ast.Subscript) -> str:  # noqa: N802
-        return f"{self.wrapped(node.value, precedence(node.value) < _CALL)}[{self.text(node.slice)}]"
+        index = node.slice
+        items = index.elts if isinstance(index, ast.Tuple) and len(index.elts) > 1 else [index]
+        text = ", ".join(self.text(item) for item in items)
+        return f"{self.wrapped(node.value, precedence(node.value) < _CALL)}[{text}]"
+
+    def _Slice(self, node: ast.Slice) -> str:  # noqa: N802 - `x[..., : D // 2]`, spaced as ruff does
+        bounds = [node.lower, node.upper] + ([node.step] if node.step else [])
+        texts = ["" if b is None else self.text(b) for b in bounds]
+        if not any(b is not None and not _simple_bound(b) for b in bounds):
+            return ":".join(texts)
+        return " : ".join(texts).replace("  ", " ").strip()
 
     def _Call(self, node: ast.Call) -> str:  # noqa: N802
         args = [self.text(a) for a in node.args] + [f"{k.arg}={self.text(k.value)}" for k in node.keywords]

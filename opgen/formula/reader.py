@@ -19,7 +19,7 @@ from sympy import Expr, S
 from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula import functions as fn
-from opgen.formula import hints, tensor
+from opgen.formula import hints, slicing, tensor
 from opgen.formula.syntax import BAD_DIMS, int_literal, node_loc, parse_ast, reduction_dims, short
 from opgen.formula.vocabulary import (
     ALL_FUNCTIONS,
@@ -214,6 +214,8 @@ class _Reader:
             return self.read_reduction(node, name)
         if name == "unsqueeze":
             return self.read_unsqueeze(node)
+        if name == "chunk":
+            raise self.fail(node, "chunk() gives several parts; pick one with [i], e.g. chunk(x, 2, dim=-1)[0]")
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
             raise self.fail(node, f"unknown function '{name}'{hints.unknown_function(name, node.args)}")
         if name in ("max", "min") and (node.keywords or len(node.args) == 1):
@@ -305,6 +307,25 @@ class _Reader:
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM))
+
+    def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802
+        """`x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]`: a part of a named dimension (opgen.formula.slicing)."""
+        value = node.value
+        called = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else ""
+        chunk = value if isinstance(value, ast.Call) and called == "chunk" and called not in self.scope.names else None
+        if chunk is not None and not chunk.args:
+            return self.read(chunk)  # the call's own error
+        operand_node = chunk.args[0] if chunk is not None else value
+        operand = self.number(operand_node)
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(operand, NUM)
+        shape = self.shape(operand_node, operand)
+        dims = frozenset(n for n, v in self.scope.names.items() if tensor.is_dim_size(v.expr))
+        try:
+            cut = slicing.chunk_cut(chunk, node.slice, shape) if chunk else slicing.index_cut(node, shape, dims)
+        except slicing.CutError as error:
+            raise self.fail(error.node, str(error)) from None
+        return self.checked(node, Value(slicing.make(slicing.Slice, operand, cut), NUM))
 
     def _arity(self, node: ast.Call, name: str, count: int) -> None:
         if len(node.args) != count:

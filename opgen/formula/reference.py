@@ -140,6 +140,23 @@ class _Translate(ast.NodeTransformer):
         negated = ast.UnaryOp(ast.USub(), number)
         return ast.UnaryOp(ast.USub(), ast.Call(threshold, [ast.UnaryOp(ast.USub(), value), negated, negated], []))
 
+    def visit_Subscript(self, node: ast.Subscript) -> ast.expr:  # noqa: N802
+        """`x[..., :D // 2]` as Python slicing of the tensor, `chunk(x, 2, dim=-1)[0]` as torch.chunk's pick;
+        the bounds are Python integers of the sizes, the counts and dims the literals written."""
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "chunk":
+            operand = self.visit(value.args[0])
+            return ast.Subscript(
+                ast.Call(self._attr("torch.chunk"), [operand, *value.args[1:]], value.keywords), node.slice
+            )
+        sizes = self.sizes
+
+        class Sizes(ast.NodeTransformer):
+            def visit_Name(self, name: ast.Name) -> ast.expr:  # noqa: N802
+                return ast.parse(sizes[name.id], mode="eval").body
+
+        return ast.Subscript(self.visit(value), Sizes().visit(node.slice), ast.Load())
+
     def visit_Attribute(self, node: ast.Attribute) -> ast.expr:  # noqa: N802
         # `.T` of the formula language swaps the last two dimensions, batched or not: torch's `.mT`.
         return ast.Attribute(self.visit(node.value), "mT", ast.Load())

@@ -75,6 +75,13 @@ class _Linear(TensorOp):
         return _pull_number(cls, operand, *rest)
 
 
+class ShapedOp(TensorOp):
+    """A node whose shape follows from its first argument's alone (the parts of `opgen.formula.slicing`)."""
+
+    def static_shape(self, operand: Shape) -> Shape:
+        raise NotImplementedError
+
+
 class MatMul(TensorOp):
     """`a @ b` (torch.matmul): batch dimensions broadcast, the inner dimension contracts."""
 
@@ -381,6 +388,8 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return None
     if isinstance(expr, ReductionBase):
         return reduce_shape(shape_of(expr.operand, table), expr.dims, expr.keepdim)
+    if isinstance(expr, ShapedOp):
+        return expr.static_shape(shape_of(expr.args[0], table))
     if isinstance(expr, Unsqueeze):
         return unsqueeze_shape(shape_of(expr.args[0], table), int(expr.args[1]))
     if isinstance(expr, SumDims):

@@ -73,8 +73,9 @@ SPECIAL_FUNCTIONS = ("where", "max", "min")
 REDUCTIONS = ("sum", "mean", "amax", "logsumexp", "var", "std", "norm")
 
 
-# `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights)
-SHAPE_FUNCTIONS = ("unsqueeze",)
+# `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights);
+# `chunk(x, 2, dim=-1)[0]`: one of equal parts of a named dimension (opgen.formula.slicing)
+SHAPE_FUNCTIONS = ("unsqueeze", "chunk")
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.formula import tensor
+from opgen.formula import slicing, tensor
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
@@ -81,6 +81,8 @@ class Walk:
             return self.operation(node, [node.left, node.right])
         if isinstance(node, ast.Attribute):
             return self.operation(node, [node.value])
+        if isinstance(node, ast.Subscript):  # a part of a dimension (opgen.formula.slicing)
+            return self.operation(node, [_chunked(node.value) or node.value])
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SHAPED:
             return self.operation(node, node.args[:1])
         parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
@@ -121,6 +123,8 @@ class Walk:
             return tensor.matmul_shape(shapes[0], shapes[1])
         if isinstance(node, ast.Attribute):
             return tensor.transpose_shape(shapes[0])
+        if isinstance(node, ast.Subscript):
+            return self.cut_shape(node, shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
         if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
@@ -129,6 +133,25 @@ class Walk:
         dims = reduction_dims(options.get("dim"))
         keepdim = "keepdim" in options and ast.unparse(options["keepdim"]) in ("true", "True")
         return tensor.reduce_shape(shapes[0], tensor.reduce_dims(shapes[0], dims, keepdim, "reduction"), keepdim)  # type: ignore[arg-type]
+
+    def cut_shape(self, node: ast.Subscript, shape: Shape) -> Shape:
+        dims = frozenset(n for n, s in self.names.items() if tensor.is_dim_size(s))
+        try:
+            chunk = _chunked(node.value)
+            if chunk is not None:
+                cut = slicing.chunk_cut(node.value, node.slice, shape)  # type: ignore[arg-type]
+            else:
+                cut = slicing.index_cut(node, shape, dims)
+        except slicing.CutError as error:  # the reader refused it already
+            raise ShapeError(str(error)) from None
+        return slicing.make(slicing.Slice, sympy.Dummy(), cut).static_shape(shape)
+
+
+def _chunked(node: ast.expr) -> ast.expr | None:
+    """The tensor of `chunk(x, ...)`, else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "chunk" and node.args:
+        return node.args[0]
+    return None
 
 
 def broadcast_all(pieces: Pieces) -> Shape:

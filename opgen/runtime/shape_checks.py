@@ -6,10 +6,11 @@ import torch
 Argument = tuple[str, object, tuple[str, ...] | None]
 
 
-def check_shapes(op: str, *arguments: Argument) -> None:
+def check_shapes(op: str, *arguments: Argument, divisible: dict[str, int] | None = None) -> None:
     """Raise ValueError unless each (name, tensor, dims) argument has its named dimensions.
 
-    `dims` None: a tensor of any shape, which must broadcast with the other such arguments.
+    `dims` None: a tensor of any shape, which must broadcast with the other such arguments;
+    `divisible`: the dimensions the formulas cut into equal parts (`x[..., :D // 2]`), and into how many.
     """
     sizes: dict[str, tuple[int, str]] = {}  # dimension -> (size, the argument it was read from)
     batches: list[tuple[str, tuple[int, ...]]] = []
@@ -35,6 +36,14 @@ def check_shapes(op: str, *arguments: Argument) -> None:
             raise ValueError(f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}")
         if batch:
             batches.append((name, shape[: len(shape) - len(named)]))
+    for dim, parts in (divisible or {}).items():
+        if dim in sizes and sizes[dim][0] % parts:
+            size, source = sizes[dim]
+            what = "halves" if parts == 2 else f"{parts} equal parts"
+            raise ValueError(
+                f"{op}(): dimension {dim} of '{source}' has size {size}, which is not divisible by {parts};"
+                f" the op cuts {dim} into {what} (e.g. x[..., :{dim} // 2])"
+            )
     if len(batches) > 1:
         try:
             torch.broadcast_shapes(*(b for _, b in batches))  # type: ignore[no-untyped-call, unused-ignore]

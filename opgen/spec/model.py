@@ -98,12 +98,13 @@ class GradientOverride:
 @dataclass(frozen=True)
 class Init:
     kind: str  # uniform normal zeros ones constant kaiming_uniform xavier_uniform
-    args: tuple[float, ...]
+    # numbers, or arithmetic on the module's args as checked text (Note [init from constructor args])
+    args: tuple[float | str, ...]
 
     def __str__(self) -> str:
         if not self.args and self.kind in ("zeros", "ones"):
             return self.kind
-        return f"{self.kind}({', '.join(repr(a) for a in self.args)})"
+        return f"{self.kind}({', '.join(a if isinstance(a, str) else repr(a) for a in self.args)})"
 
 
 INIT_ARITY: dict[str, tuple[int, ...]] = {

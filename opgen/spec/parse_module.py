@@ -7,42 +7,17 @@ emitter builds the `nn.Module` from, recording every located problem in `problem
 from __future__ import annotations
 
 import keyword
-import math
-import re
 
 from opgen.errors import Loc, Problems, SpecError
 from opgen.spec.load import Raw, RawList, RawMap, RawScalar
-from opgen.spec.model import INIT_ARITY, Init, Input, Module, Parameter, camel_case
+from opgen.spec.model import Input, Module, Parameter, camel_case
 from opgen.spec.names import public_name_problem
 from opgen.spec.parse_common import check_identifier, check_keys, need_map, need_text, parse_type, suggest
+from opgen.spec.parse_init import parse_init
 from opgen.spec.quote import identifier_problem
 
 MODULE_KEYS = ("name", "args", "parameters", "attributes")
 PARAMETER_KEYS = ("shape", "init", "when")
-_INIT_RE = re.compile(r"^\s*(?P<kind>[a-z_]+)\s*(?:\((?P<args>[^)]*)\))?\s*$")
-
-
-def _parse_init(node: Raw, name: str) -> Init:
-    if not isinstance(node, RawScalar) or not isinstance(node.value, str):
-        raise SpecError(node.loc, f"init of parameter '{name}' must be text such as `uniform(-0.1, 0.1)`")
-    match = _INIT_RE.match(node.value)
-    kinds = tuple(INIT_ARITY)
-    if not match or match["kind"] not in INIT_ARITY:
-        word = match["kind"] if match else node.value
-        raise SpecError(node.loc, f"unknown init '{node.value}'{suggest(word, kinds)}")
-    args_text = (match["args"] or "").strip()
-    try:
-        args = tuple(float(a) for a in args_text.split(",")) if args_text else ()
-    except ValueError:
-        raise SpecError(node.loc, f"init '{node.value}': arguments must be numbers") from None
-    if not all(math.isfinite(a) for a in args):
-        raise SpecError(
-            node.loc, f"init '{node.value}': arguments must be finite, else the parameter is NaN or infinite"
-        )
-    if len(args) not in INIT_ARITY[match["kind"]]:
-        counts = " or ".join(str(n) for n in INIT_ARITY[match["kind"]])
-        raise SpecError(node.loc, f"init '{match['kind']}' takes {counts} argument(s), got {len(args)}")
-    return Init(match["kind"], args)
 
 
 def parse_module(node: Raw, spec_name: str, inputs: tuple[Input, ...], problems: Problems) -> Module:
@@ -109,7 +84,7 @@ def _parameter(target: Input, node: Raw, args: list[Input], loc: Loc, problems: 
     init_node = pmap.get("init")
     if init_node is None:
         raise SpecError(pmap.loc, f"parameter '{pname}' needs an `init:`, e.g. `uniform(-0.1, 0.1)`")
-    init = _parse_init(init_node, pname)
+    init = parse_init(init_node, pname, args)
     when = None
     if (when_node := pmap.get("when")) is not None:
         text = need_text(when_node, f"when of parameter '{pname}'")
