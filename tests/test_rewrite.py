@@ -70,6 +70,26 @@ def test_rule_is_an_exact_identity_with_the_same_derivative(formula, function, p
         assert _close(_value(derivative, point), _value(sympy.diff(formula, x), point)), point
 
 
+def test_double_angle_is_one_sine():
+    u = beta * x
+    rewritten = rw.rewrite(3 * y * sympy.sin(u) * sympy.cos(u))
+    assert rewritten == 3 * y * sympy.sin(2 * u) / 2
+    for point in ({x: "0.3", y: "2", beta: "1.7"}, {x: "-40", y: "1e-3", beta: "3"}):
+        assert _close(_value(rewritten, point), _value(3 * y * sympy.sin(u) * sympy.cos(u), point))
+
+
+def test_sinc_stays_only_where_it_keeps_a_sum_finite():
+    """Note [sinc that buys nothing]: snake's slope in `a` divides by `a` in its other term."""
+    a = beta
+    snake = x + sympy.sin(a * x) ** 2 / a
+    slope = rw._rewritten(sympy.diff(rw.rewrite(snake), a), {})
+    assert not slope.has(rw.sinc) and not slope.has(sympy.cos), slope
+    for point in ({x: "0.3", a: "1.7"}, {x: "-40", a: "1e-3"}, {x: "1e-20", a: "2"}):
+        assert _close(_value(slope, point), _value(sympy.diff(snake, a), point)), point
+    alone = rw._rewritten(sympy.diff(sympy.sin(a * x) / a, x), {})  # finite at a = 0 only through sinc
+    assert rw._rewritten(sympy.sin(a * x) / a + x, {}).has(rw.sinc) and alone == sympy.cos(a * x)
+
+
 def test_formulas_without_a_pattern_stay_as_written():
     for formula in (2 * y * sympy.sin(x), sympy.log(2 + x), E(x) - 2, sympy.sqrt(x**2 + 1), x * sympy.tanh(x)):
         assert rw.rewrite(formula) == formula
