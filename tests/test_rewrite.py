@@ -38,6 +38,11 @@ RULES = [
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     (sympy.sin(sympy.pi * x) / (sympy.pi * x), rw.sinc, [{x: v} for v in ("1e-5", "0.5", "-2.5", "30.25")]),
+    (x * sympy.log(x), fn.xlogy, [{x: v} for v in ("1e-30", "0.5", "3")]),
+    (-beta * x * sympy.log(x), fn.xlogy, [{x: v, beta: "2"} for v in ("1e-20", "0.25")]),
+    (sympy.sin(x) * sympy.log(sympy.sin(x)), fn.xlogy, [{x: v} for v in ("1e-20", "0.5", "3")]),
+    (-sympy.sin(x) * sympy.log(sympy.sin(x)) * y, fn.xlogy, [{x: v, y: "3"} for v in ("1e-20", "1.5")]),
+    ((sympy.sin(x) - x) * sympy.log(x - sympy.sin(x)), fn.xlogy, [{x: v} for v in ("1e-5", "2")]),
 ]
 
 

@@ -28,6 +28,7 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
                                                         where it buys nothing: Note [sinc that buys nothing])
     2 sin(u) cos(u) q       -> sin(2u) q
+    u * log(u)              -> xlogy(u, u)             (0 at u = 0, the limit; unless u > 0)
     u * sign(u)             -> abs(u)
     u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
                                                         also with one base negated)
@@ -244,7 +245,7 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    double = _double_angle(factors)
+    double = _double_angle(factors) or _x_log_x(factors)
     if double is not None:
         return double
     # sin(a) / a * q = sinc(a / pi) * q
@@ -254,6 +255,24 @@ def _mul(node: sympy.Mul) -> Expr | None:
             rest = node * a / factor
             if _divides_by(node, a) and not _divides_by(rest, a):
                 return sinc(a / sympy.pi) * rest
+    return None
+
+
+def _x_log_x(factors: list[Expr]) -> Expr | None:
+    """u log(u) q -> xlogy(u, u) q (also -u log(u)): 0 at u = 0, the limit, where `0 * log(0)` is NaN.
+
+    Left alone where u is positive (nothing to gain, and xlogy's derivative has a select); the
+    derivative at u = 0 is xlogy's (log term 0 there, so 1), where the formula's is NaN.
+    """
+    for factor in factors:
+        if not isinstance(factor, sympy.log) or factor.args[0].is_positive:
+            continue
+        u = factor.args[0]
+        for sign, term in ((1, u), (-1, -u)):
+            if term in factors:
+                rest = [f for f in factors if f is not factor]
+                rest.remove(term)
+                return sign * sympy.Mul(fn.xlogy(u, u), *rest)
     return None
 
 
