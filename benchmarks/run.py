@@ -65,6 +65,9 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
     "swish": lambda x, beta: F.silu(x) if beta == 1.0 else x * torch.sigmoid(beta * x),
     "bce_with_logits": lambda logits, target: F.binary_cross_entropy_with_logits(logits, target, reduction="none"),
     "huber": lambda input, target, delta: F.huber_loss(input, target, reduction="none", delta=delta),
+    "smooth_l1": lambda input, target, beta: F.smooth_l1_loss(input, target, reduction="none", beta=beta),
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
     "mul_constant": torch.mul,
     "scaled_weight": torch.mul,
 }

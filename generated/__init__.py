@@ -17,6 +17,8 @@ from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
 from .ops.glu import GluFunction, glu
 from .ops.grad_reverse import GradReverseFunction, grad_reverse
+from .ops.hardsigmoid import HardsigmoidFunction, hardsigmoid
+from .ops.hardswish import HardswishFunction, hardswish
 from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
 from .ops.kl_div import KlDivFunction, kl_div
@@ -41,6 +43,8 @@ from .ops.sigmoid import SigmoidFunction, sigmoid
 from .ops.sign_ste import SignSteFunction, sign_ste
 from .ops.silu import SiluFunction, silu
 from .ops.sinc import SincFunction, sinc
+from .ops.smooth_l1 import SmoothL1Function, smooth_l1
+from .ops.snake import Snake, SnakeFunction, snake
 from .ops.softmax import SoftmaxFunction, softmax
 from .ops.softmax_naive import SoftmaxNaiveFunction, softmax_naive
 from .ops.softplus import SoftplusFunction, softplus
@@ -69,6 +73,8 @@ __all__ = [
     "GeluTanhFunction",
     "GluFunction",
     "GradReverseFunction",
+    "HardsigmoidFunction",
+    "HardswishFunction",
     "HardtanhFunction",
     "HuberFunction",
     "KlDivFunction",
@@ -97,6 +103,9 @@ __all__ = [
     "SignSteFunction",
     "SiluFunction",
     "SincFunction",
+    "SmoothL1Function",
+    "Snake",
+    "SnakeFunction",
     "SoftmaxFunction",
     "SoftmaxNaiveFunction",
     "SoftplusFunction",
@@ -118,6 +127,8 @@ __all__ = [
     "gelu_tanh",
     "glu",
     "grad_reverse",
+    "hardsigmoid",
+    "hardswish",
     "hardtanh",
     "huber",
     "kl_div",
@@ -142,6 +153,8 @@ __all__ = [
     "sign_ste",
     "silu",
     "sinc",
+    "smooth_l1",
+    "snake",
     "softmax",
     "softmax_naive",
     "softplus",

@@ -21,6 +21,7 @@ from opgen.optimize.rewrite import rewrite
 
 x, y, beta, alpha = sympy.symbols("x y beta alpha", real=True)
 NUMBERS = frozenset({beta, alpha})
+HALF = sympy.Rational(1, 2)
 
 # primitive, its arguments after x, PyTorch's op with the same arguments
 NATIVE = [
@@ -33,6 +34,9 @@ NATIVE = [
     (lw.leaky_relu, (0.1,), lambda t: F.leaky_relu(t, 0.1)),  # the points include the kink 0
     (lw.hardtanh, (-1.5, 6), lambda t: F.hardtanh(t, -1.5, 6.0)),  # and both bounds
     (lw.huber, (1.5,), lambda t: F.huber_loss(t, torch.zeros_like(t), reduction="none", delta=1.5)),
+    (lw.smooth_l1, (1.5,), lambda t: F.smooth_l1_loss(t, torch.zeros_like(t), reduction="none", beta=1.5)),
+    (lw.hardsigmoid, (), F.hardsigmoid),  # the points include the kinks -3 and 3
+    (lw.hardswish, (), F.hardswish),
 ]
 
 
@@ -106,6 +110,19 @@ _MODULES = [
             fn.where(sympy.Abs(x - y) < beta, (x - y) ** 2 / 2, beta * (sympy.Abs(x - y) - beta / 2)),
             lw.huber(x - y, beta),
         ),
+        (  # `<=`: the branches meet with the same value and slope (Note [kinks of lowered primitives])
+            fn.where(sympy.Abs(x) <= beta, x**2 / (2 * beta), sympy.Abs(x) - beta / 2),
+            lw.smooth_l1(x, beta),
+        ),
+        (fn.where(sympy.Abs(x) >= 2, sympy.Abs(x) - 1, x**2 / 4), lw.smooth_l1(x, 2)),
+        (fn.where(sympy.Abs(x) < HALF, x**2, sympy.Abs(x) - HALF / 2), lw.smooth_l1(x, HALF)),
+        (x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, lw.hardswish(x)),
+        (x * fn.maximum(fn.minimum(x + 3, 6, 0), 0, 0) / 6, lw.hardswish(x)),
+        (x * fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), lw.hardswish(x)),
+        (2 * x * fn.minimum(fn.maximum(2 * x + 3, 0, 0), 6, 0) / 6, lw.hardswish(2 * x)),
+        (y * x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0), 6 * y * lw.hardswish(x)),
+        (fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, lw.hardsigmoid(x)),
+        (fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), lw.hardsigmoid(x)),
     ],
 )
 def test_formulas_as_written_lower_to_the_primitive(formula, expected):
@@ -126,11 +143,31 @@ def test_formulas_as_written_lower_to_the_primitive(formula, expected):
         fn.maximum(fn.minimum(x, 6, 0), x, 0),  # a bound holding a tensor
         fn.where(sympy.Abs(x) < -1, x**2 / 2, -(sympy.Abs(x) + sympy.Rational(1, 2))),  # delta <= 0
         fn.where(sympy.Abs(x) < 1, x**2, sympy.Abs(x) - sympy.Rational(1, 2)),  # not halved
+        fn.where(sympy.Abs(x) < 2, x**2 / 4, sympy.Abs(x) - 2),  # the branches do not meet
+        x * fn.clamp(x + 3, 0, 6) / 6,  # clamp passes the gradient at -3 and 3: F.hardswish does not
+        fn.clamp(x / 6 + HALF, 0, 1),
     ],
 )
 def test_near_misses_are_not_lowered(formula):
     lowered = lw.lower(formula, NUMBERS)
     assert not lowered.atoms(lw._Primitive), lowered
+
+
+@pytest.mark.parametrize(
+    "formula",
+    [
+        x * fn.minimum(fn.maximum(x + 3, 0, 0), alpha, 0) / 6,  # a bound given as an input
+        fn.maximum(fn.minimum(x, 1, 0), 0, 0),  # hardsigmoid(6x - 3) costs more than the clip
+        fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0),  # 6 * hardsigmoid(x): no cheaper
+    ],
+)
+def test_clips_that_are_not_hardsigmoid_stay_clips(formula):
+    lowered = lw.lower(formula, NUMBERS)
+    assert not lowered.atoms(lw.hardswish, lw.hardsigmoid) and lowered.atoms(lw.hardtanh), lowered
+
+
+def test_hardswish_with_a_factor_keeps_it():
+    assert lw.lower(x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 5, NUMBERS) == lw.hardswish(x) * 6 / 5
 
 
 SILU = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x * sigmoid(x)\n"

@@ -179,3 +179,58 @@ def test_xlogy_is_zero_where_its_first_argument_is_zero(ops):
 def test_scalar_input_is_checked_at_call_time(ops):
     with pytest.raises(ValueError, match="argument 'g' must have shape \\[\\], got \\[1\\]"):
         ops.scale_norm(torch.randn(2, 4), torch.ones(1))
+
+
+def _generate(folder, specs: dict[str, str]):
+    from opgen.cli import main
+
+    (folder / "specs").mkdir()
+    for name, text in specs.items():
+        (folder / "specs" / f"{name}.yaml").write_text(text, encoding="utf-8")
+    assert main(["generate", str(folder / "specs"), "-o", str(folder / "forms"), "--no-cache"]) == 0
+    return import_package(folder, "forms")
+
+
+def test_p_log_p_is_zero_at_zero_and_its_sum_the_negative_entropy(tmp_path):
+    """`p * log(p)` -> `xlogy(p, p)`: 0 at p = 0 (the limit), where plain autograd gives NaN;
+    over a sum, torch.special.entr summed and negated, with log(p) + 1 as gradient wherever p > 0."""
+    tests = "tests:\n  domain: {p: [0, 1]}\n"
+    package = _generate(
+        tmp_path,
+        {
+            "plogp": f"name: plogp\ninputs: {{p: Tensor}}\noutputs:\n  y: p * log(p)\n{tests}",
+            "negent": f'name: negent\ninputs: {{p: "Tensor[..., N]"}}\noutputs:\n  y: sum(p * log(p), dim=-1)\n{tests}',
+        },
+    )
+    p = torch.tensor([[0.0, 0.25, 0.75], [0.0, 0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    assert torch.isnan((p * torch.log(p)).sum(-1)).any(), "the formula as written: 0 * log(0) is NaN"
+    y = package.negent(p)
+    assert torch.allclose(y, -torch.special.entr(p.detach()).sum(-1), rtol=1e-15, atol=0)
+    (grad,) = torch.autograd.grad(y.sum(), p)
+    positive = p > 0
+    assert torch.allclose(grad[positive], torch.log(p.detach()[positive]) + 1) and torch.isfinite(grad).all()
+    assert torch.allclose(package.plogp(p.detach()), -torch.special.entr(p.detach()), rtol=1e-15, atol=0)
+    inside = (p.detach() * 0.5 + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(package.negent, (inside,)) and torch.autograd.gradgradcheck(
+        package.negent, (inside,)
+    )
+
+
+def test_entropy_of_a_softmax_is_finite_at_large_logits(tmp_path):
+    """-sum(softmax(u) * log(softmax(u))) goes through log_softmax: finite at logits of ±1e4, where
+    the formula as written is NaN, and equal to PyTorch's Categorical entropy, value and gradient."""
+    q = "exp(u - logsumexp(u, dim=-1, keepdim=true))"
+    text = f'name: ent\ninputs: {{u: "Tensor[..., N]"}}\noutputs:\n  y: -sum({q} * log({q}), dim=-1)\n'
+    package = _generate(tmp_path, {"ent": text})
+    logits = [[1e4, -1e4, 0.0], [0.5, -1.0, 2.0], [-1e4, -1e4, -1e4], [30.0, -30.0, 1e4]]
+    for dtype in (torch.float32, torch.float64):
+        u = torch.tensor(logits, dtype=dtype, requires_grad=True)
+        plain = -(torch.softmax(u, -1) * torch.log(torch.softmax(u, -1))).sum(-1)
+        assert torch.isnan(plain).any(), "the formula as written at ±1e4"
+        exact = u.detach().double().requires_grad_()
+        reference = torch.distributions.Categorical(logits=exact).entropy()
+        (expected,) = torch.autograd.grad(reference.sum(), exact)
+        y = package.ent(u)
+        (grad,) = torch.autograd.grad(y.sum(), u)
+        assert torch.allclose(y.double(), reference.detach(), atol=1e-5)
+        assert torch.isfinite(grad).all() and torch.allclose(grad.double(), expected, atol=1e-5)

@@ -38,6 +38,11 @@ RULES = [
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     (sympy.sin(sympy.pi * x) / (sympy.pi * x), rw.sinc, [{x: v} for v in ("1e-5", "0.5", "-2.5", "30.25")]),
+    (x * sympy.log(x), fn.xlogy, [{x: v} for v in ("1e-30", "0.5", "3")]),
+    (-beta * x * sympy.log(x), fn.xlogy, [{x: v, beta: "2"} for v in ("1e-20", "0.25")]),
+    (sympy.sin(x) * sympy.log(sympy.sin(x)), fn.xlogy, [{x: v} for v in ("1e-20", "0.5", "3")]),
+    (-sympy.sin(x) * sympy.log(sympy.sin(x)) * y, fn.xlogy, [{x: v, y: "3"} for v in ("1e-20", "1.5")]),
+    ((sympy.sin(x) - x) * sympy.log(x - sympy.sin(x)), fn.xlogy, [{x: v} for v in ("1e-5", "2")]),
 ]
 
 
@@ -68,6 +73,26 @@ def test_rule_is_an_exact_identity_with_the_same_derivative(formula, function, p
     for point in points:
         assert _close(_value(rewritten, point), _value(formula, point)), point
         assert _close(_value(derivative, point), _value(sympy.diff(formula, x), point)), point
+
+
+def test_double_angle_is_one_sine():
+    u = beta * x
+    rewritten = rw.rewrite(3 * y * sympy.sin(u) * sympy.cos(u))
+    assert rewritten == 3 * y * sympy.sin(2 * u) / 2
+    for point in ({x: "0.3", y: "2", beta: "1.7"}, {x: "-40", y: "1e-3", beta: "3"}):
+        assert _close(_value(rewritten, point), _value(3 * y * sympy.sin(u) * sympy.cos(u), point))
+
+
+def test_sinc_stays_only_where_it_keeps_a_sum_finite():
+    """Note [sinc that buys nothing]: snake's slope in `a` divides by `a` in its other term."""
+    a = beta
+    snake = x + sympy.sin(a * x) ** 2 / a
+    slope = rw._rewritten(sympy.diff(rw.rewrite(snake), a), {})
+    assert not slope.has(rw.sinc) and not slope.has(sympy.cos), slope
+    for point in ({x: "0.3", a: "1.7"}, {x: "-40", a: "1e-3"}, {x: "1e-20", a: "2"}):
+        assert _close(_value(slope, point), _value(sympy.diff(snake, a), point)), point
+    alone = rw._rewritten(sympy.diff(sympy.sin(a * x) / a, x), {})  # finite at a = 0 only through sinc
+    assert rw._rewritten(sympy.sin(a * x) / a + x, {}).has(rw.sinc) and alone == sympy.cos(a * x)
 
 
 def test_formulas_without_a_pattern_stay_as_written():

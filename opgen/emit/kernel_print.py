@@ -106,6 +106,17 @@ class KernelPrinting:
         target = self._zeros_like(d)
         return self._functional("huber_loss", d, extra=f'{target}, reduction="none", delta={self._print(delta)}')
 
+    def _print_smooth_l1(self, expr: k.smooth_l1) -> str:
+        d, beta = expr.args
+        target = self._zeros_like(d)
+        return self._functional("smooth_l1_loss", d, extra=f'{target}, reduction="none", beta={self._print(beta)}')
+
+    def _print_hardsigmoid(self, expr: k.hardsigmoid) -> str:
+        return self._functional("hardsigmoid", *expr.args)
+
+    def _print_hardswish(self, expr: k.hardswish) -> str:
+        return self._functional("hardswish", *expr.args)
+
     def _print__Prime(self, expr: k._Prime) -> str:  # noqa: N802 - SymPy's dispatch name
         """A derivative left as a node (fused mode writes them out): its one call or its formula, grouped."""
         form = k.written_out(expr)
@@ -145,6 +156,16 @@ class KernelPrinting:
     def _print_huber_backward(self, expr: k.KernelBackward) -> str:
         g, d, delta = expr.args
         return self._aten("huber_loss_backward", g, d, self._zeros_like(d), "0", delta)
+
+    def _print_smooth_l1_backward(self, expr: k.KernelBackward) -> str:
+        g, d, beta = expr.args
+        return self._aten("smooth_l1_loss_backward", g, d, self._zeros_like(d), "0", beta)
+
+    def _print_hardsigmoid_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("hardsigmoid_backward", *expr.args)
+
+    def _print_hardswish_backward(self, expr: k.KernelBackward) -> str:
+        return self._aten("hardswish_backward", *expr.args)
 
     def _print_sigmoid_backward(self, expr: k.sigmoid_backward) -> str:
         return self._aten("sigmoid_backward", *expr.args)

@@ -227,8 +227,68 @@ class huber(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)
 
 
+class smooth_l1(_Primitive):  # noqa: N801
+    """huber(d, beta) / beta: PyTorch's smooth L1, its kernels given a zero target as huber's.
+
+    The derivative shared between gradients is d / beta clipped to [-1, 1] (beta = 0, where
+    F.smooth_l1_loss is the L1 loss, leaves it NaN at d = 0 only); F.smooth_l1_loss refuses beta < 0.
+    """
+
+    nargs = 2
+    backward_differentiable = True
+
+    @classmethod
+    def prime_form(cls, *args: Expr) -> Expr | None:
+        return hardtanh(args[0] / args[1], S.NegativeOne, S.One)
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        d, beta = args
+        return fn.where(sympy.StrictLessThan(sympy.Abs(d), beta), d**2 / (2 * beta), sympy.Abs(d) - beta / 2)
+
+
+class hardsigmoid(_Primitive):  # noqa: N801
+    """max(min(u + 3, 6), 0) / 6: gradient 1/6 strictly inside (-3, 3), 0 at the kinks (F.hardsigmoid).
+
+    `clamp` would pass the gradient at the kinks: not this function's derivative there.
+    PyTorch's backward kernel has no derivative: double backward uses the formula.
+    """
+
+    nargs = 1
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return hardtanh.elementary(args[0] + 3, S.Zero, sympy.Integer(6)) / 6
+
+
+class hardswish(_Primitive):  # noqa: N801
+    """u * hardsigmoid(u): the gradient at the kinks is the formula's, 0 at -3 and 1 at 3 (F.hardswish)."""
+
+    nargs = 1
+    backward_differentiable = True
+
+    @classmethod
+    def elementary(cls, *args: Expr) -> Expr:
+        return args[0] * hardsigmoid.elementary(args[0])
+
+
 PRIMITIVES: dict[str, type[_Primitive]] = {
-    c.__name__: c for c in (silu, log_sigmoid, mish, gelu, gelu_tanh, softplus_beta, elu, leaky_relu, hardtanh, huber)
+    c.__name__: c
+    for c in (
+        silu,
+        log_sigmoid,
+        mish,
+        gelu,
+        gelu_tanh,
+        softplus_beta,
+        elu,
+        leaky_relu,
+        hardtanh,
+        huber,
+        smooth_l1,
+        hardsigmoid,
+        hardswish,
+    )
 }
 
 

@@ -23,12 +23,15 @@ from opgen.optimize.kernels import (
     elu,
     gelu,
     gelu_tanh,
+    hardsigmoid,
+    hardswish,
     hardtanh,
     huber,
     leaky_relu,
     log_sigmoid,
     mish,
     silu,
+    smooth_l1,
     softplus_beta,
 )
 from opgen.optimize.rewrite import logsigmoid
@@ -40,6 +43,8 @@ __all__ = [
     "elu",
     "gelu",
     "gelu_tanh",
+    "hardsigmoid",
+    "hardswish",
     "hardtanh",
     "huber",
     "leaky_relu",
@@ -47,9 +52,20 @@ __all__ = [
     "lower",
     "mish",
     "silu",
+    "smooth_l1",
     "softplus_beta",
 ]
 
+
+# Note [kinks of lowered primitives]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A formula becomes a primitive only where the two are the same function AND have the same
+# derivative everywhere, kinks included: a gradient at a kink is the formula's (Note [real
+# kinks]), and a user who wrote `min(max(...))` gets its zero slope at the clip points, one
+# who wrote `clamp` the slope passed through. So `x * min(max(x + 3, 0), 6) / 6` is F.hardswish
+# (gradient 0 at -3, 1 at 3, as PyTorch's kernel) and `x * clamp(x + 3, 0, 6) / 6`, whose
+# gradient is -1/2 at -3 and 3/2 at 3, is not; `where(|d| <= delta, ...)` is huber as `<` is,
+# because its branches meet at |d| = delta with the same value and slope.
 
 # -- matching ------------------------------------------------------------------------------------
 
@@ -164,14 +180,70 @@ def _match_hardtanh(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None
     return None
 
 
-def _match_huber(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
-    if not isinstance(node, fn.where) or not isinstance(node.args[0], sympy.StrictLessThan):
+def _band(node: Expr, numbers: frozenset[sympy.Symbol]) -> tuple[Expr, Expr, Expr, Expr] | None:
+    """(d, bound, inside, outside) when `node` is `where(|d| < bound, inside, outside)`, the bound a number.
+
+    `<=` and the test turned round (`|d| >= bound`, branches swapped) are read the same way: the
+    caller checks that both branches agree at `|d| = bound`, in value and in slope (Note [kinks of
+    lowered primitives]).
+    """
+    if not isinstance(node, fn.where) or not isinstance(node.args[0], sympy.core.relational.Relational):
         return None
-    size, delta = node.args[0].args
-    if not isinstance(size, sympy.Abs) or _tensors(delta, numbers) or (delta.is_number and not delta.is_positive):
+    cond, a, b = node.args
+    if isinstance(cond, (sympy.StrictGreaterThan, sympy.GreaterThan)):
+        a, b = b, a
+    elif not isinstance(cond, (sympy.StrictLessThan, sympy.LessThan)):
         return None
-    d = size.args[0]
-    return huber(d, delta) if _same(node, huber.elementary(d, delta)) else None
+    size, bound = cond.args
+    if not isinstance(size, sympy.Abs) or _tensors(bound, numbers) or (bound.is_number and not bound.is_positive):
+        return None
+    return size.args[0], bound, a, b
+
+
+def _match_band(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    """The Huber function `where(|d| < delta, d**2 / 2, delta * (|d| - delta / 2))`, and smooth L1, its
+    quotient by delta: at |d| = delta both branches have the same value and slope, so `<` and `<=` agree."""
+    band = _band(node, numbers)
+    if band is None:
+        return None
+    d, bound, _, _ = band
+    for primitive in (huber, smooth_l1):
+        formula = primitive.elementary(d, bound)
+        if _same(fn.where(sympy.StrictLessThan(sympy.Abs(d), bound), *band[2:]), formula):
+            return primitive(d, bound)
+    return None
+
+
+def _clipped(factor: Expr) -> tuple[Expr, Expr] | None:
+    """(u, hi) when `factor` is `hardtanh(v, 0, hi)` = `hi * hardsigmoid(u)`, hi a positive number."""
+    if isinstance(factor, hardsigmoid):
+        return factor.args[0], S.One
+    if not isinstance(factor, hardtanh) or factor.args[1] != 0 or not factor.args[2].is_Number:
+        return None
+    v, hi = factor.args[0], factor.args[2]
+    return (6 * v / hi - 3, hi) if hi.is_positive else None
+
+
+def _match_hard(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    """`u * min(max(u + 3, 0), 6) / 6` -> hardswish(u), `min(max(u + 3, 0), 6) / 6` -> hardsigmoid(u).
+
+    Any clip to [0, hi] of an affine `v` is `hi * hardsigmoid(6 v / hi - 3)`, with the same zero
+    slope at the clip points (Note [kinks of lowered primitives]); it becomes hardswish where the
+    rest of the product holds `u`, hardsigmoid where `u` is simpler than `v` (`x + 3`, `x / 6 + 1/2`),
+    and stays a clip otherwise (relu6). Only plain numbers: a bound given as an input is left alone.
+    """
+    for factor in sympy.Mul.make_args(node):
+        found = _clipped(factor)
+        if found is None or not _tensors(found[0], numbers):
+            continue
+        u, hi = found
+        rest = hi * node / factor
+        scale, body = u.as_coeff_Mul()
+        if body in sympy.Mul.make_args(rest):
+            return hardswish(u) * (rest / u)
+        if not isinstance(factor, hardsigmoid) and sympy.count_ops(hardsigmoid(u) * rest) < sympy.count_ops(node):
+            return hardsigmoid(u) * rest
+    return None
 
 
 def _match_log_sigmoid(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
@@ -187,7 +259,8 @@ _MATCHERS = (
     _match_elu,
     _match_leaky_relu,
     _match_hardtanh,
-    _match_huber,
+    _match_hard,
+    _match_band,
 )
 
 
@@ -201,8 +274,8 @@ def lower(expr: Expr, numbers: frozenset[sympy.Symbol]) -> Expr:
         return expr
     args = tuple(lower(a, numbers) if isinstance(a, Expr) else a for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
-    for match in _MATCHERS:
+    for match in _MATCHERS:  # in order: a later matcher sees what an earlier one made (a clip -> hardsigmoid)
         found = match(node, numbers)
         if found is not None:
-            return found
+            node = found
     return node

@@ -25,7 +25,10 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
     log(exp(a) + exp(b))    -> logaddexp(a, b)
     sqrt(a**2 + b**2)       -> hypot(a, b)
-    sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t))
+    sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
+                                                        where it buys nothing: Note [sinc that buys nothing])
+    2 sin(u) cos(u) q       -> sin(2u) q
+    u * log(u)              -> xlogy(u, u)             (0 at u = 0, the limit; unless u > 0)
     u * sign(u)             -> abs(u)
     u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
                                                         also with one base negated)
@@ -242,6 +245,9 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
+    double = _double_angle(factors) or _x_log_x(factors)
+    if double is not None:
+        return double
     # sin(a) / a * q = sinc(a / pi) * q
     for factor in factors:
         if isinstance(factor, sympy.sin):
@@ -250,6 +256,68 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if _divides_by(node, a) and not _divides_by(rest, a):
                 return sinc(a / sympy.pi) * rest
     return None
+
+
+def _x_log_x(factors: list[Expr]) -> Expr | None:
+    """u log(u) q -> xlogy(u, u) q (also -u log(u)): 0 at u = 0, the limit, where `0 * log(0)` is NaN.
+
+    Left alone where u is positive (nothing to gain, and xlogy's derivative has a select); the
+    derivative at u = 0 is xlogy's (log term 0 there, so 1), where the formula's is NaN.
+    """
+    for factor in factors:
+        if not isinstance(factor, sympy.log) or factor.args[0].is_positive:
+            continue
+        u = factor.args[0]
+        for sign, term in ((1, u), (-1, -u)):
+            if term in factors:
+                rest = [f for f in factors if f is not factor]
+                rest.remove(term)
+                return sign * sympy.Mul(fn.xlogy(u, u), *rest)
+    return None
+
+
+def _double_angle(factors: list[Expr]) -> Expr | None:
+    """2 sin(u) cos(u) q -> sin(2u) q: one call of sin instead of sin and cos (snake's slope 1 + sin(2ax))."""
+    for factor in factors:
+        if isinstance(factor, sympy.sin) and sympy.cos(factor.args[0]) in factors:
+            u = factor.args[0]
+            rest = [f for f in factors if f is not factor and f != sympy.cos(u)]
+            return sympy.Mul(sympy.sin(2 * u), *rest) / 2
+    return None
+
+
+def _unsinc(expr: Expr) -> Expr:
+    """`expr` with each sinc of a sum's term written back as `sin(a) / a` where that divides by nothing new.
+
+    Note [sinc that buys nothing]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `sin(a) / a -> sinc(a / pi)` keeps a term finite at a = 0; but where another term of the same
+    sum divides by every base the quotient would, the sum is undefined there anyway, and
+    torch.sinc costs a second sine and a select (snake's slope in `a`: `2 x**2 cos(ax) sinc(ax/pi)
+    - sin(ax)**2 / a**2` is `(x sin(2ax) - sin(ax)**2 / a) / a`, with the sine of the other term).
+    """
+    if not expr.has(sinc):
+        return expr
+    if not isinstance(expr, sympy.Add):
+        return expr.func(*(_unsinc(a) if isinstance(a, Expr) else a for a in expr.args))
+    terms = list(expr.args)
+    for k, term in enumerate(terms):
+        if not term.has(sinc):
+            continue
+        others = set().union(*(_divisors(t) for i, t in enumerate(terms) if i != k))
+        plain = term.replace(lambda e: isinstance(e, sinc), _sin_over)
+        if _divisors(plain) <= others:
+            terms[k] = plain
+    return sympy.Add(*terms)
+
+
+def _sin_over(e: sinc) -> Expr:
+    a = sympy.pi * e.args[0]
+    return sympy.sin(a) / a
+
+
+def _divisors(expr: sympy.Basic) -> set[sympy.Basic]:
+    return {p.base for p in expr.atoms(sympy.Pow) if p.exp.is_negative}
 
 
 def _divides_by(expr: sympy.Basic, a: Expr) -> bool:
@@ -356,7 +424,7 @@ def _shorter(expr: Expr) -> Expr:
 
 
 def _rewritten(factor: Expr, shapes: Shapes) -> Expr:
-    return rewrite(_shorter(rewrite(factor, shapes)), shapes)
+    return _unsinc(rewrite(_shorter(rewrite(factor, shapes)), shapes))
 
 
 def rewrite_gradients(derived: Derived) -> Derived:

@@ -20,6 +20,7 @@ import mpmath
 
 from opgen.derive.gradients import Derived
 from opgen.errors import Loc
+from opgen.plan.digits import Digits
 from opgen.plan.extremes import (
     DIGITS,
     FLOAT32_MAX,
@@ -35,13 +36,17 @@ from opgen.spec.model import Spec
 GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
 
 
-def domain_warnings(spec: Spec, written: Derived | None, oracle: Oracle | None = None) -> list[tuple[Loc, str]]:
+def domain_warnings(
+    spec: Spec, written: Derived | None, oracle: Oracle | None = None, optimized: Derived | None = None
+) -> list[tuple[Loc, str]]:
     """`(where, message)` for each output the generated tests will find undefined or out of float32
-    range inside the test domain (one warning per output and moving input); `oracle`: `written`
-    compiled already."""
+    range inside the test domain, and each that keeps no float32 digit there as written and as
+    opgen computes it (`optimized`: Note [float32 digits] in opgen/plan/digits.py); one warning
+    of each kind per output and moving input. `oracle`: `written` compiled already."""
     if written is None:
         return []
-    outputs = (oracle or Oracle(written)).outputs
+    compiled = oracle or Oracle(written)
+    digits = Digits(compiled, optimized)
     middle = places(spec)["middle"]
     found: list[tuple[Loc, str]] = []
     for k, inp in enumerate(spec.inputs):
@@ -49,23 +54,36 @@ def domain_warnings(spec: Spec, written: Derived | None, oracle: Oracle | None =
             continue
         low, high = spec.tests.domain_of(inp.name)
         given = any(n == inp.name for n, _, _ in spec.tests.domain)
+        domain = f"[{low:g}, {high:g}]" + ("" if given else ", the default")
         grid = [float32(low + (high - low) * (j + 0.5) / GRID) for j in range(GRID)]
         base = input_arguments(spec, middle)
-        for output, function in zip(spec.outputs, outputs, strict=True):
+        for o, (output, function) in enumerate(zip(spec.outputs, compiled.outputs, strict=True)):
+            undefined = lost = False
             for point in grid:
-                problem = _problem(function, [*base[:k], mpf(point), *base[k + 1 :]])
-                if problem is not None:
-                    domain = f"[{low:g}, {high:g}]" + ("" if given else ", the default")
+                args = [*base[:k], mpf(point), *base[k + 1 :]]
+                exact, problem = _exact(function, args)
+                where = f"at {inp.name} = {point:.6g}, inside the test domain of `{inp.name}` ({domain})"
+                if problem is not None and not undefined:
+                    undefined = True
                     found.append(
                         (
                             output.formula.loc,
-                            f"`{output.name}` {problem} at {inp.name} = {point:.6g}, inside the test domain of "
-                            f"`{inp.name}` ({domain}): its generated tests will fail there; set "
+                            f"`{output.name}` {problem} {where}: its generated tests will fail there; set "
                             f"`tests: domain: {{{inp.name}: [LOW, HIGH]}}` to where the formula is defined",
                         )
                     )
-                    break
-    return found + _point_warnings(spec, outputs, middle)
+                loss = None if exact is None or lost else digits.lost(o, args, exact)
+                if loss is not None:
+                    lost = True
+                    found.append(
+                        (
+                            output.formula.loc,
+                            f"`{output.name}` {loss} {where}, and opgen knows no exact form of the formula that"
+                            " keeps its digits: write it without the cancellation or overflow (an identity,"
+                            " log1p, expm1, softplus, ...)",
+                        )
+                    )
+    return found + _point_warnings(spec, compiled.outputs, middle)
 
 
 def _point_warnings(spec: Spec, outputs: list[Callable[..., Any]], middle: dict[str, float]) -> list[tuple[Loc, str]]:
@@ -93,13 +111,18 @@ def _point_warnings(spec: Spec, outputs: list[Callable[..., Any]], middle: dict[
 
 def _problem(function: Callable[..., Any], args: list[Any]) -> str | None:
     """What is wrong with `function(*args)` for a float32 test, or None."""
+    return _exact(function, args)[1]
+
+
+def _exact(function: Callable[..., Any], args: list[Any]) -> tuple[Any, str | None]:
+    """`function(*args)` exactly, and what is wrong with it for a float32 test (then the value is None)."""
     try:
         with mpmath.workdps(DIGITS):
             value = function(*args)
     except OverflowError:
-        return "overflows float32"
+        return None, "overflows float32"
     except MPMATH_ERRORS:
-        return "is not a finite real number"
+        return None, "is not a finite real number"
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
-        return "is not a finite real number"
-    return "overflows float32" if abs(float(value)) > FLOAT32_MAX else None
+        return None, "is not a finite real number"
+    return (None, "overflows float32") if abs(float(value)) > FLOAT32_MAX else (value, None)

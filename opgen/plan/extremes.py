@@ -235,8 +235,11 @@ class Oracle:
         """The sum of the differentiable outputs, whose slopes the rows check (compiled when first read)."""
         return self.compile(self.differentiable_sum)
 
-    def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
-        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
+    def compile(self, expr: sympy.Expr, order: list[sympy.Symbol] | None = None) -> Callable[..., Any]:
+        """`expr` as an mpmath function of `order` (the spec's inputs, by default)."""
+        return sympy.lambdify(
+            self.order if order is None else order, expr, modules=[_MPMATH, "mpmath"], printer=_printer()
+        )
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:

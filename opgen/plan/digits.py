@@ -1,0 +1,183 @@
+"""Float32 digit loss: outputs that keep no correct digit in float32, as written and as opgen computes them.
+
+Receives a spec's oracle (its derivation as written, compiled: `opgen.plan.extremes.Oracle`)
+and its optimized derivation (what the op computes); for an output at a point of the test
+domain with its exact value, says how the output loses every float32 digit there, or None
+where the formula as written keeps a digit or opgen computes it by a form that does
+(Note [float32 digits]). `opgen.plan.domain` turns that into a located warning.
+
+Note [float32 digits]
+~~~~~~~~~~~~~~~~~~~~~
+`cosh(10*x) - sinh(10*x)` is exp(-10 x), but at x = 2 float32 subtracts two numbers near
+2.4e8 whose spacing is 16: no digit of 2e-9 survives. Where opgen knows a stable form
+(log1p, softplus, the conjugate form of a root difference, a native kernel) the op keeps
+the digits and nothing needs saying; where it does not, the user is told at generate time,
+with the point, so that they can write one.
+
+Float32 is modelled with mpmath at 24 significant bits: each function call of the formula
+(a function of the formula language, or a node the optimizer put there: softplus,
+hardswish, logsigmoid, ...) is one correctly rounded operation, computed at the oracle's
+50 digits from its 24-bit arguments and rounded to 24 bits; mpmath rounds each +, -, *, /
+and constant power to 24 bits itself. mpmath has no exponent range, so each call's value
+is held to float32's: past 3.4e38 it overflows (`exp(100) / exp(99)` has no float32 value
+although the result has), below 2**-150 it is 0. Products and powers of values in range
+are not held so (`exp(50)**2` overflowing goes unnoticed); the calls are where formulas
+overflow in practice. A node's exact value is its elementary form at 50 digits, so
+`log1p(u)` is `log(1 + u)` there: exact enough for any |u| over 1e-40.
+
+A point is lost when the relative error is over LOST: not one correct significant decimal
+digit. Points whose exact value is 0 or below float32's smallest normal number are not
+checked (float32 holds no full digits of them), nor points where the exact value is not a
+float32 number (`opgen.plan.domain` warns of those). The formula as written is checked
+first; the optimized derivation is compiled and checked only at points where that loses
+everything, which no stable spec has: its cost is nearly nothing for them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import mpmath
+import sympy
+
+from opgen.derive.gradients import Derived
+from opgen.plan.extremes import DIGITS, FLOAT32_MAX, FLOAT32_TINY, MPMATH_ERRORS, Oracle
+
+PRECISION = 24  # float32's significand bits
+LOST = 0.1  # relative error past which no significant decimal digit is right
+FLOAT32_NORMAL = 2.0**-126  # the smallest normal float32: below it float32 holds fewer digits
+FLOAT32_DIGITS = 7  # float32 holds 7.2 significant decimal digits
+
+
+class _Overflow(OverflowError):
+    """A function's value in the formula is past float32's range (Note [float32 digits])."""
+
+
+def _single(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` as one correctly rounded float32 operation (Note [float32 digits])."""
+
+    def call(*args: Any) -> Any:
+        with mpmath.workdps(DIGITS):
+            value = function(*args)
+        if not isinstance(value, mpmath.mpf) or not mpmath.isfinite(value):
+            return value
+        with mpmath.workprec(PRECISION):
+            value = +value  # rounded to the working precision
+        if abs(value) > FLOAT32_MAX:
+            raise _Overflow
+        return value if abs(value) >= FLOAT32_TINY else mpmath.mpf(0)
+
+    return call
+
+
+def in_float32(function: Callable[..., Any], nodes: dict[str, Callable[..., Any]] | None = None) -> Callable[..., Any]:
+    """A function compiled by the oracle, its calls made single float32 operations; `nodes`:
+    implementations of functions its namespace lacks."""
+    namespace = {**function.__globals__, **(nodes or {})}
+    namespace |= {
+        name: _single(namespace[name])
+        for name in function.__code__.co_names
+        if name in namespace and inspect.isroutine(namespace[name])
+    }
+    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+
+
+def _form(node: sympy.Basic, args: tuple[sympy.Symbol, ...]) -> sympy.Expr | None:
+    """The elementary form of `node`'s function at `args`, where it is a node opgen defines; else None."""
+    applied = node.func(*args)
+    try:
+        if hasattr(applied, "_as_elementary"):
+            return applied._as_elementary()
+        if hasattr(node.func, "elementary"):
+            return node.func.elementary(*args)
+    except NotImplementedError:
+        return None
+    return None
+
+
+class _Nodes:
+    """Each node opgen defines, as a call of an mpmath function of its elementary form."""
+
+    def __init__(self, oracle: Oracle) -> None:
+        self.oracle = oracle
+        self.functions: dict[str, Callable[..., Any]] = {}
+
+    def __call__(self, expr: sympy.Basic) -> sympy.Basic:
+        if not expr.args or isinstance(expr, sympy.Symbol):
+            return expr
+        args = tuple(self(a) for a in expr.args)
+        if not isinstance(expr, sympy.Function):
+            return expr.func(*args)
+        dummies = tuple(sympy.Dummy(f"a{k}", real=True) for k in range(len(args)))
+        form = _form(expr, dummies)
+        if form is None:
+            return expr.func(*args)
+        name = f"_node_{expr.func.__name__}"
+        if name not in self.functions:
+            self.functions[name] = self.oracle.compile(self(form), list(dummies))
+        return sympy.Function(name)(*args)
+
+
+def _relative_error(function: Callable[..., Any], args: list[Any], exact: Any) -> Any:
+    """`function` in float32 at `args`, compared with `exact`: its relative error, or a problem."""
+    try:
+        with mpmath.workprec(PRECISION):
+            value = function(*args)
+    except _Overflow:
+        return "overflows float32 inside the formula"
+    except MPMATH_ERRORS:
+        return "is not a finite number in float32"
+    if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
+        return "is not a finite number in float32"
+    if abs(value) > FLOAT32_MAX:
+        return "overflows float32"
+    with mpmath.workdps(DIGITS):
+        return abs(value - exact) / abs(exact)
+
+
+class Digits:
+    """The outputs of a spec in float32, as written and as opgen computes them."""
+
+    def __init__(self, oracle: Oracle, optimized: Derived | None) -> None:
+        self.oracle = oracle
+        self.optimized = optimized
+        self.written = [in_float32(f) for f in oracle.outputs]
+
+    @functools.cached_property
+    def computed(self) -> list[Callable[..., Any]] | None:
+        """The optimized outputs in float32 (compiled when first read); None: not known."""
+        if self.optimized is None:
+            return None
+        nodes = _Nodes(self.oracle)
+        full = self.optimized.full
+        inlined = tuple((name, nodes(expr)) for name, expr in full.inlined)
+        variants = (*self.optimized.variants[:-1], replace(full, inlined=inlined))
+        compiled = Oracle(replace(self.optimized, variants=variants))
+        for function in nodes.functions.values():  # a node's form may call other nodes, at its own precision
+            function.__globals__.update(nodes.functions)
+        return [in_float32(f, nodes.functions) for f in compiled.outputs]
+
+    def lost(self, k: int, args: list[Any], exact: Any) -> str | None:
+        """How output `k` at `args` (exact value `exact`) keeps no float32 digit as written and as
+        opgen computes it; None where either keeps one, or `exact` is out of float32's normal range."""
+        if exact == 0 or abs(exact) < FLOAT32_NORMAL or abs(exact) > FLOAT32_MAX:
+            return None
+        written = _relative_error(self.written[k], args, exact)
+        if not isinstance(written, str) and written <= LOST:
+            return None
+        computed = self.computed
+        if computed is not None:
+            error = _relative_error(computed[k], args, exact)
+            if not isinstance(error, str) and error <= LOST:
+                return None
+        if isinstance(written, str):
+            return f"{written}, where its exact value is {float(exact):.6g},"
+        return (
+            f"keeps none of float32's {FLOAT32_DIGITS} significant digits (relative error {float(written):.2g},"
+            f" exact value {float(exact):.6g}),"
+        )

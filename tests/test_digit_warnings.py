@@ -1,0 +1,100 @@
+"""Generate-time warnings for outputs that keep no float32 digit inside the test domain, as written
+and as opgen computes them (Note [float32 digits] in opgen/plan/digits.py).
+
+Each claim is checked against PyTorch itself in float32, with float64 as the reference: where a
+warning names a point, the formula as written in float32 has not one correct digit there (or is
+not finite); where a formula as written loses its digits but opgen computes it by a stable form,
+there is no warning, and the generated op keeps the digits. The library's specs give no warning
+at all (tests/test_domain_warnings.py, `test_the_library_specs_give_no_warning`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mpmath
+import pytest
+import torch
+from conftest import import_package
+
+Formula = Callable[[Any, Any], Any]  # (torch or mpmath, x) -> the formula's value
+WARNING = re.compile(r"^(?P<loc>[^\n]*?:\d+:\d+): warning: (?P<text>.*)$", re.M)
+GRID = 9  # opgen.plan.domain.GRID: the points checked
+
+
+def spec(formula: str, domain: str = "") -> str:
+    text = f"name: op\ninputs: {{x: Tensor}}\noutputs:\n  y: {formula}\n"
+    return text + (f"tests:\n  domain: {{x: [{domain}]}}\n" if domain else "")
+
+
+def generate(run_cli, folder: Path, text: str) -> list[re.Match[str]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "op.yaml").write_text(text, encoding="utf-8")
+    status, _, err = run_cli("generate", str(folder / "op.yaml"), "-o", str(folder / "out"), "--no-cache")
+    assert status == 0 and (folder / "out" / "ops" / "op.py").is_file(), "a warning, not an error"
+    return list(WARNING.finditer(err))
+
+
+def exact(formula: Formula, x: torch.Tensor) -> torch.Tensor:
+    """`formula` at each float32 `x`, at 50 significant digits (mpmath), rounded to float64."""
+    with mpmath.workdps(50):
+        return torch.tensor([float(formula(mpmath, mpmath.mpf(float(v)))) for v in x], dtype=torch.float64)
+
+
+def relative_error(single: torch.Tensor, formula: Formula, x: torch.Tensor) -> torch.Tensor:
+    """Of `single` (float32 values at `x`) against `formula`'s exact values (inf where not finite)."""
+    reference = exact(formula, x)
+    error = (single.double() - reference).abs() / reference.abs()
+    return torch.where(torch.isfinite(single), error, torch.inf)
+
+
+def grid(low: float, high: float) -> torch.Tensor:
+    return torch.tensor([low + (high - low) * (j + 0.5) / GRID for j in range(GRID)], dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("formula", "domain", "same"),
+    [
+        ("cosh(10*x) - sinh(10*x)", "", lambda m, x: m.cosh(10 * x) - m.sinh(10 * x)),
+        ("1 - tanh(x)", "0, 20", lambda m, x: 1 - m.tanh(x)),
+        ("sinh(50*x) / cosh(50*x)", "", lambda m, x: m.sinh(50 * x) / m.cosh(50 * x)),  # overflow
+        ("exp(60*x) / (exp(60*x) + 2)", "", lambda m, x: m.exp(60 * x) / (m.exp(60 * x) + 2)),
+    ],
+)
+def test_a_formula_with_no_stable_form_that_keeps_no_digit_is_warned_of(run_cli, tmp_path, formula, domain, same):
+    warnings = generate(run_cli, tmp_path, spec(formula, domain))
+    assert len(warnings) == 1, warnings
+    warning = warnings[0]
+    assert warning["loc"] == f"{tmp_path / 'op.yaml'}:4:6", "located at the output's formula"
+    assert "opgen knows no exact form" in warning["text"]
+    point = float(re.search(r" at x = (\S+), inside", warning["text"])[1])  # type: ignore[index]
+    x = torch.tensor([point])
+    error = relative_error(same(torch, x), same, x)
+    assert error.item() > 0.1, f"PyTorch's float32 keeps a digit of {formula} at x = {point}: {error.item()}"
+
+
+@pytest.mark.parametrize(
+    ("formula", "domain", "same"),
+    [
+        ("log(1 + exp(x))", "-30, 30", lambda m, x: m.log(1 + m.exp(x))),  # softplus
+        ("log(1 + exp(40*x)) / 40", "-1, 1", lambda m, x: m.log(1 + m.exp(40 * x)) / 40),  # a native kernel
+        ("sqrt(x**2 + 1) - x", "0, 10000", lambda m, x: m.sqrt(x**2 + 1) - x),  # the conjugate form
+        ("log(1/(1 + exp(-x)))", "-30, 30", lambda m, x: m.log(1 / (1 + m.exp(-x)))),  # logsigmoid
+        ("exp(x) - 1", "-1e-8, 1e-8", lambda m, x: m.exp(x) - 1),  # expm1
+        ("log(cosh(x))", "-1e-4, 1e-4", lambda m, x: m.log(m.cosh(x))),  # logcosh
+    ],
+)
+def test_a_formula_that_keeps_no_digit_as_written_but_opgen_computes_stably_is_not_warned_of(
+    run_cli, tmp_path, formula, domain, same
+):
+    low, high = (float(v) for v in domain.split(","))
+    points = grid(low, high)
+    lost = relative_error(same(torch, points), same, points) > 0.1
+    assert lost.any(), f"{formula} keeps its digits as written: the case shows nothing"
+    assert generate(run_cli, tmp_path, spec(formula, domain)) == []
+    package = import_package(tmp_path, "out")
+    kept = relative_error(package.op(points[lost]), same, points[lost])
+    assert (kept < 1e-5).all(), f"the generated op keeps the digits: {kept}"
