@@ -299,7 +299,7 @@ def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
             key=index_of.__getitem__,
         )
     )
-    differentiable = [o for o in spec.outputs if o.differentiable] + list(residuals)
+    differentiable = [o for o in spec.outputs if o.differentiable] + [r for r in residuals if r.differentiable]
     # Gradients through tensor operations take every incoming gradient materialized.
     gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
