@@ -53,14 +53,40 @@ class LayerNormFunction(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if bias is None:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-                tmp0 = (torch.ops.aten.native_layer_norm_backward(grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, None, [True, True, False]) if not torch._C._are_functorch_transforms_active() else (torch.rsqrt(x.var(-1, correction=0, keepdim=True) + eps) * (grad_y * weight - (grad_y * weight).mean(-1, keepdim=True) - torch.layer_norm(x, (ctx.D,), None, None, eps) * (grad_y * weight * torch.layer_norm(x, (ctx.D,), None, None, eps)).mean(-1, keepdim=True)), (grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)).sum_to_size(weight.shape), None))
+                if not torch._C._are_functorch_transforms_active():
+                    tmp0 = torch.ops.aten.native_layer_norm_backward(
+                        grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, None, [True, True, False]
+                    )
+                else:
+                    tmp0_t0_t0 = grad_y * weight
+                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
+                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
+                    tmp0 = tmp0_t0, tmp0_t1, None
             if ctx.needs_input_grad[0]:
                 grad_x = tmp0[0]
             if ctx.needs_input_grad[1]:
                 grad_weight = tmp0[1]
         else:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-                tmp0 = (torch.ops.aten.native_layer_norm_backward(grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, bias, [True, True, True]) if not torch._C._are_functorch_transforms_active() else (torch.rsqrt(x.var(-1, correction=0, keepdim=True) + eps) * (grad_y * weight - (grad_y * weight).mean(-1, keepdim=True) - torch.layer_norm(x, (ctx.D,), None, None, eps) * (grad_y * weight * torch.layer_norm(x, (ctx.D,), None, None, eps)).mean(-1, keepdim=True)), (grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)).sum_to_size(weight.shape), grad_y.sum_to_size(bias.shape)))
+                if not torch._C._are_functorch_transforms_active():
+                    tmp0 = torch.ops.aten.native_layer_norm_backward(
+                        grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, bias, [True, True, True]
+                    )
+                else:
+                    tmp0_t0_t0 = grad_y * weight
+                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
+                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
+                    tmp0_t2 = grad_y
+                    tmp0_t2 = tmp0_t2.sum_to_size(bias.shape)
+                    tmp0 = tmp0_t0, tmp0_t1, tmp0_t2
             if ctx.needs_input_grad[0]:
                 grad_x = tmp0[0]
             if ctx.needs_input_grad[1]:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import sympy
 from sympy import S
 
-from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats
+from opgen.formula.tensor import ReduceMean, ReduceVar
+from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats, trailing_dims
 from opgen.optimize.save import Residual
 
 
@@ -43,37 +44,49 @@ class NormPrinting:
         args = [self._print(u), self._norm_shape(shape), self._optional(w, S.One), self._optional(b, S.Zero)]
         return f"{self.torch}.native_layer_norm({', '.join(args)}, {self._print(eps)})"
 
-    def _print_LayerNormGrads(self, expr: LayerNormGrads) -> str:
+    def norm_backward_call(self, expr: LayerNormGrads) -> tuple[str, list[str]]:
+        """`aten.native_layer_norm_backward` and its arguments, printed."""
         g, u, mean, rstd, w, b, shape, _ = expr.args
-        mask = f"[True, {w != 1}, {b != 0}]"
         args = [self._print(a) for a in (g, u)] + [self._norm_shape(shape), self._print(mean), self._print(rstd)]
-        args += [self._optional(w, S.One), self._optional(b, S.Zero), mask]
-        kernel = f"{self.torch}.ops.aten.native_layer_norm_backward({', '.join(args)})"
-        return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else {self._formula(expr)})"
+        args += [self._optional(w, S.One), self._optional(b, S.Zero), f"[True, {w != 1}, {b != 0}]"]
+        return f"{self.torch}.ops.aten.native_layer_norm_backward", args
 
-    def _formula(self, expr: LayerNormGrads) -> str:
-        """Note [layer norm under torch.func]
-        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-        PyTorch's forward-mode derivative of `native_layer_norm_backward` misses how the weight's
-        gradient depends on the input (`torch.func.hessian` of `F.layer_norm` disagrees with reverse
-        over reverse in that block, torch 2.13): under torch.func transforms backward takes the
-        gradients' formulas, from the input alone, instead of the kernel and the saved statistics.
-        """
-        g, u, _, _, w, b, shape, _ = expr.args
-        dims = "-1" if len(shape) == 1 else "(" + ", ".join(str(d) for d in range(-len(shape), 0)) + ")"
-        eps = self._print(expr.eps)
-        x, grad = self._print(u), self._print(g)
-        xhat = f"{self.torch}.layer_norm({x}, {self._norm_shape(shape)}, None, None, {eps})"
-        rstd = f"{self.torch}.rsqrt({x}.var({dims}, correction=0, keepdim=True) + {eps})"
-        gxhat = grad if w == 1 else f"{grad} * {self._print(w)}"
-        centered = f"{gxhat} - ({gxhat}).mean({dims}, keepdim=True)"
-        gx = f"{rstd} * ({centered} - {xhat} * ({gxhat} * {xhat}).mean({dims}, keepdim=True))"
-        gw = "None" if w == 1 else f"({grad} * {xhat}).sum_to_size({self._print(w)}.shape)"
-        gb = "None" if b == 0 else f"{grad}.sum_to_size({self._print(b)}.shape)"
-        return f"({gx}, {gw}, {gb})"
+    def _print_LayerNormGrads(self, expr: LayerNormGrads) -> str:
+        """The kernel, or under torch.func transforms the formulas (Note [layer norm under torch.func]);
+        `opgen.emit.statements.assign` writes the two as an `if` statement instead."""
+        function, args = self.norm_backward_call(expr)
+        parts = [self._norm_part(part, into) for part, into in norm_backward_formulas(expr)]
+        kernel = f"{function}({', '.join(args)})"
+        return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else ({', '.join(parts)}))"
+
+    def _norm_part(self, part: sympy.Expr | None, into: sympy.Expr | None) -> str:
+        if part is None:
+            return "None"
+        return self._print(part) if into is None else f"{self._postfix(part)}.sum_to_size({self._print(into)}.shape)"
 
     def _print_Item(self, expr: Item) -> str:
         return f"{self._postfix(expr.args[0])}[{int(expr.args[1])}]"
+
+
+def norm_backward_formulas(expr: LayerNormGrads) -> list[tuple[sympy.Expr | None, sympy.Expr | None]]:
+    """Note [layer norm under torch.func]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    PyTorch's forward-mode derivative of `native_layer_norm_backward` misses how the weight's
+    gradient depends on the input (`torch.func.hessian` of `F.layer_norm` disagrees with reverse
+    over reverse in that block, torch 2.13): under torch.func transforms backward takes the
+    gradients' formulas, from the input alone, instead of the kernel and the saved statistics.
+    Each is (formula, the input whose shape it is summed to, or None), or (None, None) for an absent one.
+    """
+    g, u, _, _, w, b, shape, eps = expr.args
+    dims = trailing_dims(shape)
+    xhat = LayerNorm(u, S.One, S.Zero, eps, shape)
+    rstd = (ReduceVar(u, dims, S.One, S.Zero) + eps) ** -S.Half
+    gxhat = g * w
+    centered = gxhat - ReduceMean(gxhat, dims, S.One) - xhat * ReduceMean(gxhat * xhat, dims, S.One)
+    grad_u = sympy.Mul(rstd, centered, evaluate=False)
+    grad_w = (None, None) if w == 1 else (g * xhat, w)
+    grad_b = (None, None) if b == 0 else (g, b)
+    return [(grad_u, None), grad_w, grad_b]
 
 
 def statistics_lines(

@@ -49,7 +49,7 @@ class LayerNorm(TensorOp):
 
     def elementary(self) -> Expr:
         u, w, b, eps, shape = self.args
-        dims = _dims(shape)
+        dims = trailing_dims(shape)
         centered = u - ReduceMean(u, dims, S.One)
         return centered / sympy.sqrt(ReduceVar(u, dims, S.One, S.Zero) + eps) * w + b
 
@@ -135,7 +135,7 @@ class Item(TensorOp):
         return node.item_shape(int(self.args[1]), table)
 
 
-def _dims(shape: sympy.Tuple) -> sympy.Basic:
+def trailing_dims(shape: sympy.Tuple) -> sympy.Basic:
     count = len(shape)
     return sympy.Integer(-1) if count == 1 else sympy.Tuple(*(sympy.Integer(d) for d in range(-count, 0)))
 
