@@ -8,7 +8,7 @@ import sympy
 from sympy import S
 
 from opgen.formula.tensor import ReduceMean, ReduceVar
-from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats, trailing_dims
+from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats, Rstd, trailing_dims
 from opgen.optimize.save import Residual
 
 
@@ -58,6 +58,9 @@ class NormPrinting:
         parts = [self._norm_part(part, into) for part, into in norm_backward_formulas(expr)]
         kernel = f"{function}({', '.join(args)})"
         return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else ({', '.join(parts)}))"
+
+    def _print_Rstd(self, expr: Rstd) -> str:
+        return f"{self.torch}.rsqrt({self._print(expr.args[0])})"
 
     def _norm_part(self, part: sympy.Expr | None, into: sympy.Expr | None) -> str:
         if part is None:
@@ -122,6 +125,9 @@ class NormDisplay:
 
     def _print_LayerNorm(self, expr: LayerNorm) -> str:
         return self._print(expr.elementary())
+
+    def _print_Rstd(self, expr: Rstd) -> str:
+        return f"1/sqrt({self._print(expr.args[0])})"
 
     def _print_LayerNormStats(self, expr: LayerNormStats) -> str:
         return f"layer_norm_stats({self._print(expr.args[0])})"

@@ -295,3 +295,58 @@ def saved_statistics(variants: tuple[Variant, ...]) -> list[Item]:
 
 def residual_name(item: Item) -> str:
     return "saved_mean" if int(item.args[1]) == 1 else "saved_rstd"
+
+
+# -- the reciprocal root of a reduction (RMS norm) -------------------------------------------------
+
+
+def _rstd_base(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
+    """`mean(h, dims, keepdim=true) + eps` when `expr` is its `**(-1/2)`, eps free of tensors."""
+    if not isinstance(expr, sympy.Pow) or expr.exp != -S.Half or not isinstance(expr.base, sympy.Add):
+        return None
+    means = [t for t in expr.base.args if isinstance(t, ReduceMean) and t.keepdim and not t.every_dim]
+    eps = expr.base - means[0] if len(means) == 1 else None
+    if eps is None or eps.free_symbols & tensors or eps.has(TensorOp):
+        return None
+    return expr.base
+
+
+class Rstd(TensorOp):
+    """`base**(-1/2)` kept as a statistic autograd does not differentiate (Note [saved rstd]): args (base,)."""
+
+    nargs = 1
+    detached = True
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+
+def saved_rstds(variants: tuple[Variant, ...], tensors: frozenset[sympy.Symbol]) -> list[Rstd]:
+    """Note [saved rstd]
+    ~~~~~~~~~~~~~~~~~~~~
+    `(mean(h, dims, keepdim=true) + eps)**(-1/2)` (an RMS norm's 1/rms, `[..., 1]`) that every
+    variant's outputs compute and some gradient reads costs a pass over `h` to recompute: forward
+    keeps it as a hidden output `saved_rstd` and backward reads the half-integer powers of the base
+    from it (`base**e` -> `saved_rstd**(-2e)`), the only ones that are the root's powers for every sign
+    of the base: where it is negative both are NaN, where it is 0 both 0 or inf; an integer power
+    (the bare base, `1/base`) stays a formula, right where the base is negative.
+    Autograd does not differentiate it (a `detached` statistic): where backward is itself differentiated
+    (`create_graph`, torch.func transforms) it recomputes `saved_rstd` from the inputs first, so
+    that double backward sees how it depends on them, at no cost to a first-order backward.
+    """
+    found = [
+        {p for _, e in v.inlined for p in e.atoms(sympy.Pow) if _rstd_base(p, tensors) is not None} for v in variants
+    ]
+    common = set.intersection(*found) if found else set()
+    read = {p for p in common for v in variants for g in v.gradients for c in g.contributions if c.factor.has(p.base)}
+    return [Rstd(p.base) for p in sorted(read, key=sympy.default_sort_key)]
+
+
+def read_rstd(expr: Expr, rstd: Rstd, saved: sympy.Symbol) -> Expr:
+    """`expr` with each power of the base of `rstd` read from `saved` (Note [saved rstd]); `saved` positive."""
+    base = rstd.args[0]
+
+    def half(e: Expr) -> bool:
+        return isinstance(e, sympy.Pow) and e.base == base and (2 * e.exp).is_odd is True
+
+    return expr.replace(half, lambda e: saved ** (-2 * e.exp))

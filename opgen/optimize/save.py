@@ -54,6 +54,7 @@ class Residual:
     symbol: sympy.Symbol  # how the gradients read it
     grad: sympy.Symbol  # its incoming gradient in backward
     differentiable: bool = True  # False: a statistic autograd does not differentiate (opgen.optimize.norms)
+    recompute: bool = False  # backward recomputes it where it is differentiated (Note [saved rstd] in ...norms)
 
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
@@ -279,21 +280,38 @@ def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Resi
     taken |= {o.name for o in derived.spec.outputs}
     residuals = []
     for item in items:
-        name = norms.residual_name(item)
-        while name in taken:
-            name += "_"
-        taken.add(name)
+        name = _untaken(norms.residual_name(item), taken)
         symbol, grad = sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True)
         residuals.append(Residual(name, item, symbol, grad, differentiable=False))
     swap: dict[Expr, Expr] = {r.expr: r.symbol for r in residuals}
+    rstds = norms.saved_rstds(derived.variants, frozenset(derived.symbols.tensors))
+    for rstd in rstds:  # Note [saved rstd] in opgen.optimize.norms
+        name = _untaken("saved_rstd", taken)
+        symbol, grad = sympy.Symbol(name, positive=True), sympy.Symbol("grad:" + name, real=True)
+        residuals.append(Residual(name, rstd, symbol, grad, differentiable=False, recompute=True))
+
+    def read(expr: Expr) -> Expr:
+        expr = expr.xreplace(swap)
+        for residual in residuals[len(items) :]:
+            expr = norms.read_rstd(expr, residual.expr, residual.symbol)
+        return expr
+
     variants = tuple(
         replace(
             v,
+            outputs=tuple((n, read(e)) for n, e in v.outputs) if rstds else v.outputs,
             gradients=tuple(
-                replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
+                replace(g, contributions=tuple(replace(c, factor=read(c.factor)) for c in g.contributions))
                 for g in v.gradients
             ),
         )
         for v in derived.variants
     )
     return replace(derived, variants=variants), tuple(residuals)
+
+
+def _untaken(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name

@@ -286,6 +286,8 @@ def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
         for grad in bp.grads:
             for contribution in grad.contributions:
                 used |= contribution.factor.free_symbols
+    # A statistic backward recomputes where it is differentiated (Note [saved rstd] in opgen.optimize.norms).
+    used |= {s for r in residuals if r.recompute and r.symbol in used for s in r.expr.free_symbols}
     symbols = derived.symbols
     varies = _varies(derived, backward)
     # A backward that branches on which `Tensor?` inputs were None saves them (None costs nothing).
