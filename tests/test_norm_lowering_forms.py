@@ -128,6 +128,18 @@ def test_rms_norm_near_misses_stay_formulas(tmp_path: Path, body: str) -> None:
     torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0])
 
 
+LN_ONE = "  x: Tensor[..., D]\n  weight: Tensor[D]\n  bias: Tensor[D]?\n  eps: float = 1e-5\n"
+BODIES = {
+    "lets": "let:\n  mu: mean(x, dim=-1, keepdim=true)\n  v: var(x, dim=-1, keepdim=true, correction=0)\n"
+    "outputs:\n  y: (x - mu) * rsqrt(v + eps) * weight + bias\n",
+    "hand_variance": "outputs:\n  y: (x - mean(x, dim=-1, keepdim=true))"
+    " / sqrt(mean((x - mean(x, dim=-1, keepdim=true))**2, dim=-1, keepdim=true) + eps) * weight + bias\n",
+}
+NEAR_MISS = (
+    "outputs:\n  y: (x - mean(x, dim=-1, keepdim=true)) * rsqrt(var(x, dim=-1, keepdim=true) + eps) * weight + bias\n"
+)
+
+
 LN_INPUTS = "  x: Tensor[..., H, D]\n  weight: Tensor[H, D]\n  bias: Tensor[H, D]?\n  eps: float = 1e-5\n"
 
 
@@ -174,3 +186,32 @@ def test_normalizing_over_a_leading_or_middle_dim_stays_general(tmp_path: Path, 
         return (x - mean) * torch.rsqrt(x.var(dim, keepdim=True, correction=0) + 1e-5)
 
     _agree(op, want, (x,))
+
+
+@pytest.mark.parametrize("how", sorted(BODIES))
+def test_layer_norm_lowered_matches_native(tmp_path: Path, how: str) -> None:
+    op, source = _op(tmp_path, f"ln_{how}", LN_ONE, BODIES[how])
+    assert "native_layer_norm_backward" in source
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    w, b = (torch.randn(5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    for bias in (b, None):
+        y = op(x, w, bias, 0.3)
+        want = F.layer_norm(x, (5,), w, bias, 0.3)
+        torch.testing.assert_close(y, want)
+        inputs = (x, w) if bias is None else (x, w, b)
+        g = torch.randn_like(y)
+        torch.testing.assert_close(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g))
+        assert torch.autograd.gradgradcheck(lambda *a: op(a[0], a[1], a[2] if len(a) > 2 else None, 0.3), inputs)
+
+
+def test_near_miss_stays_on_the_general_path(tmp_path: Path) -> None:
+    op, source = _op(tmp_path, "ln_near", LN_ONE, NEAR_MISS)  # correction=1: not a layer norm
+    assert "layer_norm" not in source.split("class", 1)[1].split("def jvp", 1)[0]
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w, b = (torch.randn(6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    want = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5) * w + b
+    y = op(x, w, b)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(want, (x, w, b), g))
