@@ -102,7 +102,7 @@ class LayerNormFunction(torch.autograd.Function):
         tangent_weight: torch.Tensor,
         tangent_bias: torch.Tensor | None,
         tangent_eps: None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, None, None]:
         x, weight, y = ctx.saved_tensors
         eps = ctx.eps
         tangent_y = None

@@ -60,7 +60,7 @@ class RmsNormFunction(torch.autograd.Function):
     @staticmethod
     def jvp(
         ctx: Any, tangent_x: torch.Tensor, tangent_weight: torch.Tensor, tangent_eps: None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, None]:
         x, weight, y = ctx.saved_tensors
         eps = ctx.eps
         tangent_y = None
