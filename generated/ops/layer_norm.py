@@ -15,7 +15,7 @@ class LayerNormFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
+    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`Function.apply` without binding `forward`'s signature on every call (it has no
         defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
         if torch._C._are_functorch_transforms_active():
@@ -24,50 +24,75 @@ class LayerNormFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    def forward(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        D = x.shape[-1]
         if bias is None:
-            mu = x.mean(-1, keepdim=True)
-            sigma2 = x.var(-1, correction=0, keepdim=True)
-            y = weight * (x - mu) / torch.sqrt(eps + sigma2)
+            y, saved_mean, saved_rstd = torch.native_layer_norm(x, (D,), weight, None, eps)
         else:
-            mu = x.mean(-1, keepdim=True)
-            sigma2 = x.var(-1, correction=0, keepdim=True)
-            y = bias + weight * (x - mu) / torch.sqrt(eps + sigma2)
-        return y
+            y, saved_mean, saved_rstd = torch.native_layer_norm(x, (D,), weight, bias, eps)
+        return y, saved_mean, saved_rstd
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weight, bias, eps = inputs
-        y = output
-        ctx.save_for_backward(x, weight)
+        y, saved_mean, saved_rstd = output
+        ctx.save_for_backward(x, weight, bias, saved_mean, saved_rstd)
         ctx.eps = eps
-        ctx.bias_shape = None if bias is None else bias.shape
         ctx.D = x.shape[-1]
         ctx.save_for_forward(x, weight, y)
+        ctx.mark_non_differentiable(saved_mean, saved_rstd)
 
     @staticmethod
     def backward(
-        ctx: Any, grad_y: torch.Tensor
+        ctx: Any, grad_y: torch.Tensor, grad_saved_mean: torch.Tensor, grad_saved_rstd: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None]:
-        x, weight = ctx.saved_tensors
+        x, weight, bias, saved_mean, saved_rstd = ctx.saved_tensors
         eps = ctx.eps
         grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = eps + x.var(-1, correction=0, keepdim=True)
-            tmp1 = torch.rsqrt(tmp0)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp3 = grad_y * tmp1
-            tmp4 = x - x.mean(-1, keepdim=True)
-        if ctx.needs_input_grad[0]:
-            tmp2 = 1 / ctx.D
-            grad_x_t0 = -(tmp2 * tmp4 * (grad_y * tmp4 * weight / tmp0**1.5).sum(-1, keepdim=True))
-            grad_x = grad_y * tmp1 * weight + grad_x_t0 - tmp2 * (tmp3 * weight).sum(-1, keepdim=True)
-        if ctx.needs_input_grad[1]:
-            grad_weight = tmp3 * tmp4
-            grad_weight = grad_weight.sum_to_size(weight.shape)
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad_y
-            grad_bias = grad_bias.sum_to_size(ctx.bias_shape)
+        if bias is None:
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+                if not torch._C._are_functorch_transforms_active():
+                    tmp0 = torch.ops.aten.native_layer_norm_backward(
+                        grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, None, [True, True, False]
+                    )
+                else:
+                    tmp0_t0_t0 = grad_y * weight
+                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
+                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
+                    tmp0 = tmp0_t0, tmp0_t1, None
+            if ctx.needs_input_grad[0]:
+                grad_x = tmp0[0]
+            if ctx.needs_input_grad[1]:
+                grad_weight = tmp0[1]
+        else:
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+                if not torch._C._are_functorch_transforms_active():
+                    tmp0 = torch.ops.aten.native_layer_norm_backward(
+                        grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, bias, [True, True, True]
+                    )
+                else:
+                    tmp0_t0_t0 = grad_y * weight
+                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
+                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
+                    tmp0_t2 = grad_y
+                    tmp0_t2 = tmp0_t2.sum_to_size(bias.shape)
+                    tmp0 = tmp0_t0, tmp0_t1, tmp0_t2
+            if ctx.needs_input_grad[0]:
+                grad_x = tmp0[0]
+            if ctx.needs_input_grad[1]:
+                grad_weight = tmp0[1]
+            if ctx.needs_input_grad[2]:
+                grad_bias = tmp0[2]
         return grad_x, grad_weight, grad_bias, None
 
     @staticmethod
@@ -77,7 +102,7 @@ class LayerNormFunction(torch.autograd.Function):
         tangent_weight: torch.Tensor,
         tangent_bias: torch.Tensor | None,
         tangent_eps: None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, None, None]:
         x, weight, y = ctx.saved_tensors
         eps = ctx.eps
         tangent_y = None
@@ -95,7 +120,7 @@ class LayerNormFunction(torch.autograd.Function):
             step = tangent_bias
             tangent_y = step if tangent_y is None else tangent_y + step
         tangent_y = tangent_y.expand(y.shape)
-        return tangent_y
+        return tangent_y, None, None
 
 
 class _LayerNormFunctionNoJvp(LayerNormFunction):
@@ -111,15 +136,14 @@ def layer_norm(
     F.layer_norm(x, (D,), weight, bias, eps).
 
     Forward:
-        mu = mean(x, dim=-1, keepdim=true)
-        sigma2 = var(x, dim=-1, correction=0, keepdim=true)
-        y = bias + weight*(x - mu)/sqrt(eps + sigma2)
+        saved_mean = layer_norm_stats(x)[1]
+        saved_rstd = layer_norm_stats(x)[2]
+        y = bias + weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
 
     Gradients:
-        grad_x = grad*weight/sqrt(eps + sigma2) - (x - mu)*sum(grad*weight*(x - mu)/(eps + sigma2)**(3/2), dim=-1,
-            keepdim=true)/D - sum(grad*weight/sqrt(eps + sigma2), dim=-1, keepdim=true)/D
-        grad_weight = grad*(x - mu)/sqrt(eps + sigma2)
-        grad_bias = grad
+        grad_x = layer_norm_backward(grad_y, x)[0]
+        grad_weight = layer_norm_backward(grad_y, x)[1]
+        grad_bias = layer_norm_backward(grad_y, x)[2]
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
@@ -148,7 +172,7 @@ def layer_norm(
             f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
         )
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
-    return function.apply(x, weight, bias, eps)
+    return function.apply(x, weight, bias, eps)[0]
 
 
 class LayerNorm(torch.nn.Module):

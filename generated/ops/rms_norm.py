@@ -15,7 +15,7 @@ class RmsNormFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
+    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """`Function.apply` without binding `forward`'s signature on every call (it has no
         defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
         if torch._C._are_functorch_transforms_active():
@@ -24,36 +24,43 @@ class RmsNormFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y = weight * x / torch.sqrt(eps + (x**2).mean(-1, keepdim=True))
-        return y
+    def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        saved_rstd = torch.rsqrt(eps + (x**2).mean(-1, keepdim=True))
+        y = saved_rstd * weight * x
+        return y, saved_rstd
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weight, eps = inputs
-        y = output
-        ctx.save_for_backward(x, weight)
+        y, saved_rstd = output
+        ctx.save_for_backward(x, weight, saved_rstd)
         ctx.eps = eps
         ctx.D = x.shape[-1]
         ctx.save_for_forward(x, weight, y)
+        ctx.mark_non_differentiable(saved_rstd)
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        x, weight = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_y: torch.Tensor, grad_saved_rstd: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        x, weight, saved_rstd = ctx.saved_tensors
         eps = ctx.eps
+        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+            saved_rstd = torch.rsqrt(eps + (x**2).mean(-1, keepdim=True))
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = eps + (x**2).mean(-1, keepdim=True)
-            tmp1 = grad_y / torch.sqrt(tmp0)
+            tmp0 = grad_y * saved_rstd
         if ctx.needs_input_grad[0]:
-            grad_x = tmp1 * weight - x * (grad_y * weight * x / tmp0**1.5).sum(-1, keepdim=True) / ctx.D
+            grad_x = tmp0 * weight - x * (grad_y * saved_rstd**3 * weight * x).sum(-1, keepdim=True) / ctx.D
         if ctx.needs_input_grad[1]:
-            grad_weight = tmp1 * x
+            grad_weight = tmp0 * x
             grad_weight = grad_weight.sum_to_size(weight.shape)
         return grad_x, grad_weight, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_weight: torch.Tensor, tangent_eps: None) -> torch.Tensor:
+    def jvp(
+        ctx: Any, tangent_x: torch.Tensor, tangent_weight: torch.Tensor, tangent_eps: None
+    ) -> tuple[torch.Tensor, None]:
         x, weight, y = ctx.saved_tensors
         eps = ctx.eps
         tangent_y = None
@@ -66,7 +73,7 @@ class RmsNormFunction(torch.autograd.Function):
             step = jvp1 * tangent_weight * x
             tangent_y = step if tangent_y is None else tangent_y + step
         tangent_y = tangent_y.expand(y.shape)
-        return tangent_y
+        return tangent_y, None
 
 
 class _RmsNormFunctionNoJvp(RmsNormFunction):
@@ -80,12 +87,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
     F.rms_norm(x, (D,), weight, eps).
 
     Forward:
-        y = weight*x/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
+        saved_rstd = 1/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
+        y = saved_rstd*weight*x
 
     Gradients:
-        grad_x = grad*weight/sqrt(eps + mean(x**2, dim=-1, keepdim=true)) - x*sum(grad*weight*x/(eps + mean(x**2,
-            dim=-1, keepdim=true))**(3/2), dim=-1, keepdim=true)/D
-        grad_weight = grad*x/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
+        grad_x = grad_y*saved_rstd*weight - x*sum(grad_y*saved_rstd**3*weight*x, dim=-1, keepdim=true)/D
+        grad_weight = grad_y*saved_rstd*x
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
@@ -108,7 +115,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
             f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
         )
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction
-    return function.apply(x, weight, eps)
+    return function.apply(x, weight, eps)[0]
 
 
 class RMSNorm(torch.nn.Module):

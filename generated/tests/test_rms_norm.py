@@ -18,7 +18,12 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"weight": [3], "x": [3]}
 BATCHED_SHAPES = {"weight": [3], "x": [2, 3]}  # with batch dimensions for `...`
-SAVED: list[str] = ["x", "weight"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = [
+    "x",
+    "weight",
+    "saved_rstd",
+]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+RESIDUALS: list[str] = ["saved_rstd"]  # what Function.apply returns after the outputs, for backward alone
 VALUES: dict[str, float] = {"eps": 1e-06}  # the non-tensor inputs in most tests
 OTHER_VALUES: dict[str, float] = {"eps": 7e-07}  # away from their defaults and VALUES
 
@@ -55,7 +60,7 @@ def test_forward_and_backward_match_reference() -> None:
 
 
 def test_function_apply_equals_functional() -> None:
-    harness.check_function_apply(OP, RmsNormFunction, sample_inputs())
+    harness.check_function_apply(OP, RmsNormFunction, sample_inputs(), len(RESIDUALS))
 
 
 def test_vmap_equals_a_loop() -> None:
@@ -75,7 +80,7 @@ def test_gradgradcheck() -> None:
 
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
-    harness.check_saved(OP, RmsNormFunction, sample_inputs(), SAVED)
+    harness.check_saved(OP, RmsNormFunction, sample_inputs(), SAVED, RESIDUALS)
 
 
 def test_non_tensor_inputs_away_from_their_defaults() -> None:

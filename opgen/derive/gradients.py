@@ -91,6 +91,8 @@ def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
         return expr
     if expr in absent:
         return None
+    if hasattr(expr, "without"):  # a lowered node with a term of its own (opgen.optimize.norms)
+        return expr.without(absent, drop_terms)
     if isinstance(expr, sympy.Add):
         kept = [t for t in (drop_terms(a, absent) for a in expr.args) if t is not None]
         return sympy.Add(*kept) if kept else None

@@ -171,6 +171,8 @@ class _Jvp:
         return S.One if entry == 1 else dim_size(str(entry))
 
     def rule(self, node: Expr) -> Expr:
+        if hasattr(node, "jvp_form"):  # a lowered node: the tangent of its formula (opgen.optimize.norms)
+            return self.tangent(node.jvp_form())
         if isinstance(node, MatMul):
             # Note [broadcast tangents]: a tangent constant along the contracted dimension meets the other
             # operand summed over it, as a gradient does in backward (Note [narrow gradients]).
@@ -340,7 +342,7 @@ def _variant_tangents(
 ) -> VariantTangents:
     spec, symbols = derived.spec, derived.symbols
     terms: dict[str, list[Term]] = {o.name: [] for o in spec.outputs if o.differentiable}
-    terms |= {name: [] for name, _ in residuals}
+    terms |= {name: [] for name, expr in residuals if not getattr(expr, "detached", False)}
     refused = []
     for gradient in variant.gradients:
         try:
@@ -350,6 +352,8 @@ def _variant_tangents(
             continue
         x, t = symbols.inputs[gradient.input], tangent_symbol(gradient.input)
         for name, expr in residuals:  # the hidden outputs are elementwise (opgen.optimize.save)
+            if getattr(expr, "detached", False):
+                continue  # a statistic autograd does not differentiate (opgen.optimize.norms)
             found[name] = _clean(settle_indicators(sympy.diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
             value = rewrite(value)

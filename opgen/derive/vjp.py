@@ -176,6 +176,10 @@ class _Vjp:
         return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:
+        if hasattr(node, "vjp_pushes"):  # a lowered node with its own rule (opgen.optimize.norms)
+            for part, part_grad in node.vjp_pushes(grad, bool(self.narrow(grad, node))):
+                self.push(part, part_grad)
+            return
         if isinstance(node, MatMul):
             a, b = node.args
             # Note [narrow gradients]: a gradient constant along M or N meets the other side summed.

@@ -128,6 +128,10 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
         lines.append(f"{unpack(list(plan.saved))} = {names.ctx}.saved_tensors")
     for name in plan.ctx_values:
         lines.append(f"{name} = {names.ctx}.{names.ctx_attrs[name]}")
+    for residual in plan.residuals:
+        if residual.recompute and residual.name in plan.saved:  # Note [saved rstd] in opgen.optimize.norms
+            lines.append(f"if {names.torch}.is_grad_enabled() or {names.torch}._C._are_functorch_transforms_active():")
+            lines += indent_lines(assign(residual.name, residual.expr, printer, 12))
     grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
     lines.append(" = ".join([*grad_vars, "None"]))
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]

@@ -14,6 +14,7 @@ from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
+from opgen.emit.norm_print import statistics_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
 from opgen.formula.dims import counted
@@ -29,10 +30,16 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     indent = 4 * (2 + (len(plan.derived.variants) > 1))
     for name, expr in variant.lets:
         lines += assign(name, expr, printer, indent)
-    for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
-        lines += assign(residual.name, residual.expr, printer, indent)
     expand = dict(variant.expand)  # Note [shapes as written] in opgen.written
+    plain = tuple((n, e) for n, e in variant.outputs if n not in aliases and n not in expand)
+    statistics, done = statistics_lines(plan.residuals, plain, printer)  # Note [layer norm statistics]
+    lines += statistics
+    for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
+        if residual.name not in done:
+            lines += assign(residual.name, residual.expr, printer, indent)
     for name, expr in variant.outputs:
+        if name in done:
+            continue
         if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
             lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
             continue
@@ -134,6 +141,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
             if inp.type.optional and inp.name not in plan.saved:
                 raise AssertionError("optional inputs are saved when backward depends on them")
     non_differentiable = [o.name for o in spec.outputs if not o.differentiable]
+    non_differentiable += [r.name for r in plan.residuals if not r.differentiable]
     if non_differentiable:
         lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
     if plan.gate_none:

@@ -138,6 +138,7 @@ def _defs(plan: Plan, names: OpNames, jnames: JvpNames, params: list[str]) -> di
     tangents = [typed.param(jnames.params[i.name], typed.tangent_type(i.type, types)) for i in spec.inputs]
     setup = [ctx, typed.param(names.inputs, f"{types.builtin['tuple']}[{types.any}, ...]")]
     still = {o.name for o in spec.outputs if not o.differentiable}  # their tangent is None
+    still |= {r.name for r in plan.residuals if not r.differentiable}  # a saved statistic's too
     tangents_out = ["None" if name in still else types.tensor for name in plan.returned]
     grads_out = [typed.gradient_type(i.type, types) for i in spec.inputs]
     return {

@@ -20,6 +20,7 @@ from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
 from opgen.emit.kernel_print import KernelPrinting
+from opgen.emit.norm_print import NormPrinting
 from opgen.emit.number_print import NumberPrinting, decimal, is_exact_constant, power
 from opgen.emit.tensor_print import TensorPrinting
 from opgen.formula import functions as fn
@@ -65,7 +66,7 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
+class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, TensorPrinting, CodePrinter):
     """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
 
     Settings (`_default_settings`): `no_grad` prints code autograd never records, where

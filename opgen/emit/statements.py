@@ -16,8 +16,10 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
+from opgen.emit.norm_print import norm_backward_formulas
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
+from opgen.optimize.norms import LayerNormGrads
 from opgen.spec.names import Namer
 
 LINE_LENGTH = 120
@@ -43,6 +45,8 @@ class _Temporaries:
 def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shared: bool = False) -> list[str]:
     """`var = expr` as lines of at most LINE_LENGTH at `indent`; `shared`: each part used twice
     is computed once, before."""
+    if isinstance(expr, LayerNormGrads):
+        return _norm_backward(var, expr, printer, indent)
     temporaries = _Temporaries(var, printer)
     width = LINE_LENGTH - indent
     expr = _stable_forms(expr)
@@ -59,6 +63,39 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
             printer = _knowing(printer, symbol, part)
         expr = expr.xreplace(inline)
     return lines + _short(var, expr, printer, temporaries, width)
+
+
+def _norm_backward(var: str, expr: LayerNormGrads, printer: TorchPrinter, indent: int) -> list[str]:
+    """The layer norm backward kernel, or under torch.func transforms the gradients' formulas, each
+    assigned on its own lines (Note [layer norm under torch.func] in opgen.emit.norm_print)."""
+    function, args = printer.norm_backward_call(expr)
+    temporaries = _Temporaries(var, printer)
+    names, formulas = [], []
+    for part, into in norm_backward_formulas(expr):
+        if part is None:
+            names.append("None")
+            continue
+        names.append(next(temporaries).name)
+        formulas += assign(names[-1], part, printer, indent + 4, shared=True)
+        if into is not None:
+            formulas.append(f"{names[-1]} = {names[-1]}.sum_to_size({printer.doprint_expr(into)}.shape)")
+    return [
+        f"if not {printer.torch}._C._are_functorch_transforms_active():",
+        *indent_lines(call_lines(var, function, args, LINE_LENGTH - indent - 4)),
+        "else:",
+        *indent_lines([*formulas, f"{var} = {', '.join(names)}"]),
+    ]
+
+
+def call_lines(var: str, function: str, args: list[str], width: int) -> list[str]:
+    """`var = function(args)` as ruff formats it in `width` columns: on one line, else the arguments
+    on one line of their own, else one argument a line."""
+    joined = ", ".join(args)
+    if len(var) + len(function) + len(joined) + 5 <= width:
+        return [f"{var} = {function}({joined})"]
+    if len(joined) + 4 <= width:
+        return [f"{var} = {function}(", f"    {joined}", ")"]
+    return [f"{var} = {function}(", *(f"    {a}," for a in args), ")"]
 
 
 def _stable_forms(expr: sympy.Basic) -> sympy.Basic:

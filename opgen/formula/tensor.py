@@ -374,6 +374,8 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return table.get(expr, ())
     if not expr.args or expr.is_number:
         return ()
+    if hasattr(expr, "shape_in"):  # a node of a later stage (opgen.optimize.norms) knows its own shape
+        return expr.shape_in(table)
     if isinstance(expr, MatMul):
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))
     if isinstance(expr, Transpose):

@@ -19,6 +19,7 @@ from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
 from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
 from opgen.optimize.lower import lower
+from opgen.optimize.norms import lower_norms
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
 
 
@@ -37,7 +38,8 @@ def optimize_formulas(formulas: Formulas) -> Formulas:
 
     if chosen.rewrite:
         formulas = _through_lets(formulas)
-    return formulas.transformed(optimize)
+    formulas = formulas.transformed(optimize)
+    return lower_norms(formulas) if chosen.lower else formulas
 
 
 _STABLE_NODES = (Softmax, LogSoftmax, ReduceLogSumExp)

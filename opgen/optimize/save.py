@@ -42,6 +42,7 @@ from opgen.derive.gradients import Contribution, Derived, Symbols, Variant
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
+from opgen.optimize import norms
 from opgen.spec.model import POLICIES
 
 
@@ -53,6 +54,8 @@ class Residual:
     expr: Expr  # what forward computes, in terms of the inputs
     symbol: sympy.Symbol  # how the gradients read it
     grad: sympy.Symbol  # its incoming gradient in backward
+    differentiable: bool = True  # False: a statistic autograd does not differentiate (opgen.optimize.norms)
+    recompute: bool = False  # backward recomputes it where it is differentiated (Note [saved rstd] in ...norms)
 
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
@@ -260,4 +263,56 @@ def choose_saved(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual
         if isinstance(chosen, tuple):
             return chosen  # residuals: a one-variant op
         variants.append(chosen)
-    return replace(derived, variants=tuple(variants)), ()
+    return _save_statistics(replace(derived, variants=tuple(variants)), policy)
+
+
+def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]]:
+    """Note [saved statistics]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A reduced statistic (a layer norm's mean and 1/std, `[..., 1]`) costs a pass over its input
+    to recompute, and next to nothing to keep: except under `memory`, and in fused mode (whose
+    backward reads inputs and outputs only), backward reads it as a hidden output that forward
+    computes in the same call as the op's output (Note [layer norm statistics] in opgen.optimize.norms).
+    """
+    if policy == "memory" or derived.spec.optimize.fuse:
+        return derived, ()
+    items = norms.saved_statistics(derived.variants)
+    taken = {i.name for i in derived.spec.inputs} | {let.name for let in derived.spec.lets}
+    taken |= {o.name for o in derived.spec.outputs}
+    residuals = []
+    for item in items:
+        name = _untaken(norms.residual_name(item), taken)
+        symbol, grad = sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True)
+        residuals.append(Residual(name, item, symbol, grad, differentiable=False))
+    swap: dict[Expr, Expr] = {r.expr: r.symbol for r in residuals}
+    rstds = norms.saved_rstds(derived.variants, frozenset(derived.symbols.tensors))
+    for rstd in rstds:  # Note [saved rstd] in opgen.optimize.norms
+        name = _untaken("saved_rstd", taken)
+        symbol, grad = sympy.Symbol(name, positive=True), sympy.Symbol("grad:" + name, real=True)
+        residuals.append(Residual(name, rstd, symbol, grad, differentiable=False, recompute=True))
+
+    def read(expr: Expr) -> Expr:
+        expr = expr.xreplace(swap)
+        for residual in residuals[len(items) :]:
+            expr = norms.read_rstd(expr, residual.expr, residual.symbol)
+        return expr
+
+    variants = tuple(
+        replace(
+            v,
+            outputs=tuple((n, read(e)) for n, e in v.outputs) if rstds else v.outputs,
+            gradients=tuple(
+                replace(g, contributions=tuple(replace(c, factor=read(c.factor)) for c in g.contributions))
+                for g in v.gradients
+            ),
+        )
+        for v in derived.variants
+    )
+    return replace(derived, variants=variants), tuple(residuals)
+
+
+def _untaken(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name

@@ -286,6 +286,8 @@ def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
         for grad in bp.grads:
             for contribution in grad.contributions:
                 used |= contribution.factor.free_symbols
+    # A statistic backward recomputes where it is differentiated (Note [saved rstd] in opgen.optimize.norms).
+    used |= {s for r in residuals if r.recompute and r.symbol in used for s in r.expr.free_symbols}
     symbols = derived.symbols
     varies = _varies(derived, backward)
     # A backward that branches on which `Tensor?` inputs were None saves them (None costs nothing).
@@ -299,7 +301,7 @@ def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
             key=index_of.__getitem__,
         )
     )
-    differentiable = [o for o in spec.outputs if o.differentiable] + list(residuals)
+    differentiable = [o for o in spec.outputs if o.differentiable] + [r for r in residuals if r.differentiable]
     # Gradients through tensor operations take every incoming gradient materialized.
     gate_none = len(differentiable) > 1 and not spec.gradients and not derived.has_tensor_ops
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)

@@ -1,0 +1,139 @@
+"""Printing the layer norm nodes (opgen.optimize.norms) as PyTorch's kernels, and as formulas in docstrings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+from sympy import S
+
+from opgen.formula.tensor import ReduceMean, ReduceVar
+from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats, Rstd, trailing_dims
+from opgen.optimize.save import Residual
+
+
+class NormPrinting:
+    """`torch.layer_norm(...)`, `torch.native_layer_norm(...)`, `aten.native_layer_norm_backward(...)`."""
+
+    if TYPE_CHECKING:  # provided by TorchPrinter
+        torch: str
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+        def _postfix(self, expr: sympy.Basic) -> str: ...
+
+    def _norm_shape(self, shape: sympy.Tuple) -> str:
+        sizes = [self._print(s) for s in shape]
+        return f"({sizes[0]},)" if len(sizes) == 1 else f"({', '.join(sizes)})"
+
+    def _optional(self, value: sympy.Basic, absent: sympy.Basic) -> str:
+        return "None" if value == absent else self._print(value)
+
+    def _print_LayerNorm(self, expr: LayerNorm) -> str:
+        u, w, b, eps, shape = expr.args
+        args = [self._print(u), self._norm_shape(shape), self._optional(w, S.One), self._optional(b, S.Zero)]
+        return f"{self.torch}.layer_norm({', '.join(args)}, {self._print(eps)})"
+
+    def _print_LayerNormStats(self, expr: LayerNormStats) -> str:
+        u, eps, shape = expr.args
+        return self.native_layer_norm(LayerNorm(u, S.One, S.Zero, eps, shape))
+
+    def native_layer_norm(self, expr: LayerNorm) -> str:
+        """`torch.native_layer_norm(...)` of the node: its value, mean and 1/std."""
+        u, w, b, eps, shape = expr.args
+        args = [self._print(u), self._norm_shape(shape), self._optional(w, S.One), self._optional(b, S.Zero)]
+        return f"{self.torch}.native_layer_norm({', '.join(args)}, {self._print(eps)})"
+
+    def norm_backward_call(self, expr: LayerNormGrads) -> tuple[str, list[str]]:
+        """`aten.native_layer_norm_backward` and its arguments, printed."""
+        g, u, mean, rstd, w, b, shape, _ = expr.args
+        args = [self._print(a) for a in (g, u)] + [self._norm_shape(shape), self._print(mean), self._print(rstd)]
+        args += [self._optional(w, S.One), self._optional(b, S.Zero), f"[True, {w != 1}, {b != 0}]"]
+        return f"{self.torch}.ops.aten.native_layer_norm_backward", args
+
+    def _print_LayerNormGrads(self, expr: LayerNormGrads) -> str:
+        """The kernel, or under torch.func transforms the formulas (Note [layer norm under torch.func]);
+        `opgen.emit.statements.assign` writes the two as an `if` statement instead."""
+        function, args = self.norm_backward_call(expr)
+        parts = [self._norm_part(part, into) for part, into in norm_backward_formulas(expr)]
+        kernel = f"{function}({', '.join(args)})"
+        return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else ({', '.join(parts)}))"
+
+    def _print_Rstd(self, expr: Rstd) -> str:
+        return f"{self.torch}.rsqrt({self._print(expr.args[0])})"
+
+    def _norm_part(self, part: sympy.Expr | None, into: sympy.Expr | None) -> str:
+        if part is None:
+            return "None"
+        return self._print(part) if into is None else f"{self._postfix(part)}.sum_to_size({self._print(into)}.shape)"
+
+    def _print_Item(self, expr: Item) -> str:
+        return f"{self._postfix(expr.args[0])}[{int(expr.args[1])}]"
+
+
+def norm_backward_formulas(expr: LayerNormGrads) -> list[tuple[sympy.Expr | None, sympy.Expr | None]]:
+    """Note [layer norm under torch.func]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    PyTorch's forward-mode derivative of `native_layer_norm_backward` misses how the weight's
+    gradient depends on the input (`torch.func.hessian` of `F.layer_norm` disagrees with reverse
+    over reverse in that block, torch 2.13): under torch.func transforms backward takes the
+    gradients' formulas, from the input alone, instead of the kernel and the saved statistics.
+    Each is (formula, the input whose shape it is summed to, or None), or (None, None) for an absent one.
+    """
+    g, u, _, _, w, b, shape, eps = expr.args
+    dims = trailing_dims(shape)
+    xhat = LayerNorm(u, S.One, S.Zero, eps, shape)
+    rstd = (ReduceVar(u, dims, S.One, S.Zero) + eps) ** -S.Half
+    gxhat = g * w
+    centered = gxhat - ReduceMean(gxhat, dims, S.One) - xhat * ReduceMean(gxhat * xhat, dims, S.One)
+    grad_u = sympy.Mul(rstd, centered, evaluate=False)
+    grad_w = (None, None) if w == 1 else (g * xhat, w)
+    grad_b = (None, None) if b == 0 else (g, b)
+    return [(grad_u, None), grad_w, grad_b]
+
+
+def statistics_lines(
+    residuals: tuple[Residual, ...], outputs: tuple[tuple[str, sympy.Basic], ...], printer: NormPrinting
+) -> tuple[list[str], set[str]]:
+    """The statements computing the saved statistics (Note [layer norm statistics]): each with the output that
+    is the same layer norm, when there is one, in one call; and the residuals and outputs they assign."""
+    lines, done = [], set()
+    by_stats: dict[sympy.Basic, dict[int, str]] = {}
+    for residual in residuals:
+        if isinstance(residual.expr, Item) and residual.expr.detached:
+            by_stats.setdefault(residual.expr.args[0], {})[int(residual.expr.args[1])] = residual.name
+    for stats, names in by_stats.items():
+        u, eps, shape = stats.args
+        found = [
+            (name, e)
+            for name, e in outputs
+            if isinstance(e, LayerNorm) and (e.args[0], e.args[3], e.args[4]) == (u, eps, shape) and name not in done
+        ]
+        name, node = found[0] if found else ("_", LayerNorm(u, S.One, S.Zero, eps, shape))
+        targets = [name, names.get(1, "_"), names.get(2, "_")]
+        lines.append(f"{', '.join(targets)} = {printer.native_layer_norm(node)}")
+        done |= {t for t in targets if t != "_"}
+    return lines, done
+
+
+class NormDisplay:
+    """The nodes as the formulas they compute."""
+
+    if TYPE_CHECKING:
+
+        def _print(self, expr: Any, **kwargs: Any) -> str: ...
+
+    def _print_LayerNorm(self, expr: LayerNorm) -> str:
+        return self._print(expr.elementary())
+
+    def _print_Rstd(self, expr: Rstd) -> str:
+        return f"1/sqrt({self._print(expr.args[0])})"
+
+    def _print_LayerNormStats(self, expr: LayerNormStats) -> str:
+        return f"layer_norm_stats({self._print(expr.args[0])})"
+
+    def _print_LayerNormGrads(self, expr: LayerNormGrads) -> str:
+        return f"layer_norm_backward({self._print(expr.args[0])}, {self._print(expr.args[1])})"
+
+    def _print_Item(self, expr: Item) -> str:
+        return f"{self._print(expr.args[0])}[{int(expr.args[1])}]"
