@@ -100,3 +100,37 @@ def test_gradcheck_and_gradgradcheck(generated, rows, with_bias):
     inputs = (x, w, b) if with_bias else (x, w)
     assert torch.autograd.gradcheck(generated.linear, inputs)
     assert torch.autograd.gradgradcheck(generated.linear, inputs)
+
+
+def test_a_batch_of_vectors_at_a_weight_in_every_mode(tmp_path):
+    """`input: Tensor[..., K]` (nn.Linear's `[*, in_features]`, also a single vector) at `weight.T`:
+    forward mode kept the tangent of a vector as a matrix `[1, K]`, one dimension too many."""
+    from spec_ops import build_ops
+
+    ops = build_ops(
+        tmp_path,
+        "dense_ops",
+        {
+            "dense": """\
+                name: dense
+                inputs:
+                  input: Tensor[..., K]
+                  weight: Tensor[M, K]
+                  bias: Tensor[M]
+                outputs:
+                  y: input @ weight.T + bias
+            """
+        },
+    )
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(4, 3, generator=generator, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    for shape in ((3,), (2, 3), (5, 2, 3)):
+        x = torch.randn(shape, generator=generator, dtype=torch.float64)
+        args, tangents = (x, weight, bias), tuple(torch.randn_like(a) for a in (x, weight, bias))
+        _, ours = torch.func.jvp(ops.dense, args, tangents)
+        _, theirs = torch.func.jvp(F.linear, args, tangents)
+        torch.testing.assert_close(ours, theirs)
+        torch.testing.assert_close(
+            torch.func.jacrev(ops.dense)(x, weight, bias), torch.func.jacrev(F.linear)(x, weight, bias)
+        )
+        assert torch.autograd.gradgradcheck(ops.dense, tuple(a.requires_grad_() for a in args))

@@ -177,7 +177,9 @@ class _Jvp:
             # Note [broadcast tangents]: a tangent constant along the contracted dimension meets the other
             # operand summed over it, as a gradient does in backward (Note [narrow gradients]).
             a, b = node.args
-            (ta, narrow_a), (tb, narrow_b) = self.operand(a, 2), self.operand(b, 2)
+            # A tangent keeps its operand's rank (at most 2): a vector `[..., K]` stays one, as `@` takes it.
+            rank_a, rank_b = (min(2, len(split(shape_of(o, self.table) or ())[1])) for o in (a, b))
+            (ta, narrow_a), (tb, narrow_b) = self.operand(a, rank_a), self.operand(b, rank_b)
             left = MatMul(ta, ReduceSum(b, sympy.Integer(-2), S.One) if -1 in narrow_a else b) if ta != 0 else S.Zero
             right = MatMul(ReduceSum(a, S.NegativeOne, S.One) if -2 in narrow_b else a, tb) if tb != 0 else S.Zero
             return left + right
