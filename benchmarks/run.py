@@ -106,14 +106,17 @@ def elementwise_specs(folder: Path) -> list[Spec]:
     return load_specs(folder, lambda s: bool(s.tensor_inputs) and all(i.type.dims is None for i in s.tensor_inputs))
 
 
-def _naive(spec: Spec, package: str) -> Callable[..., object]:
+def _naive(spec: Spec, package: str, compiled: bool = False) -> Callable[..., object]:
+    """The spec's formula in plain torch; `compiled`: through `torch.compile` (its own code object
+    per op, so Dynamo's recompile limit per function is never shared between ops)."""
     tests = importlib.import_module(f"{package}.tests.test_{spec.name}")
     # The reference's `T(...)` makes numbers tensors of the harness's dtype: the benchmark's.
     importlib.import_module(f"{package}.tests.harness").DTYPE = torch.float32
     names = [o.name for o in spec.outputs]
+    reference = torch.compile(tests.reference, dynamic=False) if compiled else tests.reference
 
     def naive(*args: object) -> object:
-        values = tests.reference(*args)
+        values = reference(*args)
         outs = tuple(values[n] for n in names)
         return outs[0] if len(outs) == 1 else outs
 
@@ -175,7 +178,7 @@ def make_case(
     if fused is not None:
         calls["fused"] = fused
     if compiled:
-        calls["compiled"] = torch.compile(calls["naive"], dynamic=False)
+        calls["compiled"] = _naive(spec, package, compiled=True)
     return Case(spec, calls, args, tensors)
 
 
