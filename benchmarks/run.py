@@ -1,6 +1,7 @@
 """Forward+backward time and bytes saved for backward of every elementwise op in `specs/` (or `--specs DIR`).
 
-    .venv/bin/python -m benchmarks.run [--size 1000000] [--repeats 15] [--ops silu mish ...] [--specs DIR]
+    .venv/bin/python -m benchmarks.run [--size 1000000 | --sizes 4096 1000000 8000000] [--compile]
+        [--repeats 15] [--ops silu mish ...] [--specs DIR]
 
 Each op is run four ways, interleaved in one process, on one thread, in float32:
 
@@ -12,7 +13,11 @@ Each op is run four ways, interleaved in one process, on one thread, in float32:
 - `native`: PyTorch's own op, where one exists (`NATIVE` below);
 - `fused`: the same specs generated with `--fuse` (forward and backward math compiled by
   `torch.compile`) into `benchmarks/results/fused_ops`; `--no-fused` skips it (compiling
-  takes a few seconds per op).
+  takes a few seconds per op);
+- `compiled`, with `--compile`: `torch.compile` (default inductor backend) of the naive formula,
+  what a user would pick instead of opgen.
+
+`--sizes` runs the whole table once per size (a size sweep); `--size` is one size.
 
 Time is the median over `--repeats` runs of `forward + torch.autograd.grad`, after warm-up
 runs. Bytes saved for backward are counted with `torch.autograd.graph.saved_tensors_hooks`,
@@ -70,9 +75,10 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
     "hardsigmoid": F.hardsigmoid,
     "mul_constant": torch.mul,
     "scaled_weight": torch.mul,
+    "swiglu": lambda gate, up: F.silu(gate) * up,
 }
 
-VARIANTS = ("generated", "naive", "native", "fused")
+VARIANTS = ("generated", "naive", "native", "fused", "compiled")
 
 
 @dataclass
@@ -103,14 +109,17 @@ def elementwise_specs(folder: Path) -> list[Spec]:
     return load_specs(folder, lambda s: bool(s.tensor_inputs) and all(i.type.dims is None for i in s.tensor_inputs))
 
 
-def _naive(spec: Spec, package: str) -> Callable[..., object]:
+def _naive(spec: Spec, package: str, compiled: bool = False) -> Callable[..., object]:
+    """The spec's formula in plain torch; `compiled`: through `torch.compile` (its own code object
+    per op, so Dynamo's recompile limit per function is never shared between ops)."""
     tests = importlib.import_module(f"{package}.tests.test_{spec.name}")
     # The reference's `T(...)` makes numbers tensors of the harness's dtype: the benchmark's.
     importlib.import_module(f"{package}.tests.harness").DTYPE = torch.float32
     names = [o.name for o in spec.outputs]
+    reference = torch.compile(tests.reference, dynamic=False) if compiled else tests.reference
 
     def naive(*args: object) -> object:
-        values = tests.reference(*args)
+        values = reference(*args)
         outs = tuple(values[n] for n in names)
         return outs[0] if len(outs) == 1 else outs
 
@@ -147,7 +156,9 @@ def generated_package(specs_folder: str) -> str:
     return generate_package(specs_folder, "benchmarked_ops")
 
 
-def make_case(spec: Spec, size: int, seed: int, fused_package: str | None, package: str = "generated") -> Case:
+def make_case(
+    spec: Spec, size: int, seed: int, fused_package: str | None, package: str = "generated", compiled: bool = False
+) -> Case:
     generator = torch.Generator().manual_seed(seed)
     args: list[object] = []
     tensors = []
@@ -169,6 +180,8 @@ def make_case(spec: Spec, size: int, seed: int, fused_package: str | None, packa
     fused = _fused(spec, fused_package)
     if fused is not None:
         calls["fused"] = fused
+    if compiled:
+        calls["compiled"] = _naive(spec, package, compiled=True)
     return Case(spec, calls, args, tensors)
 
 
@@ -247,6 +260,8 @@ ROW_HEADERS = (
     "gen/naive time",
     "gen/native time",
     "fused/native time",
+    "gen/compiled time",
+    "fused/compiled time",
     "gen/naive bytes",
     "gen/native bytes",
 )
@@ -255,7 +270,7 @@ ROW_HEADERS = (
 def rows(cases: list[Case]) -> list[dict[str, float | None | str]]:
     table = []
     for case in cases:
-        gen, naive, native, fused = (median_ms(case, v) for v in VARIANTS)
+        gen, naive, native, fused, compiled = (median_ms(case, v) for v in VARIANTS)
         saved = case.saved
         table.append(
             {
@@ -264,6 +279,8 @@ def rows(cases: list[Case]) -> list[dict[str, float | None | str]]:
                 "gen/naive time": ratio(gen, naive),
                 "gen/native time": ratio(gen, native),
                 "fused/native time": ratio(fused, native),
+                "gen/compiled time": ratio(gen, compiled),
+                "fused/compiled time": ratio(fused, compiled),
                 "gen/naive bytes": ratio(saved.get("generated"), saved.get("naive")),
                 "gen/native bytes": ratio(saved.get("generated"), saved.get("native")),
             }
@@ -288,18 +305,19 @@ def markdown(table: list[dict[str, float | None | str]]) -> str:
     return "\n".join(lines)
 
 
-def write_csv(path: Path, cases: list[Case]) -> None:
+def write_csv(path: Path, cases: list[tuple[int, Case]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["op", "variant", "median_ms", "min_ms", "repeats", "saved_bytes"])
-        for case in cases:
+        writer.writerow(["size", "op", "variant", "median_ms", "min_ms", "repeats", "saved_bytes"])
+        for size, case in cases:
             for variant in VARIANTS:
                 times = case.times.get(variant)
                 if not times:
                     continue
                 writer.writerow(
                     [
+                        size,
                         case.spec.name,
                         variant,
                         f"{statistics.median(times) * 1e3:.4f}",
@@ -324,27 +342,34 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=1_000_000, help="elements per tensor input (default 1M)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--size", type=int, default=1_000_000, help="elements per tensor input (default 1M)")
+    sizes.add_argument("--sizes", type=int, nargs="+", help="a size sweep: the table once per size")
     parser.add_argument("--repeats", type=int, default=21, help="timed runs per op and variant (median taken)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ops", nargs="*", help="only these ops (default: every elementwise spec)")
     parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
     parser.add_argument("--csv", default=str(RESULTS / "latest.csv"), help="where the raw numbers go")
     parser.add_argument("--no-fused", action="store_true", help="skip the fused (torch.compile) variant")
+    parser.add_argument("--compile", action="store_true", help="add torch.compile of the naive formula")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     specs = [s for s in elementwise_specs(Path(args.specs)) if not args.ops or s.name in args.ops]
     package = generated_package(args.specs)
     fused_package = None if args.no_fused else generate_package(args.specs, "fused_ops", "--fuse")
-    cases = [make_case(spec, args.size, k, fused_package, package) for k, spec in enumerate(specs)]
-    measure(cases, args.repeats, args.warmup)
-    table = rows(cases)
-    print(f"{args.size:,} float32 elements, forward + backward, median of {args.repeats}; {machine()}")
-    print("Times share the machine's cores with whatever else runs: ratios are noisy, rerun to compare.")
-    print()
-    print(markdown([*table, summary(table, TARGETS)]))
-    write_csv(Path(args.csv), cases)
-    print(f"\nraw numbers: {args.csv}")
+    all_cases = []
+    for size in args.sizes or [args.size]:
+        cases = [make_case(spec, size, k, fused_package, package, args.compile) for k, spec in enumerate(specs)]
+        measure(cases, args.repeats, args.warmup)
+        table = rows(cases)
+        print(f"{size:,} float32 elements, forward + backward, median of {args.repeats}; {machine()}")
+        print("Times share the machine's cores with whatever else runs: ratios are noisy, rerun to compare.")
+        print()
+        print(markdown([*table, summary(table, TARGETS)]))
+        print()
+        all_cases += [(size, case) for case in cases]
+    write_csv(Path(args.csv), all_cases)
+    print(f"raw numbers: {args.csv}")
     return 0
 
 

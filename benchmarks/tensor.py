@@ -45,6 +45,9 @@ NATIVE: dict[str, Callable[..., torch.Tensor]] = {
     "rms_norm": lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps),
     "layer_norm": lambda x, weight, bias, eps: F.layer_norm(x, (x.shape[-1],), weight, bias, eps),
     "glu": lambda x: F.glu(x, dim=-1),
+    "cross_entropy": lambda input, target: F.cross_entropy(input, target),  # probability targets, batch mean
+    "label_smoothing_ce": lambda input, target, smoothing: F.cross_entropy(input, target, label_smoothing=smoothing),
+    "kl_div": lambda input, target: F.kl_div(input, target, reduction="batchmean"),
 }
 
 

@@ -40,3 +40,24 @@ def test_elementwise_benchmark_runs(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "| silu |" in out and "| softplus |" in out
     assert (tmp_path / "out.csv").read_text().count("silu") >= 3  # generated, naive, native rows
+
+
+def test_the_size_sweep_prints_a_table_per_size_with_the_compiled_column(capsys, tmp_path):
+    import_package(ROOT, "generated")
+    argv = ["--sizes", "8", "20000", "--compile", "--repeats", "1", "--warmup", "1", "--no-fused", "--ops", "silu"]
+    assert run.main([*argv, "--csv", str(tmp_path / "out.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "8 float32 elements" in out and "20,000 float32 elements" in out
+    assert out.count("| silu |") == 2 and "gen/compiled time" in out
+    header = [c.strip() for c in next(line for line in out.splitlines() if line.startswith("| op |")).split("|")]
+    for line in (line for line in out.splitlines() if line.startswith("| silu |")):
+        cells = [c.strip() for c in line.split("|")]
+        assert float(cells[header.index("gen/compiled time")]) > 0, "the compiled column has a ratio"
+    lines = (tmp_path / "out.csv").read_text().splitlines()
+    assert {line.split(",")[0] for line in lines[1:]} == {"8", "20000"}
+    assert any(",compiled," in line for line in lines)
+
+
+def test_the_tensor_losses_with_a_pytorch_op_are_benchmarked():
+    assert {"cross_entropy", "label_smoothing_ce", "kl_div"} <= set(tensor.NATIVE)
+    assert "swiglu" in run.NATIVE

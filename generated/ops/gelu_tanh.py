@@ -12,6 +12,8 @@ class GeluTanhFunction(torch.autograd.Function):
     """The autograd Function of `gelu_tanh`; see `gelu_tanh` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -78,5 +80,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
             "gelu_tanh(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < GeluTanhFunction.native_below:
+        return torch.nn.functional.gelu(x, approximate="tanh")
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
     return function.apply(x)

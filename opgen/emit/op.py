@@ -29,6 +29,7 @@ from opgen.emit.names import (
 )
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
+from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
@@ -110,6 +111,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         ],
         divisible=_divisible(plan),
         helpers=helpers,
+        small_call=small_call(plan, printer),
         **_capture_context(plan, names, jnames),
         **defs,
         uses_math=quote.uses_math(code, names.math),

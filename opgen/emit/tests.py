@@ -24,6 +24,7 @@ from opgen.emit.forward import size_sources
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
 from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error, with_cut_sizes
+from opgen.emit.small_call import native_op
 from opgen.formula.python_source import fitted
 from opgen.formula.reference import reference_tree
 from opgen.formula.slicing import divisors
@@ -145,7 +146,8 @@ def _finite(value: Scalar) -> bool:
 TEST_MODULE_NAMES = frozenset(
     """pytest DTYPE SHAPES BROADCAST_SHAPES BATCHED_SHAPES SAVED RESIDUALS VALUES OTHER_VALUES POINTS EXTREMES
     PLACES OP sample_inputs point_inputs native reference shapes seed values generator count args k name module
-    params forward_args full len next iter enumerate dict getattr list repr Any bool float int str tuple""".split()
+    params forward_args full len next iter enumerate dict getattr list repr Any bool float int str tuple
+    isinstance monkeypatch through_the_function""".split()
 )
 
 
@@ -322,6 +324,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
         custom_op=f"{spec.namespace}.{spec.name}" if spec.custom_op else None,
+        small_call=native_op(plan) is not None,
         **numbers,
     )
 
