@@ -41,7 +41,7 @@ class HardsigmoidFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
                 grad_x_t0 = x + 3
-                grad_x_t2 = (-torch.nn.functional.threshold(-grad_x_t0, -6, -6))
+                grad_x_t2 = -torch.nn.functional.threshold(-grad_x_t0, -6, -6)
                 grad_x_t1 = torch.where(grad_x_t2 > 0, (grad_x_t0 < 6).to(grad_x_t0.dtype), 0)
                 grad_x = grad_y * grad_x_t1 / 6
             else:
@@ -53,7 +53,7 @@ class HardsigmoidFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
             tangent_y_t0 = x + 3
-            tangent_y_t2 = (-torch.nn.functional.threshold(-tangent_y_t0, -6, -6))
+            tangent_y_t2 = -torch.nn.functional.threshold(-tangent_y_t0, -6, -6)
             tangent_y_t1 = torch.where(tangent_y_t2 > 0, (tangent_y_t0 < 6).to(tangent_y_t0.dtype), 0)
             tangent_y = tangent_x * tangent_y_t1 / 6
         else:

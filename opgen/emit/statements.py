@@ -119,9 +119,21 @@ def _is_condition(expr: sympy.Basic) -> bool:
     return isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr)
 
 
+def _unwrapped(text: str) -> str:
+    """`text` without parentheses around all of it (`(-F.threshold(...))`): a right-hand side needs none."""
+    if not text.startswith("(") or not text.endswith(")"):
+        return text
+    depth = 0
+    for k, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return text[1:-1] if k == len(text) - 1 else text
+    return text
+
+
 def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Temporaries, width: int) -> list[str]:
     lines: list[str] = []
-    text = printer.doprint_expr(expr)
+    text = _unwrapped(printer.doprint_expr(expr))
     while len(var) + 3 + len(text) > width:
         part = _largest_part(expr, printer)
         if part is None:
@@ -130,7 +142,7 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
         lines += _short(symbol.name, part, printer, temporaries, width)
         printer = _knowing(printer, symbol, part)
         expr = expr.xreplace({part: symbol})
-        text = printer.doprint_expr(expr)
+        text = _unwrapped(printer.doprint_expr(expr))
     if len(var) + 3 + len(text) > width and len(text) <= width - 4:
         return [*lines, f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
     return [*lines, f"{var} = {text}"]
