@@ -31,6 +31,7 @@ from opgen import limits
 from opgen.cache import Cache, Entry
 from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.parallel import run_all
 from opgen.spec import quote
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
@@ -212,6 +213,28 @@ def _parsed(
             yield spec, Loc(display, 1, 1), seconds
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A spec the cache did not have: where its entry goes, and where its problems go among the run's."""
+
+    index: int  # in the run's entries, in spec order
+    spec: Spec
+    where: Loc
+    seconds: float
+    key: str
+    at: int  # len(problems.errors) when the spec was parsed: a serial run reports its problems there
+
+
+def _generate_job(job: _Job, renderer: Renderer) -> tuple[Entry | None, list[tuple[Loc, str]]]:
+    """`generate` one spec under its budget, in a worker or here (`opgen.parallel`); its problems as
+    (location, message) pairs, which pickle where a `SpecError` does not."""
+    problems = Problems()
+    entry = None
+    with problems.collect(), limits.budget(job.where, job.seconds):
+        entry = generate(job.spec, renderer, problems)
+    return entry, [(error.loc, error.message) for error in problems.errors]
+
+
 def build(
     args: list[str],
     renderer: Renderer,
@@ -220,6 +243,7 @@ def build(
     cache: Cache | None = None,
     form: str | None = None,
     namespace: str = "",
+    jobs: int | None = None,
 ) -> Result:
     """Generate every spec.
 
@@ -227,20 +251,30 @@ def build(
     `form` is the form of specs without `form:` (default `function`), `namespace` the
     torch.library namespace of `custom_op`-form ops (the package name, or `--namespace`).
     With a `cache`, a spec generated before with the same opgen is not generated again.
+    The specs the cache lacks are generated in up to `jobs` worker processes (default: one per
+    core, `opgen.parallel`); the result is the same, in the same order, as a serial run's.
     """
     result = Result()
-    shape_checked = False  # some op uses the package's `_shape_checks.py`
     custom_ops = False  # some op uses the package's `_custom_ops.py`
+    entries: list[Entry | None] = []
+    todo: list[_Job] = []
     for spec, where, seconds in _parsed(args, result, policy, fuse, form, namespace):
         custom_ops |= spec.custom_op
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
-            import_stages()
-            with result.problems.collect(), limits.budget(where, seconds):
-                entry = generate(spec, renderer, result.problems)
+            todo.append(_Job(len(entries), spec, where, seconds, key, len(result.problems.errors)))
+        entries.append(entry)
+    if todo:
+        import_stages()  # before the workers fork: they start with the stages imported
+        done = run_all(lambda i: _generate_job(todo[i], renderer), len(todo), jobs)
+        for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
+            result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
+            entries[job.index] = entry
             if entry is not None and cache is not None:
-                cache.put(key, entry)
+                cache.put(job.key, entry)
+    shape_checked = False  # some op uses the package's `_shape_checks.py`
+    for entry in entries:
         if entry is not None:
             result.files.update(entry.files)
             result.warnings.extend(entry.warnings)

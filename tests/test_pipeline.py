@@ -27,6 +27,7 @@ from opgen.spec.parse import parse_spec
 STAGES: dict[str, int | None] = {
     "errors": None,
     "limits": None,
+    "parallel": None,  # spreads work over forked processes; knows nothing of specs
     "runtime": None,  # copied into the generated package, imported by no stage
     "spec": 1,
     "formula": 2,

@@ -1,0 +1,82 @@
+"""Work spread over the machine's cores: `run_all(task, count, jobs)` is `[task(i) for i in range(count)]`.
+
+A helper of the pipeline that knows nothing of specs. Where the platform forks, the calls run
+in `jobs` forked processes (Note [forked workers]); elsewhere, with one job, or with too little
+work to share, they run here, one after the other. Either way the results come back as a list
+in the order of `i`, so a caller that merges them in that order gets what a serial run gives.
+
+Note [forked workers]
+~~~~~~~~~~~~~~~~~~~~~
+Generating a spec is pure CPU work in SymPy, and the specs are independent of each other
+(the generation cache already relies on it: a spec's files are the same whether it is
+generated alone or among others). So `opgen generate` shares the specs among one process per
+core. The workers are *forked* after the caller has imported the stages: they start with
+SymPy imported and `task` in memory, so nothing but the index goes to a worker and nothing
+but the (picklable) result comes back. Writing stays with the caller, which gets every result
+before it writes anything. A worker that dies (killed, out of memory) breaks the pool: the
+calls whose results did not come back are then run here, one after the other, so the run ends
+as a serial run would, with the same output and the same located messages. A `spawn` start
+method would import opgen and SymPy again in every worker, which costs more than it saves;
+without `fork` (Windows) the calls run here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+JOBS_VARIABLE = "OPGEN_JOBS"  # the number of worker processes; 1 runs every spec in the calling process
+
+T = TypeVar("T")
+
+_task: Callable[[int], Any] | None = None  # what a forked worker runs (set before the fork)
+
+
+def default_jobs() -> int:
+    """`$OPGEN_JOBS` if it is a positive whole number, else the cores this process may use."""
+    text = os.environ.get(JOBS_VARIABLE, "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _call(index: int) -> Any:
+    assert _task is not None, "the task is set before the workers are forked"
+    return _task(index)
+
+
+def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> list[T]:
+    """`[task(i) for i in range(count)]`, shared among up to `jobs` forked workers (Note [forked workers]).
+
+    An exception `task` raises in a worker is raised here, as a serial run would raise it."""
+    jobs = min(default_jobs() if jobs is None else jobs, count)
+    if jobs < 2 or not can_fork():
+        return [task(i) for i in range(count)]
+    global _task
+    _task = task
+    results: dict[int, T] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures: list[Future[T]] = [pool.submit(_call, i) for i in range(count)]
+            try:
+                for index, future in enumerate(futures):
+                    with contextlib.suppress(BrokenProcessPool):  # a worker died: run it here, below
+                        results[index] = future.result()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        _task = None
+    return [results[i] if i in results else task(i) for i in range(count)]
