@@ -23,12 +23,12 @@ without `fork` (Windows) the calls run here.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 JOBS_VARIABLE = "OPGEN_JOBS"  # the number of worker processes; 1 runs every spec in the calling process
 
@@ -49,6 +49,8 @@ def default_jobs() -> int:
 
 
 def can_fork() -> bool:
+    import multiprocessing  # here, not at the top: a run served from the cache never needs it
+
     return "fork" in multiprocessing.get_all_start_methods()
 
 
@@ -64,6 +66,10 @@ def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> li
     jobs = min(default_jobs() if jobs is None else jobs, count)
     if jobs < 2 or not can_fork():
         return [task(i) for i in range(count)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     global _task
     _task = task
     results: dict[int, T] = {}
