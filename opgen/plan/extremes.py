@@ -235,7 +235,7 @@ class Oracle:
         return self.compile(self.differentiable_sum)
 
     def compile(self, expr: sympy.Expr) -> Callable[..., Any]:
-        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer())
+        return sympy.lambdify(self.order, expr, modules=[_MPMATH, "mpmath"], printer=_printer(), docstring_limit=0)
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
