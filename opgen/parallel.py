@@ -15,7 +15,9 @@ SymPy imported and `task` in memory, so nothing but the index goes to a worker a
 but the (picklable) result comes back. Writing stays with the caller, which gets every result
 before it writes anything. A worker that dies (killed, out of memory) breaks the pool: the
 calls whose results did not come back are then run here, one after the other, so the run ends
-as a serial run would, with the same output and the same located messages. A `spawn` start
+as a serial run would, with the same output and the same located messages. A process running
+other threads never forks (one of them may hold a lock the child would wait on for ever), nor
+one where the pool cannot be made (no working semaphores): the calls run here. A `spawn` start
 method would import opgen and SymPy again in every worker, which costs more than it saves;
 without `fork` (Windows) the calls run here.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,7 +37,7 @@ JOBS_VARIABLE = "OPGEN_JOBS"  # the number of worker processes; 1 runs every spe
 
 T = TypeVar("T")
 
-_task: Callable[[int], Any] | None = None  # what a forked worker runs (set before the fork)
+_task: Callable[[int], Any] | None = None  # what this process runs, in a forked worker (`_start`)
 
 
 def default_jobs() -> int:
@@ -54,8 +57,14 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
+def _start(task: Callable[[int], Any]) -> None:
+    """Run in each worker as it starts: with `fork` the task is inherited, never pickled."""
+    global _task
+    _task = task
+
+
 def _call(index: int) -> Any:
-    assert _task is not None, "the task is set before the workers are forked"
+    assert _task is not None, "every worker is started with the task"
     return _task(index)
 
 
@@ -64,25 +73,25 @@ def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> li
 
     An exception `task` raises in a worker is raised here, as a serial run would raise it."""
     jobs = min(default_jobs() if jobs is None else jobs, count)
-    if jobs < 2 or not can_fork():
+    if jobs < 2 or not can_fork() or threading.active_count() > 1:  # Note [forked workers]: no other thread
         return [task(i) for i in range(count)]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    global _task
-    _task = task
     results: dict[int, T] = {}
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures: list[Future[T]] = [pool.submit(_call, i) for i in range(count)]
-            try:
-                for index, future in enumerate(futures):
-                    with contextlib.suppress(BrokenProcessPool):  # a worker died: run it here, below
-                        results[index] = future.result()
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-    finally:
-        _task = None
+        context = multiprocessing.get_context("fork")
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start, initargs=(task,))
+    except (OSError, ImportError, NotImplementedError):  # no working semaphores (some containers): serially
+        return [task(i) for i in range(count)]
+    with pool:
+        futures: list[Future[T]] = [pool.submit(_call, i) for i in range(count)]
+        try:
+            for index, future in enumerate(futures):
+                with contextlib.suppress(BrokenProcessPool):  # a worker died: run it here, below
+                    results[index] = future.result()
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return [results[i] if i in results else task(i) for i in range(count)]

@@ -132,3 +132,27 @@ def test_one_job_or_one_spec_never_forks(tmp_path, monkeypatch):
     assert run_all(lambda i: os.getpid(), 1, jobs=4) == [parent]
     monkeypatch.setenv("OPGEN_JOBS", "1")
     assert run_all(lambda i: os.getpid(), 5) == [parent] * 5
+
+
+@needs_fork
+def test_without_working_semaphores_the_work_runs_in_the_caller(monkeypatch):
+    import concurrent.futures
+
+    def no_pool(*args, **kwargs):
+        raise OSError(38, "Function not implemented")  # sem_open in a container without /dev/shm
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    parent = os.getpid()
+    assert run_all(lambda i: (i, os.getpid()), 4, jobs=2) == [(i, parent) for i in range(4)]
+
+
+def test_a_process_running_other_threads_never_forks(monkeypatch):
+    """A lock another thread holds at the fork would be held for ever in the child."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked"))
+    with ThreadPoolExecutor(2) as threads:
+        squares = threads.submit(run_all, lambda i: (i * i, os.getpid()), 16, 2)
+        negatives = threads.submit(run_all, lambda i: -i, 16, 2)
+        assert squares.result() == [(i * i, os.getpid()) for i in range(16)]
+        assert negatives.result() == [-i for i in range(16)]
