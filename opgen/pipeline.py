@@ -34,7 +34,7 @@ from opgen import limits
 from opgen.cache import Cache, Entry
 from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.parallel import run_all
+from opgen.parallel import default_jobs, run_all
 from opgen.spec import quote
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
@@ -217,6 +217,11 @@ def _parsed(
             yield spec, Loc(display, 1, 1), seconds
 
 
+# A worker first compiles the templates and fills SymPy's caches, which costs about what
+# generating a few specs does: fewer specs than this per worker are generated here, serially.
+SPECS_PER_WORKER = 4
+
+
 @dataclass(frozen=True)
 class _Job:
     """A spec the cache did not have: where its entry goes, and where its problems go among the run's."""
@@ -256,7 +261,8 @@ def build(
     torch.library namespace of `custom_op`-form ops (the package name, or `--namespace`).
     With a `cache`, a spec generated before with the same opgen is not generated again.
     The specs the cache lacks are generated in up to `jobs` worker processes (default: one per
-    core, `opgen.parallel`); the result is the same, in the same order, as a serial run's.
+    core, `$OPGEN_JOBS`, with `SPECS_PER_WORKER` specs at least for each; `opgen.parallel`); the
+    result is the same, in the same order, as a serial run's.
     """
     result = Result()
     custom_ops = False  # some op uses the package's `_custom_ops.py`
@@ -271,7 +277,8 @@ def build(
         entries.append(entry)
     if todo:
         import_stages()  # before the workers fork: they start with the stages imported
-        done = run_all(lambda i: _generate_job(todo[i], renderer), len(todo), jobs)
+        workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
+        done = run_all(lambda i: _generate_job(todo[i], renderer), len(todo), max(workers, 1))
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
             entries[job.index] = entry

@@ -156,3 +156,24 @@ def test_a_process_running_other_threads_never_forks(monkeypatch):
         negatives = threads.submit(run_all, lambda i: -i, 16, 2)
         assert squares.result() == [(i * i, os.getpid()) for i in range(16)]
         assert negatives.result() == [-i for i in range(16)]
+
+
+@needs_fork
+@pytest.mark.parametrize(("specs", "forks"), [(3, False), (2 * pipeline.SPECS_PER_WORKER, True)])
+def test_a_few_specs_are_generated_in_one_process_many_in_workers(tmp_path, monkeypatch, specs, forks):
+    """A worker's start (templates, SymPy's caches) costs what a few specs do."""
+    import opgen.parallel
+
+    folder = _folder(tmp_path, {f"op{k}.yaml": _spec(f"op{k}", f"x * {k + 2}") for k in range(specs)})
+    monkeypatch.setenv("OPGEN_JOBS", "2")
+    calls: list[int] = []
+    original = opgen.parallel.run_all
+
+    def counting(task, count, jobs):
+        calls.append(jobs)
+        return original(task, count, jobs)
+
+    monkeypatch.setattr(pipeline, "run_all", counting)
+    result = pipeline.build([str(folder)], Renderer())
+    assert not result.problems and len(result.specs) == specs
+    assert calls == [2 if forks else 1]
