@@ -109,7 +109,7 @@ class Planned:
 
 def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | None:
     """The plan of one spec's op, through every stage up to emit; None if a problem was recorded.
-    `oracle`: also derive the formulas as written where the generated tests need them."""
+    `oracle`: also read the formulas as written where the generated tests need them (Note [derived twice])."""
     from opgen.derive.gradients import derive, forward_only  # Note [stages imported on use]
     from opgen.derive.jvp import derive_jvp
     from opgen.formula.read import read
