@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -62,6 +61,8 @@ class Entry:
 
 
 def _version(distribution: str) -> str:
+    import importlib.metadata  # here: a run without a cache never needs it (70 ms to import)
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

@@ -12,14 +12,17 @@ Note [derived twice]
 ~~~~~~~~~~~~~~~~~~~~
 The float32 accuracy tests (`opgen.plan.extremes`) compare the op with the exact value of the
 formula *as written*, so that nothing opgen does to a formula can hide in the reference.
-The read formulas are therefore derived twice from one reading: once optimized (what the op
-computes) and once as written (the oracle). Only specs those tests apply to pay for the
-second derivation, and only when the optimizations changed a formula: otherwise the two
-derivations are the same one (before the gradients are rewritten).
+The read formulas are therefore used twice from one reading: derived optimized (what the op
+computes), and as written (the oracle). The oracle reads only the outputs, in terms of the
+inputs (its slopes are difference quotients of them, never opgen's gradients), so the formulas
+as written are only inlined (`forward_only`), not differentiated. Only specs those tests apply
+to pay for it, and only when the optimizations changed a formula: otherwise the derivation
+before the gradients are rewritten serves as the oracle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -31,6 +34,7 @@ from opgen import limits
 from opgen.cache import Cache, Entry
 from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.parallel import default_jobs, run_all
 from opgen.spec import quote
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
@@ -105,8 +109,8 @@ class Planned:
 
 def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | None:
     """The plan of one spec's op, through every stage up to emit; None if a problem was recorded.
-    `oracle`: also derive the formulas as written where the generated tests need them."""
-    from opgen.derive.gradients import derive  # Note [stages imported on use]
+    `oracle`: also read the formulas as written where the generated tests need them (Note [derived twice])."""
+    from opgen.derive.gradients import derive, forward_only  # Note [stages imported on use]
     from opgen.derive.jvp import derive_jvp
     from opgen.formula.read import read
     from opgen.optimize.passes import optimize_formulas, optimize_gradients
@@ -130,7 +134,8 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
     written = None
     if oracle and needs_oracle(spec):
         unchanged = optimized.definitions == formulas.definitions and optimized.overrides == formulas.overrides
-        written = derived if unchanged else derive(formulas, Problems())
+        with contextlib.suppress(SpecError):
+            written = derived if unchanged else forward_only(formulas)
     derived, residuals = choose_saved(optimize_gradients(derived), spec.optimize.policy)
     with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
         # Forward mode from the same (rewritten, saved) derivation as backward.
@@ -212,6 +217,33 @@ def _parsed(
             yield spec, Loc(display, 1, 1), seconds
 
 
+# A worker first compiles the templates and fills SymPy's caches, which costs about what
+# generating a few specs does: fewer specs than this per worker are generated here, serially.
+SPECS_PER_WORKER = 4
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A spec the cache did not have: where its entry goes, and where its problems go among the run's."""
+
+    index: int  # in the run's entries, in spec order
+    spec: Spec
+    where: Loc
+    seconds: float
+    key: str
+    at: int  # len(problems.errors) when the spec was parsed: a serial run reports its problems there
+
+
+def _generate_job(job: _Job, renderer: Renderer) -> tuple[Entry | None, list[tuple[Loc, str]]]:
+    """`generate` one spec under its budget, in a worker or here (`opgen.parallel`); its problems as
+    (location, message) pairs, which pickle where a `SpecError` does not."""
+    problems = Problems()
+    entry = None
+    with problems.collect(), limits.budget(job.where, job.seconds):
+        entry = generate(job.spec, renderer, problems)
+    return entry, [(error.loc, error.message) for error in problems.errors]
+
+
 def build(
     args: list[str],
     renderer: Renderer,
@@ -220,6 +252,7 @@ def build(
     cache: Cache | None = None,
     form: str | None = None,
     namespace: str = "",
+    jobs: int | None = None,
 ) -> Result:
     """Generate every spec.
 
@@ -227,20 +260,32 @@ def build(
     `form` is the form of specs without `form:` (default `function`), `namespace` the
     torch.library namespace of `custom_op`-form ops (the package name, or `--namespace`).
     With a `cache`, a spec generated before with the same opgen is not generated again.
+    The specs the cache lacks are generated in up to `jobs` worker processes (default: one per
+    core, `$OPGEN_JOBS`, with `SPECS_PER_WORKER` specs at least for each; `opgen.parallel`); the
+    result is the same, in the same order, as a serial run's.
     """
     result = Result()
-    shape_checked = False  # some op uses the package's `_shape_checks.py`
     custom_ops = False  # some op uses the package's `_custom_ops.py`
+    entries: list[Entry | None] = []
+    todo: list[_Job] = []
     for spec, where, seconds in _parsed(args, result, policy, fuse, form, namespace):
         custom_ops |= spec.custom_op
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
-            import_stages()
-            with result.problems.collect(), limits.budget(where, seconds):
-                entry = generate(spec, renderer, result.problems)
+            todo.append(_Job(len(entries), spec, where, seconds, key, len(result.problems.errors)))
+        entries.append(entry)
+    if todo:
+        import_stages()  # before the workers fork: they start with the stages imported
+        workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
+        done = run_all(lambda i: _generate_job(todo[i], renderer), len(todo), max(workers, 1))
+        for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
+            result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
+            entries[job.index] = entry
             if entry is not None and cache is not None:
-                cache.put(key, entry)
+                cache.put(job.key, entry)
+    shape_checked = False  # some op uses the package's `_shape_checks.py`
+    for entry in entries:
         if entry is not None:
             result.files.update(entry.files)
             result.warnings.extend(entry.warnings)

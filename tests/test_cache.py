@@ -34,6 +34,7 @@ def specs(tmp_path: Path) -> Path:
 @pytest.fixture
 def generated(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the specs the pipeline generates (rather than takes from the cache), in order."""
+    monkeypatch.setenv("OPGEN_JOBS", "1")  # generated here, where the list is, not in worker processes
     names: list[str] = []
     original = pipeline.generate
 

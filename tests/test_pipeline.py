@@ -27,6 +27,7 @@ from opgen.spec.parse import parse_spec
 STAGES: dict[str, int | None] = {
     "errors": None,
     "limits": None,
+    "parallel": None,  # spreads work over forked processes; knows nothing of specs
     "runtime": None,  # copied into the generated package, imported by no stage
     "spec": 1,
     "formula": 2,
@@ -129,3 +130,33 @@ def test_the_names_of_an_op_module_are_given_by_keyword():
     names = OpNames(**{name: name for name in fields})  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         names.ctx = "other"  # type: ignore[misc]
+
+
+AS_WRITTEN = [
+    "log(1 + exp(x))",  # rewritten to softplus: the oracle differs from the op
+    "x * sigmoid(x) + log(1 + exp(-x)) * y",
+    "where(x > 0, x, exp(x) - 1) * y",
+    "sqrt(x**2 + 1) - x",
+]
+
+
+@pytest.mark.parametrize("formula", AS_WRITTEN)
+def test_the_oracle_reads_the_formulas_as_written_without_differentiating_them(formula, monkeypatch):
+    """The rows of the pipeline's plan are those of the full derivation as written, yet the
+    as-written formulas are derived once at most (Note [derived twice]): only the op's are."""
+    import opgen.derive.gradients as gradients
+    from opgen.pipeline import plan_spec
+
+    spec = _spec(f"name: op\ninputs:\n  x: Tensor\n  y: Tensor\noutputs:\n  z: {formula}\n")
+    expected = extreme_rows(spec, derive_spec(spec, Problems(), optimized=False))
+    derived: list[object] = []
+    original = gradients.derive
+
+    def counting(formulas, problems):
+        derived.append(formulas)
+        return original(formulas, problems)
+
+    monkeypatch.setattr(gradients, "derive", counting)
+    planned = plan_spec(spec, Problems())
+    assert planned is not None and planned.rows == tuple(expected) and expected
+    assert len(derived) == 1, "the formulas as written are inlined for the oracle, not differentiated"

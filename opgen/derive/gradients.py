@@ -264,6 +264,18 @@ def _needed_lets(spec: Spec, symbols: Symbols, forward: dict[str, Expr]) -> set[
     return needed
 
 
+def forward_only(formulas: Formulas) -> Derived:
+    """The outputs of `formulas` with every input present, and no gradient: what the accuracy
+    tests' oracle reads of the spec as written (Note [derived twice] in opgen/pipeline.py), for
+    the cost of inlining the lets. Raises the `SpecError` that `derive` would record for them."""
+    spec, symbols = formulas.spec, formulas.symbols
+    forward, inlined = _forward(formulas, set(), ())
+    lets = tuple((let.name, forward[let.name]) for let in spec.lets if let.name in forward)
+    outputs = tuple((o.name, forward[o.name]) for o in spec.outputs)
+    inlined_outputs = tuple((o.name, inlined[symbols.outputs[o.name]]) for o in spec.outputs)
+    return Derived(spec, symbols, (Variant((), lets, outputs, inlined_outputs, ()),), dict(formulas.shapes))
+
+
 def derive(formulas: Formulas, problems: Problems) -> Derived | None:
     """Derive every gradient of the spec `formulas` were read from; record located errors in `problems`."""
     spec, symbols = formulas.spec, formulas.symbols

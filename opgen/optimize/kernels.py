@@ -28,6 +28,7 @@ elimination then sees its parts like those of any formula, and a kernel's argume
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import sympy
@@ -307,10 +308,7 @@ class _Prime(sympy.Function):
 
     def elementary(self, form: str = "elementary") -> Expr:
         """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
-        t = sympy.Dummy("t", real=True)
-        args = [t, *self.args[2:]]
-        formula = getattr(self.primitive, form)(*args)
-        return rewrite(sympy.diff(formula, t)).xreplace({t: self.args[1]})
+        return _prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({_T: self.args[1]})
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
@@ -321,6 +319,17 @@ class _Prime(sympy.Function):
     @property
     def free_symbols(self) -> set[sympy.Basic]:
         return set().union(*(a.free_symbols for a in self.args[1:]))
+
+
+_T = sympy.Dummy("t", real=True)  # the tensor argument of `_prime_formula`'s primitive
+
+
+@functools.lru_cache(maxsize=512)
+def _prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
+    """d primitive(_T, *rest) / d _T, rewritten: `_Prime.elementary` before its argument goes in.
+    Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
+    double backward that shows a kernel's derivative (tens of milliseconds each)."""
+    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(_T, *rest), _T))
 
 
 # -- backward kernels -----------------------------------------------------------------------------

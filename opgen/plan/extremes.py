@@ -237,9 +237,8 @@ class Oracle:
 
     def compile(self, expr: sympy.Expr, order: list[sympy.Symbol] | None = None) -> Callable[..., Any]:
         """`expr` as an mpmath function of `order` (the spec's inputs, by default)."""
-        return sympy.lambdify(
-            self.order if order is None else order, expr, modules=[_MPMATH, "mpmath"], printer=_printer()
-        )
+        order = self.order if order is None else order
+        return sympy.lambdify(order, expr, modules=[_MPMATH, "mpmath"], printer=_printer(), docstring_limit=0)
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
