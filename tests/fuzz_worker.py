@@ -72,7 +72,8 @@ def smoke(parent: str, package: str, spec_path: str) -> list[str]:
         if inp.type.dims is None:
             shape = shapes.get(inp.name, (3, 4))
         else:
-            shape = tuple(s for d in inp.type.dims for s in ((2,) if d == "..." else (int(shapes.get(d, 3)),)))
+            sizes = [2 if d == "..." else int(shapes.get(d, 6)) for d in inp.type.dims]  # 6: halves and thirds
+            shape = tuple(sizes)
         lo, hi = spec.tests.domain_of(inp.name)
         args.append((torch.rand(shape, dtype=torch.float64) * (hi - lo) + lo).requires_grad_())
     result = getattr(module, spec.name)(*args)

@@ -14,7 +14,7 @@ import torch
 
 from opgen.emit.render import Renderer
 from opgen.formula.aliases import ALIASES
-from opgen.formula.hints import ALTERNATIVES
+from opgen.formula.words import ALTERNATIVES
 from opgen.pipeline import build
 from tests.test_error_hints import TORCH
 

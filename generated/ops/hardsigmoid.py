@@ -11,8 +11,6 @@ class HardsigmoidFunction(torch.autograd.Function):
     """The autograd Function of `hardsigmoid`; see `hardsigmoid` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -87,8 +85,5 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
             "hardsigmoid(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
-    if not torch.compiler.is_compiling() and x.numel() < HardsigmoidFunction.native_below:
-        return torch.nn.functional.hardsigmoid(x)
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction
     return function.apply(x)

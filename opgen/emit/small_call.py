@@ -52,7 +52,10 @@ class SmallCall:
 
 
 def _native_node(expr: sympy.Basic) -> bool:
-    return isinstance(expr, (*k.PRIMITIVES.values(), fn.sigmoid, sympy.tanh))
+    """One PyTorch op whose own autograd has every derivative the Function has (not F.hardsigmoid's second)."""
+    if isinstance(expr, tuple(k.PRIMITIVES.values())):
+        return bool(expr.native_twice)
+    return isinstance(expr, (fn.sigmoid, sympy.tanh))
 
 
 def native_op(plan: Plan) -> tuple[str, sympy.Basic] | None:

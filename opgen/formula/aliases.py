@@ -1,7 +1,7 @@
 """PyTorch and numpy names for formula-language functions: `relu(x)` is read as `max(x, 0)`.
 
 Receives a formula's syntax tree (opgen.formula.syntax); returns the same tree with every call of
-an alias replaced by the formula it stands for (`opgen.formula.hints.ALTERNATIVES`, each checked
+an alias replaced by the formula it stands for (`opgen.formula.words.ALTERNATIVES`, each checked
 against the PyTorch function it names in tests/test_error_hints.py), or raises `AliasError`
 (what is wrong, and the node where) for a call the alias cannot take.
 
@@ -25,7 +25,7 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.hints import ALTERNATIVES
+from opgen.formula.words import ALTERNATIVES
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}

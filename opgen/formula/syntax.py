@@ -14,7 +14,7 @@ import ast
 from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula.aliases import AliasError, expand
-from opgen.formula.vocabulary import REDUCTIONS
+from opgen.formula.words import REDUCTIONS
 from opgen.spec.model import Formula, Spec
 
 

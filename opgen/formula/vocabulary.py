@@ -14,6 +14,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.formula.words import REDUCTIONS as REDUCTIONS
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
 NUM, BOOL = "number", "condition"
@@ -68,9 +69,6 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
 
 
 SPECIAL_FUNCTIONS = ("where", "max", "min")
-
-
-REDUCTIONS = ("sum", "mean", "amax", "logsumexp", "var", "std", "norm")
 
 
 # `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights);

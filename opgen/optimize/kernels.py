@@ -48,6 +48,7 @@ class _Primitive(sympy.Function):
 
     is_real = True
     backward_differentiable = False  # PyTorch's backward kernel has a derivative of its own
+    native_twice = True  # PyTorch's own op (F.hardsigmoid: no) has second and forward-mode derivatives
     # Unrecorded backward works in place on its own temporaries instead of the kernel (opgen.emit.kernel_lines).
     backward_in_place = False
     fast = True  # fused mode leaves it alone: PyTorch's kernels are as quick as a compiled loop
@@ -256,6 +257,7 @@ class hardsigmoid(_Primitive):  # noqa: N801
     """
 
     nargs = 1
+    native_twice = False
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:

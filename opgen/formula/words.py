@@ -1,0 +1,60 @@
+"""Names of the formula language that need no SymPy: the reductions, and the formulas PyTorch's and
+numpy's names for functions stand for (`relu` -> `max({0}, 0)`, read by opgen.formula.aliases).
+
+Kept apart from opgen.formula.vocabulary so that reading a formula's syntax tree (opgen.formula.syntax)
+imports no SymPy: a run answered from the cache never loads it.
+"""
+
+from __future__ import annotations
+
+REDUCTIONS = ("sum", "mean", "amax", "logsumexp", "var", "std", "norm")
+
+# Functions of numpy, torch and math the language spells another way: name -> the formula, with
+# {0}, {1}, ... for the call's arguments. Each formula is in the language (tests/test_bad_specs.py).
+ALTERNATIVES: dict[str, str] = {
+    "square": "{0}**2",
+    "cube": "{0}**3",
+    "pow": "{0}**{1}",
+    "power": "{0}**{1}",
+    "float_power": "{0}**{1}",
+    "exp2": "2**{0}",
+    "reciprocal": "1 / {0}",
+    "neg": "-{0}",
+    "negative": "-{0}",
+    "ln": "log({0})",
+    "log2": "log({0}) / log(2)",
+    "log10": "log({0}) / log(10)",
+    "logit": "log({0} / (1 - {0}))",
+    "expit": "sigmoid({0})",
+    "relu": "max({0}, 0)",
+    "relu6": "clamp({0}, 0, 6)",
+    "silu": "{0} * sigmoid({0})",
+    "swish": "{0} * sigmoid({0})",
+    "gelu": "{0} * (1 + erf({0} / sqrt(2))) / 2",
+    "softsign": "{0} / (1 + abs({0}))",
+    "logsigmoid": "-softplus(-{0})",
+    "log_sigmoid": "-softplus(-{0})",
+    "softmax": "exp({0} - logsumexp({0}, dim=-1, keepdim=true))",
+    "log_softmax": "{0} - logsumexp({0}, dim=-1, keepdim=true)",
+    "amin": "-amax(-{0}, dim=-1)",
+    "maximum": "max({0}, {1})",
+    "minimum": "min({0}, {1})",
+    "fmax": "max({0}, {1})",
+    "fmin": "min({0}, {1})",
+    "clip": "clamp({0}, {1}, {2})",
+    "absolute": "abs({0})",
+    "fabs": "abs({0})",
+    "sgn": "sign({0})",
+    "signum": "sign({0})",
+    "arcsin": "asin({0})",
+    "arccos": "acos({0})",
+    "arctan": "atan({0})",
+    "arctan2": "atan2({0}, {1})",
+    "arcsinh": "asinh({0})",
+    "arccosh": "acosh({0})",
+    "arctanh": "atanh({0})",
+    "gammaln": "lgamma({0})",
+    "psi": "digamma({0})",
+    "norm": "sqrt(sum({0}**2, dim=-1))",
+    "average": "mean({0}, dim=-1)",
+}
