@@ -216,6 +216,10 @@ class _Vjp:
             self.push(a, backward.elementary() if self.narrow(grad, node) else backward)
             return
         assert isinstance(node, ReductionBase), type(node)
+        self.reduction_rule(node, grad)
+
+    def reduction_rule(self, node: ReductionBase, grad: Expr) -> None:
+        """The gradient of a reduction: spread back over the reduced dimensions, times the local factor."""
         a, dims = node.operand, node.args[1]
         full = spread_to_operand(self.restore(grad, node), node, self.table)
         kept = self.restore(node, node)  # the reduced value at size 1: the op's saved output when it is one
