@@ -17,7 +17,7 @@ import sympy
 from sympy import Expr
 
 from opgen.errors import Loc, Problems, SpecError, located
-from opgen.formula import tensor, written
+from opgen.formula import shape_rules, tensor, written
 from opgen.formula.kinds import with_definitions
 from opgen.formula.reader import Scope, read_formula
 from opgen.formula.syntax import holds_tensors, parse_ast
@@ -161,7 +161,7 @@ def _read_definitions(
                 # The shape as written (Note [shapes as written]), which a simplified formula may lack.
                 pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formula))
                 as_written = written.broadcast_all(pieces or frozenset())
-                shapes[defined[name]] = tensor.broadcast(tensor.shape_of(definitions[name], shapes), as_written)
+                shapes[defined[name]] = shape_rules.broadcast(tensor.shape_of(definitions[name], shapes), as_written)
     if problems:
         raise _Many(problems)
     return definitions

@@ -12,7 +12,8 @@ import sympy
 from sympy import Expr
 
 from opgen.formula.dims import Shape, ShapeError, broadcast_shape, count_size, show
-from opgen.formula.tensor import BroadcastTo, ReductionBase, TensorOp, broadcast, dims_count, shape_of
+from opgen.formula.shape_rules import broadcast
+from opgen.formula.tensor import BroadcastTo, ReductionBase, TensorOp, dims_count, shape_of
 
 
 def elementwise_leaves(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.formula import slicing, tensor
+from opgen.formula import shape_rules, slicing, tensor
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
@@ -120,9 +120,9 @@ class Walk:
 
     def operation_shape(self, node: ast.expr, shapes: list[Shape]) -> Shape:
         if isinstance(node, ast.BinOp):
-            return tensor.matmul_shape(shapes[0], shapes[1])
+            return shape_rules.matmul_shape(shapes[0], shapes[1])
         if isinstance(node, ast.Attribute):
-            return tensor.transpose_shape(shapes[0])
+            return shape_rules.transpose_shape(shapes[0])
         if isinstance(node, ast.Subscript):
             return self.cut_shape(node, shapes[0])
         assert isinstance(node, ast.Call)
@@ -158,7 +158,7 @@ def broadcast_all(pieces: Pieces) -> Shape:
     """The static shape of the broadcast of `pieces` (None when one is a plain Tensor)."""
     shape: Shape = ()
     for piece in sorted(pieces, key=sort_key):
-        shape = tensor.broadcast(shape, piece.dims)
+        shape = shape_rules.broadcast(shape, piece.dims)
     return shape
 
 
@@ -176,7 +176,7 @@ def uncovered(expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shap
             continue
         if own is not None and piece.dims is not None and set(piece.batch) <= expr.free_symbols:
             try:
-                if tensor.broadcast(own, piece.dims) == own:
+                if shape_rules.broadcast(own, piece.dims) == own:
                     continue
             except ShapeError:
                 pass
