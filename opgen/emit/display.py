@@ -15,7 +15,8 @@ from sympy.printing.str import StrPrinter
 from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
-from opgen.optimize.kernels import KernelBackward, OutputBackward, _Prime, _Primitive
+from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
+from opgen.optimize.kernels import _Prime, _Primitive
 
 
 def _decimal(value: sympy.Rational) -> str | None:

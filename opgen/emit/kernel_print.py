@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from opgen.formula import functions as fn
+from opgen.optimize import backward_kernels as kb
 from opgen.optimize import kernels as k
 from opgen.spec.names import Namer
 
@@ -119,58 +120,58 @@ class KernelPrinting:
 
     def _print__Prime(self, expr: k._Prime) -> str:  # noqa: N802 - SymPy's dispatch name
         """A derivative left as a node (fused mode writes them out): its one call or its formula, grouped."""
-        form = k.written_out(expr)
+        form = kb.written_out(expr)
         text = self._print(form)
         return f"({text})" if isinstance(form, (sympy.Add, sympy.Mul, sympy.Pow)) else text
 
     # -- backward kernels (Note [native backward kernels]) ----------------------------------------
 
-    def _print_silu_backward(self, expr: k.KernelBackward) -> str:
+    def _print_silu_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("silu_backward", *expr.args)
 
-    def _print_mish_backward(self, expr: k.KernelBackward) -> str:
+    def _print_mish_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("mish_backward", *expr.args)
 
-    def _print_log_sigmoid_backward(self, expr: k.KernelBackward) -> str:
+    def _print_log_sigmoid_backward(self, expr: kb.KernelBackward) -> str:
         raise NotImplementedError("logsigmoid's kernel needs forward's buffer: backward works in place")
 
-    def _print_gelu_backward(self, expr: k.KernelBackward) -> str:
+    def _print_gelu_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("gelu_backward", *expr.args)
 
-    def _print_gelu_tanh_backward(self, expr: k.KernelBackward) -> str:
+    def _print_gelu_tanh_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("gelu_backward", *expr.args, 'approximate="tanh"')
 
-    def _print_softplus_beta_backward(self, expr: k.KernelBackward) -> str:
+    def _print_softplus_beta_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("softplus_backward", *expr.args, "20.0")
 
-    def _print_elu_backward(self, expr: k.KernelBackward) -> str:
+    def _print_elu_backward(self, expr: kb.KernelBackward) -> str:
         g, u, alpha = expr.args
         return self._aten("elu_backward", g, alpha, "1", "1", "False", u)
 
-    def _print_leaky_relu_backward(self, expr: k.KernelBackward) -> str:
+    def _print_leaky_relu_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("leaky_relu_backward", *expr.args, "False")
 
-    def _print_hardtanh_backward(self, expr: k.KernelBackward) -> str:
+    def _print_hardtanh_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("hardtanh_backward", *expr.args)
 
-    def _print_huber_backward(self, expr: k.KernelBackward) -> str:
+    def _print_huber_backward(self, expr: kb.KernelBackward) -> str:
         g, d, delta = expr.args
         return self._aten("huber_loss_backward", g, d, self._zeros_like(d), "0", delta)
 
-    def _print_smooth_l1_backward(self, expr: k.KernelBackward) -> str:
+    def _print_smooth_l1_backward(self, expr: kb.KernelBackward) -> str:
         g, d, beta = expr.args
         return self._aten("smooth_l1_loss_backward", g, d, self._zeros_like(d), "0", beta)
 
-    def _print_hardsigmoid_backward(self, expr: k.KernelBackward) -> str:
+    def _print_hardsigmoid_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("hardsigmoid_backward", *expr.args)
 
-    def _print_hardswish_backward(self, expr: k.KernelBackward) -> str:
+    def _print_hardswish_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("hardswish_backward", *expr.args)
 
-    def _print_sigmoid_backward(self, expr: k.sigmoid_backward) -> str:
+    def _print_sigmoid_backward(self, expr: kb.sigmoid_backward) -> str:
         return self._aten("sigmoid_backward", *expr.args)
 
-    def _print_tanh_backward(self, expr: k.tanh_backward) -> str:
+    def _print_tanh_backward(self, expr: kb.tanh_backward) -> str:
         return self._aten("tanh_backward", *expr.args)
 
     # -- the stable functions of opgen.optimize.rewrite -------------------------------------------------------

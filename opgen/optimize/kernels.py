@@ -2,10 +2,10 @@
 
 `lower` replaces a subformula that is exactly a PyTorch primitive by its node (`silu(u)`,
 `softplus_beta(u, beta)`, ...); differentiating a primitive gives `_Prime`, its derivative
-in the tensor argument; `backward_kernel` turns a gradient `g * prime(u)` into the node of
-PyTorch's backward kernel (`silu_backward(g, u)`), or `g * s * (1 - s)` of a saved sigmoid
-into `sigmoid_backward(g, s)`. The nodes hold no code: the torch printer prints each one with
-its `_print_<node>` method (opgen.emit.kernel_print), the docstring printer as its formula.
+in the tensor argument; opgen.optimize.backward_kernels turns a gradient `g * prime(u)` into
+the node of PyTorch's backward kernel (`silu_backward(g, u)`). The nodes hold no code: the
+torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print), the
+docstring printer as its formula.
 
 Note [native backward kernels]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -20,16 +20,11 @@ compute the unrecorded case in place instead of by its kernel (`backward_in_plac
 whose PyTorch kernels are slow on CPU, and logsigmoid, whose kernel needs a buffer; see
 opgen.emit.kernel_lines and Note [forward in place]).
 
-A kernel needs the incoming gradient, which the plan's factors leave out; so before the
-plan's common-subexpression elimination, `kernel_factors` writes out every derivative that
-cannot become a kernel (one shared between gradients, or one of several terms): the
-elimination then sees its parts like those of any formula, and a kernel's arguments too.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import ClassVar
 
 import sympy
 from sympy import Expr, S
@@ -332,104 +327,3 @@ def _prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
     Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
     double backward that shows a kernel's derivative (tens of milliseconds each)."""
     return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(_T, *rest), _T))
-
-
-# -- backward kernels -----------------------------------------------------------------------------
-
-
-class KernelBackward(sympy.Function):
-    """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
-
-    is_real = True
-    primitive: ClassVar[type[_Primitive]]
-
-    def elementary(self) -> Expr:
-        g, *args = self.args
-        return g * _Prime(self.primitive.__name__, *args).elementary()
-
-    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
-        return sympy.diff(self.elementary(), s)
-
-
-# `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
-BACKWARD: dict[type[_Primitive], type[KernelBackward]] = {
-    p: type(f"{name}_backward", (KernelBackward,), {"primitive": p}) for name, p in PRIMITIVES.items()
-}
-
-
-class OutputBackward(sympy.Function):
-    """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
-
-    is_real = True
-
-    def elementary(self) -> Expr:
-        raise NotImplementedError
-
-    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
-        return sympy.diff(self.elementary(), s)
-
-
-class sigmoid_backward(OutputBackward):  # noqa: N801
-    def elementary(self) -> Expr:
-        g, s = self.args
-        return g * s * (1 - s)
-
-
-class tanh_backward(OutputBackward):  # noqa: N801
-    def elementary(self) -> Expr:
-        g, t = self.args
-        return g * (1 - t**2)
-
-
-def _factors(expr: Expr) -> tuple[Expr, ...]:
-    return expr.args if isinstance(expr, sympy.Mul) else (expr,)
-
-
-def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
-    """The kernel node computing the gradient `total` (`g * prime(u)`, ...), or None.
-
-    `tensors` are the symbols that hold tensors: an output kernel reads a saved tensor.
-    """
-    factors = _factors(total)
-    for k, factor in enumerate(factors):
-        rest = [f for i, f in enumerate(factors) if i != k]
-        for s in rest:
-            if s.is_Symbol and s in tensors and factor == 1 - s:
-                return sigmoid_backward(sympy.Mul(*[f for f in rest if f is not s]), s)
-        if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
-            other = factor.args[0] if factor.args[1] == S.One else factor.args[1]
-            base, power = (-other).as_base_exp()
-            if power == 2 and base.is_Symbol and base in tensors:
-                return tanh_backward(sympy.Mul(*rest), base)
-    primes = [f for f in factors if isinstance(f, _Prime)]
-    if len(primes) != 1:
-        return None
-    prime = primes[0]
-    return BACKWARD[prime.primitive](total / prime, *prime.args[1:])
-
-
-def written_out(expr: Expr) -> Expr:
-    """`expr` with each derivative of a primitive as its one-call form or its formula."""
-    return expr.replace(
-        lambda e: isinstance(e, _Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary()
-    )
-
-
-def kernel_factors(factors: list[list[Expr]]) -> list[list[Expr]]:
-    """The factors of each gradient's contributions, derivatives that cannot be kernels written out.
-
-    A derivative stays a node where it is a factor of the only contribution of its gradient
-    and appears nowhere else: there backward computes `g * prime(u)` by the kernel.
-    """
-    count: dict[Expr, int] = {}
-    for group in factors:
-        for factor in group:
-            for prime in factor.atoms(_Prime):
-                count[prime] = count.get(prime, 0) + 1
-    kept: set[Expr] = set()
-    for group in factors:
-        if len(group) == 1 and len(group[0].atoms(_Prime)) == 1:
-            kept |= {f for f in _factors(group[0]) if isinstance(f, _Prime) and count[f] == 1}
-    return [
-        [f.replace(lambda e: isinstance(e, _Prime) and e not in kept, written_out) for f in group] for group in factors
-    ]

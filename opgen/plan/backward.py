@@ -46,7 +46,7 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import has_tensor_ops, is_dim_size
-from opgen.optimize.kernels import kernel_factors
+from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 
 if TYPE_CHECKING:

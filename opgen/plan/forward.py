@@ -17,7 +17,7 @@ import sympy
 from opgen.derive.gradients import Variant
 from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
 from opgen.formula.tensor import is_dim_size
-from opgen.optimize.kernels import kernel_factors
+from opgen.optimize.backward_kernels import kernel_factors
 from opgen.plan.backward import Plan, Temp, TempGroup, _inline_conditions
 
 
