@@ -90,7 +90,7 @@ def test_importing_the_rewrites_changes_no_table_of_the_guard():
 
 
 def test_a_function_of_a_later_stage_is_guarded_by_its_own_domain():
-    from opgen.optimize.rewrite import sinc
+    from opgen.optimize.product_rules import sinc
 
     x = sympy.Symbol("x", real=True)
     guarded = guard_branches(fn.where(x > 1, sinc(x), 0), frozenset([x]))

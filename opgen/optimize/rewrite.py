@@ -35,8 +35,10 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     where(c, u, s) == k     -> false (or true)          (both branches agree: Note
                                                         [conditions of guarded values])
 
-Over reductions (`log(sum(exp(u)))`, the textbook softmax) the rules need the static shapes:
-Note [stable rewrites over reductions] in opgen/optimize/reductions.py.
+The rules of products with sines and logarithms (double angle, xlogy, sinc) are in
+opgen/optimize/product_rules.py. Over reductions (`log(sum(exp(u)))`, the textbook softmax)
+the rules need the static shapes: Note [stable rewrites over reductions] in
+opgen/optimize/reductions.py.
 
 Gradients are also put over a common denominator (`sympy.together`) where that makes them
 shorter: `1/(1 + |x|) - |x|/(1 + |x|)**2` is `1/(1 + |x|)**2`.
@@ -58,6 +60,7 @@ from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
+from opgen.optimize.product_rules import double_angle, to_sinc, unsinc, x_log_x
 from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
@@ -93,26 +96,6 @@ class logcosh(fn._Elementwise):  # noqa: N801
 
     def _as_elementary(self) -> Expr:
         return sympy.log(sympy.cosh(self.args[0]))
-
-
-class sinc(fn._Elementwise):  # noqa: N801
-    """The normalised sinc, sin(pi u) / (pi u), with sinc(0) = 1 (as torch.sinc)."""
-
-    # Finite everywhere, but its derivative divides by its argument: inside a `where` branch
-    # not taken near 0 it needs the same guard as `1/u` (Note [double where] in opgen/derive/guard.py).
-    guard_domain = ((0,), S.One)
-
-    def fdiff(self, argindex: int = 1) -> Expr:
-        u = self.args[0]
-        # torch.sinc's own gradient: 0 at u = 0, where the quotient below is 0/0; the
-        # divisor is guarded too, so that the derivative of this one stays finite there
-        # (Note [double where] in opgen/derive/guard.py).
-        at_zero = sympy.Eq(u, 0)
-        return fn.where(at_zero, S.Zero, (sympy.cos(sympy.pi * u) - self) / fn.where(at_zero, S.One, u))
-
-    def _as_elementary(self) -> Expr:
-        u = self.args[0]
-        return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
 
 
 class _Binary(sympy.Function):
@@ -245,83 +228,10 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    double = _double_angle(factors) or _x_log_x(factors)
+    double = double_angle(factors) or x_log_x(factors)
     if double is not None:
         return double
-    # sin(a) / a * q = sinc(a / pi) * q
-    for factor in factors:
-        if isinstance(factor, sympy.sin):
-            a = factor.args[0]
-            rest = node * a / factor
-            if _divides_by(node, a) and not _divides_by(rest, a):
-                return sinc(a / sympy.pi) * rest
-    return None
-
-
-def _x_log_x(factors: list[Expr]) -> Expr | None:
-    """u log(u) q -> xlogy(u, u) q (also -u log(u)): 0 at u = 0, the limit, where `0 * log(0)` is NaN.
-
-    Left alone where u is positive (nothing to gain, and xlogy's derivative has a select); the
-    derivative at u = 0 is xlogy's (log term 0 there, so 1), where the formula's is NaN.
-    """
-    for factor in factors:
-        if not isinstance(factor, sympy.log) or factor.args[0].is_positive:
-            continue
-        u = factor.args[0]
-        for sign, term in ((1, u), (-1, -u)):
-            if term in factors:
-                rest = [f for f in factors if f is not factor]
-                rest.remove(term)
-                return sign * sympy.Mul(fn.xlogy(u, u), *rest)
-    return None
-
-
-def _double_angle(factors: list[Expr]) -> Expr | None:
-    """2 sin(u) cos(u) q -> sin(2u) q: one call of sin instead of sin and cos (snake's slope 1 + sin(2ax))."""
-    for factor in factors:
-        if isinstance(factor, sympy.sin) and sympy.cos(factor.args[0]) in factors:
-            u = factor.args[0]
-            rest = [f for f in factors if f is not factor and f != sympy.cos(u)]
-            return sympy.Mul(sympy.sin(2 * u), *rest) / 2
-    return None
-
-
-def _unsinc(expr: Expr) -> Expr:
-    """`expr` with each sinc of a sum's term written back as `sin(a) / a` where that divides by nothing new.
-
-    Note [sinc that buys nothing]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    `sin(a) / a -> sinc(a / pi)` keeps a term finite at a = 0; but where another term of the same
-    sum divides by every base the quotient would, the sum is undefined there anyway, and
-    torch.sinc costs a second sine and a select (snake's slope in `a`: `2 x**2 cos(ax) sinc(ax/pi)
-    - sin(ax)**2 / a**2` is `(x sin(2ax) - sin(ax)**2 / a) / a`, with the sine of the other term).
-    """
-    if not expr.has(sinc):
-        return expr
-    if not isinstance(expr, sympy.Add):
-        return expr.func(*(_unsinc(a) if isinstance(a, Expr) else a for a in expr.args))
-    terms = list(expr.args)
-    for k, term in enumerate(terms):
-        if not term.has(sinc):
-            continue
-        others = set().union(*(_divisors(t) for i, t in enumerate(terms) if i != k))
-        plain = term.replace(lambda e: isinstance(e, sinc), _sin_over)
-        if _divisors(plain) <= others:
-            terms[k] = plain
-    return sympy.Add(*terms)
-
-
-def _sin_over(e: sinc) -> Expr:
-    a = sympy.pi * e.args[0]
-    return sympy.sin(a) / a
-
-
-def _divisors(expr: sympy.Basic) -> set[sympy.Basic]:
-    return {p.base for p in expr.atoms(sympy.Pow) if p.exp.is_negative}
-
-
-def _divides_by(expr: sympy.Basic, a: Expr) -> bool:
-    return any(p.exp.is_negative and p.base.free_symbols & a.free_symbols for p in expr.atoms(sympy.Pow))
+    return to_sinc(node)
 
 
 def _branch_value(relation: sympy.Basic, cond: sympy.Basic) -> sympy.Basic:
@@ -424,7 +334,7 @@ def _shorter(expr: Expr) -> Expr:
 
 
 def _rewritten(factor: Expr, shapes: Shapes) -> Expr:
-    return _unsinc(rewrite(_shorter(rewrite(factor, shapes)), shapes))
+    return unsinc(rewrite(_shorter(rewrite(factor, shapes)), shapes))
 
 
 def rewrite_gradients(derived: Derived) -> Derived:
