@@ -53,7 +53,7 @@ class SmallCall:
 
 def _native_node(expr: sympy.Basic) -> bool:
     """One PyTorch op whose own autograd has every derivative the Function has (not F.hardsigmoid's second)."""
-    if isinstance(expr, tuple(k.PRIMITIVES.values())):
+    if isinstance(expr, k._Primitive):  # every primitive of k.PRIMITIVES
         return bool(expr.native_twice)
     return isinstance(expr, (fn.sigmoid, sympy.tanh))
 
