@@ -167,6 +167,8 @@ def test_norm_shapes_are_checked_at_call_time(generated):
 
 
 def test_docstring_keeps_the_log_softmax_of_a_product_in_parentheses(generated):
-    # `target * (input - logsumexp(...))` is computed as log_softmax; the docstring shows it as the spec wrote it.
-    assert "target*(input - logsumexp(input, dim=-1, keepdim=true))" in generated.cross_entropy.__doc__
-    assert "-grad*(input - logsumexp(input, dim=-1, keepdim=true))/N" in generated.cross_entropy.__doc__
+    # `target * (input - logsumexp(...))` is computed as log_softmax; the docstring shows it as the spec wrote it,
+    # as the saved log-softmax forward computes (Note [saved tensor operations] in opgen.optimize.save_tensors).
+    assert "saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)\n" in generated.cross_entropy.__doc__
+    assert "sum(saved_log_softmax*target, dim=-1)" in generated.cross_entropy.__doc__
+    assert "-grad_loss*saved_log_softmax/N" in generated.cross_entropy.__doc__

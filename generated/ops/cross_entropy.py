@@ -15,7 +15,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
+    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """`Function.apply` without binding `forward`'s signature on every call (it has no
         defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
         if torch._C._are_functorch_transforms_active():
@@ -24,46 +24,62 @@ class CrossEntropyFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
-    def forward(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = -(target * torch.log_softmax(input, -1)).sum(-1).mean(-1)
-        return loss
+    def forward(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        saved_log_softmax = torch.log_softmax(input, -1)
+        loss = -(saved_log_softmax * target).sum(-1).mean(-1)
+        return loss, saved_log_softmax
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target = inputs
-        loss = output
-        ctx.save_for_backward(input, target)
+        loss, saved_log_softmax = output
+        ctx.save_for_backward(target, saved_log_softmax)
         ctx.N = input.shape[-2]
-        ctx.save_for_forward(input, target, loss)
+        ctx.loss_shape = loss.shape
+        ctx.save_for_forward(input, target, loss, saved_log_softmax)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        input, target = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, grad_saved_log_softmax: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        target, saved_log_softmax = ctx.saved_tensors
+        if grad_loss is None:
+            grad_loss = saved_log_softmax.new_zeros(ctx.loss_shape)
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_loss / ctx.N
-            tmp1 = torch.log_softmax(input, -1)
         if ctx.needs_input_grad[0]:
-            grad_input = torch.ops.aten._log_softmax_backward_data(-(target * tmp0), tmp1, -1, tmp1.dtype)
+            grad_input_t0 = -(target * tmp0)
+            grad_input = torch.ops.aten._log_softmax_backward_data(
+                grad_input_t0, saved_log_softmax, -1, saved_log_softmax.dtype
+            )
+            if grad_saved_log_softmax is not None:
+                grad_input_saved = torch.ops.aten._log_softmax_backward_data(
+                    grad_saved_log_softmax, saved_log_softmax, -1, saved_log_softmax.dtype
+                )
+                grad_input = grad_input + grad_input_saved
         if ctx.needs_input_grad[1]:
-            grad_target = -(tmp0 * tmp1)
+            grad_target = -(saved_log_softmax * tmp0)
         return grad_input, grad_target
 
     @staticmethod
-    def jvp(ctx: Any, tangent_input: torch.Tensor, tangent_target: torch.Tensor) -> torch.Tensor:
-        input, target, loss = ctx.saved_tensors
+    def jvp(ctx: Any, tangent_input: torch.Tensor, tangent_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        input, target, loss, saved_log_softmax = ctx.saved_tensors
         tangent_loss = None
+        tangent_saved_log_softmax = None
         if tangent_input is not None:
-            tangent_loss_t3 = tangent_input - (tangent_input * torch.softmax(input, -1)).sum(-1, keepdim=True)
-            tangent_loss_t2 = tangent_loss_t3 * target
-            tangent_loss_t1 = tangent_loss_t2.sum(-1)
-            tangent_loss_t0 = tangent_loss_t1.mean(-1)
-            tangent_loss = -tangent_loss_t0
+            jvp0 = tangent_input - (tangent_input * torch.softmax(input, -1)).sum(-1, keepdim=True)
+            tangent_loss = -(jvp0 * target).sum(-1).mean(-1)
+            tangent_saved_log_softmax = jvp0
         if tangent_target is not None:
             step = -(tangent_target * torch.log_softmax(input, -1)).sum(-1).mean(-1)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
         tangent_loss = tangent_loss.expand(loss.shape)
-        return tangent_loss
+        if tangent_saved_log_softmax is None:
+            tangent_saved_log_softmax = torch.zeros_like(saved_log_softmax)
+        tangent_saved_log_softmax = tangent_saved_log_softmax.expand(saved_log_softmax.shape)
+        return tangent_loss, tangent_saved_log_softmax
 
 
 class _CrossEntropyFunctionNoJvp(CrossEntropyFunction):
@@ -77,12 +93,13 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     large logits cannot overflow; F.cross_entropy(input, target).
 
     Forward:
-        loss = -mean(sum(target*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)
+        saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)
+        loss = -mean(sum(saved_log_softmax*target, dim=-1), dim=-1)
 
     Gradients:
-        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(grad*target/N, dim=-1, keepdim=true) -
-            grad*target/N
-        grad_target = -grad*(input - logsumexp(input, dim=-1, keepdim=true))/N
+        grad_input = grad_saved_log_softmax - exp(saved_log_softmax)*sum(grad_saved_log_softmax, dim=-1, keepdim=true) +
+            exp(saved_log_softmax)*sum(grad_loss*target/N, dim=-1, keepdim=true) - grad_loss*target/N
+        grad_target = -grad_loss*saved_log_softmax/N
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
@@ -105,4 +122,4 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
     function = _CrossEntropyFunctionNoJvp if torch.compiler.is_compiling() else CrossEntropyFunction
-    return function.apply(input, target)
+    return function.apply(input, target)[0]

@@ -17,7 +17,11 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"input": [3, 4], "target": [3, 4]}
-SAVED: list[str] = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = [
+    "target",
+    "saved_log_softmax",
+]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+RESIDUALS: list[str] = ["saved_log_softmax"]  # what Function.apply returns after the outputs, for backward alone
 
 
 def reference(input: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -50,7 +54,7 @@ def test_forward_and_backward_match_reference() -> None:
 
 
 def test_function_apply_equals_functional() -> None:
-    harness.check_function_apply(OP, CrossEntropyFunction, sample_inputs())
+    harness.check_function_apply(OP, CrossEntropyFunction, sample_inputs(), len(RESIDUALS))
 
 
 def test_vmap_equals_a_loop() -> None:
@@ -70,7 +74,7 @@ def test_gradgradcheck() -> None:
 
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
-    harness.check_saved(OP, CrossEntropyFunction, sample_inputs(), SAVED)
+    harness.check_saved(OP, CrossEntropyFunction, sample_inputs(), SAVED, RESIDUALS)
 
 
 def test_wrong_shape_is_a_value_error() -> None:

@@ -17,7 +17,11 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"input": [3, 4], "target": [3, 4]}
-SAVED: list[str] = ["input", "target"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = [
+    "target",
+    "saved_log_softmax",
+]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+RESIDUALS: list[str] = ["saved_log_softmax"]  # what Function.apply returns after the outputs, for backward alone
 VALUES: dict[str, float] = {"smoothing": 0.1}  # the non-tensor inputs in most tests
 OTHER_VALUES: dict[str, float] = {"smoothing": 0.07}  # away from their defaults and VALUES
 
@@ -55,7 +59,7 @@ def test_forward_and_backward_match_reference() -> None:
 
 
 def test_function_apply_equals_functional() -> None:
-    harness.check_function_apply(OP, LabelSmoothingCeFunction, sample_inputs())
+    harness.check_function_apply(OP, LabelSmoothingCeFunction, sample_inputs(), len(RESIDUALS))
 
 
 def test_vmap_equals_a_loop() -> None:
@@ -75,7 +79,7 @@ def test_gradgradcheck() -> None:
 
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
-    harness.check_saved(OP, LabelSmoothingCeFunction, sample_inputs(), SAVED)
+    harness.check_saved(OP, LabelSmoothingCeFunction, sample_inputs(), SAVED, RESIDUALS)
 
 
 def test_non_tensor_inputs_away_from_their_defaults() -> None:

@@ -353,9 +353,12 @@ def _variant_tangents(
             refused.append((gradient.input, str(why)))
             continue
         x, t = symbols.inputs[gradient.input], tangent_symbol(gradient.input)
-        for name, expr in residuals:  # the hidden outputs are elementwise (opgen.optimize.save)
+        for name, expr in residuals:  # elementwise, or a tensor operation (opgen.optimize.save_tensors)
             if getattr(expr, "detached", False):
                 continue  # a statistic autograd does not differentiate (opgen.optimize.norms)
+            if expr.has(TensorOp):
+                found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
+                continue
             found[name] = _clean(settle_indicators(sympy.diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
             value = rewrite(value)

@@ -42,6 +42,11 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
             broadcast = f"{names.torch}.broadcast_shapes({first_grad}.shape, {shape})"
             return [f"{var} = {zero}.expand({broadcast}).sum_to_size({shape})"]
         lines.append(f"{var} = {zero}")
+    elif plan.gated_residuals and not grad.overridden:
+        lines += _residual_terms(plan, grad, names, printer)
+        if grad.contributions[0].factor.free_symbols & _residual_grads(plan):
+            fit = _fit_lines(grad, var, names, shape)
+            return lines + ([f"if {var} is not None:", *indent_lines(fit)] if fit else [])
     elif grad.overridden or grad.contributions[0].output is None:
         expr = grad.contributions[0].factor
         text = printer.doprint_expr(expr)
@@ -62,12 +67,46 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
             lines += backward_lines(var, total, printer, _indent_of(plan, 3))
         else:
             lines += assign(var, total, printer, _indent_of(plan, 3))
+    return lines + _fit_lines(grad, var, names, shape)
+
+
+def _fit_lines(grad: GradPlan, var: str, names: OpNames, shape: str) -> Lines:
     if grad.expand and grad.reduce:
-        lines.append(f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})")
-    elif grad.expand:
-        lines.append(f"{var} = {var}.expand({shape})")
-    elif grad.reduce:
-        lines.append(f"{var} = {var}.sum_to_size({shape})")
+        return [f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})"]
+    if grad.expand:
+        return [f"{var} = {var}.expand({shape})"]
+    if grad.reduce:
+        return [f"{var} = {var}.sum_to_size({shape})"]
+    return []
+
+
+def _residual_grads(plan: Plan) -> set[sympy.Symbol]:
+    return {r.grad for r in plan.residuals if r.differentiable}
+
+
+def _residual_terms(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter) -> Lines:
+    """The gradient through tensor operations, each term through a residual only where the residual's
+    incoming gradient is not None (Note [saved tensor operations] in opgen.optimize.save_tensors)."""
+    var = names.grads_out[grad.input]
+    lines: Lines = []
+    assigned = False
+    write = backward_lines if plan.derived.spec.optimize.lower else assign
+    for contribution in grad.contributions:
+        grads = sorted(contribution.factor.free_symbols & _residual_grads(plan), key=sympy.default_sort_key)
+        if not grads and not assigned:
+            lines += write(var, contribution.factor, printer, _indent_of(plan, 3))
+            assigned = True
+            continue
+        term = f"{var}_{'saved' if grads else 'more'}"
+        body = write(term, contribution.factor, printer, _indent_of(plan, 3) + 4 * bool(grads))
+        if not grads:
+            lines += [*body, f"{var} = {var} + {term}"]
+            continue
+        incoming = [names.grads_in[g.name.split(":", 1)[1]] for g in grads]
+        lines.append(f"if {' and '.join(f'{n} is not None' for n in incoming)}:")
+        lines += indent_lines(body)
+        total = f"{var} + {term}" if assigned else f"{term} if {var} is None else {var} + {term}"
+        lines.append(f"    {var} = {total}")
     return lines
 
 
@@ -132,6 +171,11 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
         if residual.recompute and residual.name in plan.saved:  # Note [saved rstd] in opgen.optimize.norms
             lines.append(f"if {names.torch}.is_grad_enabled() or {names.torch}._C._are_functorch_transforms_active():")
             lines += indent_lines(assign(residual.name, residual.expr, printer, 12))
+    saved_residual = next((r.name for r in plan.residuals if r.name in plan.saved), None)
+    for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
+        incoming = names.grads_in[name]
+        lines.append(f"if {incoming} is None:")
+        lines.append(f"    {incoming} = {saved_residual}.new_zeros({names.ctx}.{names.shape_attrs[name]})")
     grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
     lines.append(" = ".join([*grad_vars, "None"]))
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]

@@ -119,6 +119,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         lines.append(f"{unpack(targets)} = {names.inputs}")
     outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
+    needed_outputs |= set(plan.gated_residuals)
     needed_outputs |= forward.outputs if forward else set()
     if needed_outputs & set(outputs):
         if len(outputs) == 1:
@@ -135,6 +136,8 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     for dim, where in sizes.items():
         lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where)}")
+    for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
+        lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
     lines += forward.lines if forward else ()
     if plan.varies:
         for inp in spec.tensor_inputs:
@@ -144,7 +147,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
     non_differentiable += [r.name for r in plan.residuals if not r.differentiable]
     if non_differentiable:
         lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
-    if plan.gate_none:
+    if plan.gate_none or plan.gated_residuals:
         lines.append(f"{ctx}.set_materialize_grads(False)")
     if not lines:
         lines.append("pass")

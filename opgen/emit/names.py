@@ -77,7 +77,7 @@ def make_names(plan: Plan) -> OpNames:
     temps = {t: namer.fresh(f"tmp{t.name.split(':')[1]}") for t in sorted(plan.temps, key=sympy.default_sort_key)}
     attrs = ctx_namer()
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
-    shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in plan.shapes}
+    shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals)}
     size_attrs = {n: attrs.fresh(size_stem(n)) for n in plan.dim_sizes}
     size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
     check_shapes = namer.fresh("check_shapes")

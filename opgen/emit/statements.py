@@ -143,9 +143,25 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
         printer = _knowing(printer, symbol, part)
         expr = expr.xreplace({part: symbol})
         text = _unwrapped(printer.doprint_expr(expr))
+    call = _call_parts(text)
+    if len(var) + 3 + len(text) > width and call is not None and len(call[1]) <= width - 4:
+        return [*lines, f"{var} = {call[0]}(", f"    {call[1]}", ")"]  # as ruff splits a call's arguments
     if len(var) + 3 + len(text) > width and len(text) <= width - 4:
         return [*lines, f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
     return [*lines, f"{var} = {text}"]
+
+
+def _call_parts(text: str) -> tuple[str, str] | None:
+    """(function, arguments) when `text` is one call `f.g(args)`, its last bracket closing its first."""
+    head, bracket, rest = text.partition("(")
+    if not bracket or not text.endswith(")") or not head.replace(".", "").replace("_", "").isalnum():
+        return None
+    depth = 0
+    for k, char in enumerate(text[len(head) :]):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and k != len(text) - len(head) - 1:
+            return None
+    return head, rest[:-1]
 
 
 def _parts(expr: sympy.Basic) -> list[sympy.Basic]:

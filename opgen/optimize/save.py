@@ -33,6 +33,7 @@ frees backward from every input, for elementwise ops with one variant.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import sympy
@@ -42,7 +43,8 @@ from opgen.derive.gradients import Contribution, Derived, Symbols, Variant
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
-from opgen.optimize import norms
+from opgen.formula.tensor import shape_of
+from opgen.optimize import norms, save_tensors
 from opgen.spec.model import POLICIES
 
 
@@ -77,6 +79,7 @@ COST: dict[type, float] = {
     sympy.tanh: 20,
     sympy.sinh: 10,
     sympy.cosh: 10,
+    **save_tensors.COST,  # a pass over a tensor (Note [saved tensor operations] in opgen.optimize.save_tensors)
 }
 DEFAULT_COST = 1.0
 CALL_COST = 3.0  # functions without an entry (where, native kernels, ...)
@@ -263,7 +266,54 @@ def choose_saved(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual
         if isinstance(chosen, tuple):
             return chosen  # residuals: a one-variant op
         variants.append(chosen)
-    return _save_statistics(replace(derived, variants=tuple(variants)), policy)
+    derived = replace(derived, variants=tuple(variants))
+    statistics = _save_statistics(derived, policy)  # a norm's own statistics first (opgen.optimize.norms)
+    if not statistics[1] and save_tensors.offered(derived):
+        return _hide_tensor_ops(derived, policy) or statistics
+    return statistics
+
+
+def _hide_tensor_ops(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]] | None:
+    """`derived` whose gradients read the tensor operations forward computes anyway from residuals,
+    where that is faster and costs no more bytes (Note [saved tensor operations] in opgen.optimize.save_tensors)."""
+    symbols, variant = derived.symbols, derived.full
+    factors = [c.factor for g in variant.gradients for c in g.contributions]
+    inputs = set(symbols.tensor_inputs)
+    taken = {i.name for i in derived.spec.inputs} | {let.name for let in derived.spec.lets}
+    taken |= {o.name for o in derived.spec.outputs}
+    chosen: list[Residual] = []
+    for node in save_tensors.candidates(derived, factors):
+        freed = node.free_symbols & inputs
+        tiny = save_tensors.reduced(node, derived.shapes) and policy != "memory"
+        stem = re.sub(r"(?<!^)(?=[A-Z])", "_", type(node).__name__.removeprefix("Reduce")).lower()  # log_softmax
+        name = _untaken(f"saved_{stem}", taken)
+        residual = Residual(name, node, sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True))
+        swapped = [f.xreplace({r.expr: r.symbol for r in [*chosen, residual]}) for f in factors]
+        if tiny or not set().union(*(f.free_symbols for f in swapped)) & freed:
+            chosen.append(residual)
+    swap: dict[Expr, Expr] = {r.expr: r.symbol for r in chosen}
+    swapped = [f.xreplace(swap) for f in factors]
+    if not chosen or cost(swapped) >= cost(factors):
+        return None
+    terms = save_tensors.vjp_terms(derived, [(r.expr, r.symbol, r.grad) for r in chosen], swap)
+    if terms is None:
+        return None
+    gradients = tuple(
+        replace(
+            g,
+            contributions=(
+                *(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions),
+                *((Contribution(None, terms[g.input]),) if g.input in terms else ()),
+            ),
+        )
+        for g in variant.gradients
+    )
+    outputs = tuple((name, expr.xreplace(swap)) for name, expr in variant.outputs)
+    shapes = dict(derived.shapes)
+    for r in chosen:
+        shapes[r.symbol] = shapes[r.grad] = shape_of(r.expr, derived.shapes)
+    variant = replace(variant, outputs=outputs, gradients=gradients)
+    return replace(derived, variants=(variant,), shapes=shapes), tuple(chosen)
 
 
 def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]]:

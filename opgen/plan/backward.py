@@ -110,6 +110,15 @@ class Plan:
         """The incoming gradient of each differentiable output and of each residual."""
         return self.derived.symbols.grads | {r.name: r.grad for r in self.residuals}
 
+    @property
+    def gated_residuals(self) -> tuple[str, ...]:
+        """The outputs whose incoming gradient backward makes zeros where it is None: with tensor operations
+        read from differentiable residuals, whose incoming gradients are left None unless used
+        (Note [saved tensor operations] in opgen.optimize.save_tensors)."""
+        if not self.derived.has_tensor_ops or not any(r.differentiable for r in self.residuals):
+            return ()
+        return tuple(o.name for o in self.derived.spec.outputs if o.differentiable)
+
 
 def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
     return sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True)

@@ -1,0 +1,131 @@
+"""Backward reads the tensor operations forward computes from residuals instead of recomputing them
+(Note [saved tensor operations] in opgen.optimize.save_tensors): cross-entropy's backward reads the
+saved log-softmax, never `input`, and still matches F.cross_entropy to second order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT, import_package
+from spec_ops import build_ops
+
+
+@pytest.fixture(scope="module")
+def generated():
+    return import_package(ROOT, "generated")
+
+
+def _inputs(smoothing: float | None = None):
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 7, generator=generator, dtype=torch.float64) * 3).requires_grad_()
+    p = torch.rand(5, 7, generator=generator, dtype=torch.float64)
+    t = (p / p.sum(-1, keepdim=True)).requires_grad_()
+    return x, t
+
+
+OPS = {
+    "cross_entropy": (lambda ops: ops.cross_entropy, lambda x, t: F.cross_entropy(x, t)),
+    "label_smoothing_ce": (
+        lambda ops: lambda x, t: ops.label_smoothing_ce(x, t, 0.2),
+        lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_backward_reads_the_saved_log_softmax_not_the_input(generated, name, monkeypatch):
+    op = OPS[name][0](generated)
+    x, t = _inputs()
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):
+        loss = op(x, t)
+    assert not any(s.data_ptr() == x.data_ptr() for s in saved), "the input is saved for backward"
+    assert any(s.shape == x.shape and torch.equal(s, torch.log_softmax(x, -1).detach()) for s in saved)
+    calls: list[str] = []
+    for fn in ("log_softmax", "softmax", "logsumexp"):
+        original = getattr(torch, fn)
+        monkeypatch.setattr(torch, fn, lambda *a, _f=original, _n=fn, **k: calls.append(_n) or _f(*a, **k))
+    gx, gt = torch.autograd.grad(loss, (x, t))
+    assert calls == [], f"backward recomputes {calls}"
+    monkeypatch.undo()
+    wx, wt = torch.autograd.grad(OPS[name][1](x, t), (x, t))
+    torch.testing.assert_close(gx, wx)
+    torch.testing.assert_close(gt, wt)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_values_gradients_and_second_derivatives_match_f_cross_entropy(generated, name):
+    op, native = OPS[name][0](generated), OPS[name][1]
+    x, t = _inputs()
+    torch.testing.assert_close(op(x, t), native(x, t))
+    got = torch.autograd.grad(op(x, t), (x, t), create_graph=True)
+    want = torch.autograd.grad(native(x, t), (x, t), create_graph=True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    # Double backward differentiates through the saved log-softmax (a hidden output).
+    second = torch.autograd.grad(sum((g * g.cos()).sum() for g in got), (x, t))
+    expected = torch.autograd.grad(sum((w * w.cos()).sum() for w in want), (x, t))
+    for g, w in zip(second, expected, strict=True):
+        torch.testing.assert_close(g, w)
+    assert torch.autograd.gradgradcheck(op, (x, t))
+    hessian = torch.func.hessian(lambda x: op(x, t.detach()))(x.detach())
+    torch.testing.assert_close(hessian, torch.func.hessian(lambda x: native(x, t.detach()))(x.detach()))
+
+
+SPECS = {
+    # a loss per row: the incoming gradient made zeros, where it is None, has the output's shape
+    "rows_ce": """
+        name: rows_ce
+        inputs:
+          x: Tensor[N, C]
+          t: Tensor[N, C]
+        outputs:
+          loss: -sum(t * (x - logsumexp(x, dim=-1, keepdim=true)), dim=-1)
+    """,
+    # softmax read by backward: saved in place of x
+    "soft_dot": """
+        name: soft_dot
+        inputs:
+          x: Tensor[N, C]
+          t: Tensor[N, C]
+        outputs:
+          loss: sum(t * exp(x - logsumexp(x, dim=-1, keepdim=true)), dim=-1)
+    """,
+}
+PLAIN = {
+    "rows_ce": lambda x, t: -(t * torch.log_softmax(x, -1)).sum(-1),
+    "soft_dot": lambda x, t: (t * torch.softmax(x, -1)).sum(-1),
+}
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory):
+    return build_ops(tmp_path_factory.mktemp("saved_tensor_ops"), "saved_tensor_ops", SPECS)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_specs_reading_saved_tensor_ops_match_plain_autograd_to_second_order(ops, name):
+    op, plain = getattr(ops, name), PLAIN[name]
+    x, t = _inputs()
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):
+        out = op(x, t)
+    assert not any(s.data_ptr() == x.data_ptr() for s in saved), "the input is saved for backward"
+    torch.testing.assert_close(out, plain(x, t))
+    weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    got = torch.autograd.grad((op(x, t) * weights).sum(), (x, t), create_graph=True)
+    want = torch.autograd.grad((plain(x, t) * weights).sum(), (x, t), create_graph=True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    second = torch.autograd.grad(sum(g.sin().sum() for g in got), (x, t))
+    expected = torch.autograd.grad(sum(w.sin().sum() for w in want), (x, t))
+    for g, w in zip(second, expected, strict=True):
+        torch.testing.assert_close(g, w)
+    assert torch.autograd.gradgradcheck(op, (x, t))
+    tangent = torch.ones_like(x)
+    _, jvp = torch.func.jvp(lambda x: op(x, t.detach()), (x.detach(),), (tangent,))
+    _, jvp_plain = torch.func.jvp(lambda x: plain(x, t.detach()), (x.detach(),), (tangent,))
+    torch.testing.assert_close(jvp, jvp_plain)
+    batched = torch.func.vmap(op)(x.detach()[None].repeat(2, 1, 1), t.detach()[None].repeat(2, 1, 1))
+    torch.testing.assert_close(batched[0], plain(x, t).detach())
