@@ -25,8 +25,7 @@ class GluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        D = x.shape[-1]
-        y = x.narrow(-1, 0, D // 2) * torch.sigmoid(x.narrow(-1, D // 2, D // 2))
+        y = torch.nn.functional.glu(x, -1)
         return y
 
     @staticmethod
@@ -41,10 +40,14 @@ class GluFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            tmp0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
-            tmp1 = grad_y * tmp0
-            grad_x_t0 = torch.nn.functional.pad(tmp1 * (1 - tmp0) * x.narrow(-1, 0, ctx.D // 2), (ctx.D // 2, 0))
-            grad_x = grad_x_t0 + torch.nn.functional.pad(tmp1, (0, ctx.D // 2))
+            if not torch._C._are_functorch_transforms_active():
+                grad_x = torch.ops.aten.glu_backward(grad_y, x, -1)
+            else:
+                grad_x_t0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
+                grad_x_t1 = grad_y * grad_x_t0
+                grad_x_t3 = grad_x_t1 * (1 - grad_x_t0) * x.narrow(-1, 0, ctx.D // 2)
+                grad_x_t2 = torch.nn.functional.pad(grad_x_t3, (ctx.D // 2, 0))
+                grad_x = grad_x_t2 + torch.nn.functional.pad(grad_x_t1, (0, ctx.D // 2))
         return grad_x
 
     @staticmethod
@@ -70,8 +73,7 @@ def glu(x: torch.Tensor) -> torch.Tensor:
         y = x[..., :D // 2]*sigmoid(x[..., D // 2:])
 
     Gradients:
-        grad_x = pad(grad*sigmoid(x[..., D // 2:]), dim=-1, at=0:D // 2, size=D) + pad(grad*(1 - sigmoid(x[..., D //
-            2:]))*x[..., :D // 2]*sigmoid(x[..., D // 2:]), dim=-1, at=D // 2:D, size=D)
+        grad_x = glu_backward(grad, x, dim=-1)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one

@@ -12,6 +12,7 @@ import sympy
 from sympy.printing.precedence import precedence
 from sympy.printing.str import StrPrinter
 
+from opgen.emit.gate_print import GateDisplay
 from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
@@ -28,7 +29,7 @@ def _decimal(value: sympy.Rational) -> str | None:
     return text if exact and len(text) < len(f"{value.p}/{value.q}") else None
 
 
-class DisplayPrinter(NormDisplay, TensorDisplay, StrPrinter):
+class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
     """SymPy's str printer with the spec's own function names and gradient names."""
 
     def __init__(self, names: dict[sympy.Symbol, str]) -> None:

@@ -19,6 +19,7 @@ from sympy.core.mul import _keep_coeff
 from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
+from opgen.emit.gate_print import GatePrinting
 from opgen.emit.kernel_print import KernelPrinting
 from opgen.emit.norm_print import NormPrinting
 from opgen.emit.number_print import NumberPrinting, decimal, is_exact_constant, power
@@ -66,7 +67,7 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, TensorPrinting, CodePrinter):
+class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, TensorPrinting, CodePrinter):
     """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
 
     Settings (`_default_settings`): `no_grad` prints code autograd never records, where

@@ -16,9 +16,11 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
+from opgen.emit.gate_print import glu_backward_lines
 from opgen.emit.norm_print import norm_backward_formulas
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
+from opgen.optimize.gates import GluBackward
 from opgen.optimize.norms import LayerNormGrads
 from opgen.spec.names import Namer
 
@@ -47,6 +49,8 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     is computed once, before."""
     if isinstance(expr, LayerNormGrads):
         return _norm_backward(var, expr, printer, indent)
+    if isinstance(expr, GluBackward):
+        return glu_backward_lines(var, expr, printer, indent, assign, call_lines, LINE_LENGTH)
     temporaries = _Temporaries(var, printer)
     width = LINE_LENGTH - indent
     expr = _stable_forms(expr)

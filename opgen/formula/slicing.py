@@ -131,6 +131,8 @@ def divisors(exprs: list[Expr]) -> dict[str, int]:
     """What each dimension must be divisible by for the parts the formulas cut of it, by name."""
     found: dict[str, int] = {}
     for expr in exprs:
+        # a lowered node (opgen.optimize.gates) as the formula it computes: its parts
+        expr = expr.replace(lambda e: hasattr(e, "jvp_form"), lambda e: e.jvp_form())
         for node in expr.atoms(_Part):
             cut = node.cut
             k = lcm(cut.start.denominator, cut.stop.denominator, cut.whole.denominator)

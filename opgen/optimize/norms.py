@@ -39,6 +39,7 @@ from opgen.formula.tensor import (
     dim_size,
     shape_of,
 )
+from opgen.optimize.lets import lower_through_lets
 
 
 class LayerNorm(TensorOp):
@@ -254,22 +255,8 @@ class _Matcher:
 
 def lower_norms(formulas: Formulas) -> Formulas:
     """Each definition that holds a layer norm (with the lets it uses written out) with its node."""
-    lets = {formulas.symbols.lets[n]: e for n, e in formulas.definitions.items() if n in formulas.symbols.lets}
     matcher = _Matcher(formulas.shapes, formulas.numbers)
-    inlined: dict[sympy.Symbol, Expr] = {}
-    definitions = dict(formulas.definitions)
-    for name, expr in formulas.definitions.items():
-        full = expr.xreplace(inlined)
-        symbol = formulas.symbols.lets.get(name)
-        if symbol is not None:
-            inlined[symbol] = full
-        if not full.has(ReduceVar, ReduceMean):
-            continue
-        lowered = matcher.lower(full)
-        if lowered.has(LayerNorm):
-            folds = {value: s for s, value in inlined.items() if not value.is_Atom and s is not symbol and s in lets}
-            definitions[name] = lowered.xreplace(folds)
-    return Formulas(formulas.spec, formulas.symbols, definitions, formulas.overrides, formulas.numbers, formulas.shapes)
+    return lower_through_lets(formulas, lambda e: e.has(ReduceVar, ReduceMean), matcher.lower, LayerNorm)
 
 
 # -- saving the statistics ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from sympy import Expr
 from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
 from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
+from opgen.optimize.gates import lower_gates
 from opgen.optimize.lower import lower
 from opgen.optimize.norms import lower_norms
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
@@ -39,7 +40,7 @@ def optimize_formulas(formulas: Formulas) -> Formulas:
     if chosen.rewrite:
         formulas = _through_lets(formulas)
     formulas = formulas.transformed(optimize)
-    return lower_norms(formulas) if chosen.lower else formulas
+    return lower_gates(lower_norms(formulas)) if chosen.lower else formulas
 
 
 _STABLE_NODES = (Softmax, LogSoftmax, ReduceLogSumExp)
