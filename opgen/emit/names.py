@@ -79,7 +79,7 @@ def make_names(plan: Plan) -> OpNames:
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals)}
     size_attrs = {n: attrs.fresh(size_stem(n)) for n in plan.dim_sizes}
-    size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived)}
+    size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived, tuple(r.expr for r in plan.residuals))}
     check_shapes = namer.fresh("check_shapes")
     arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")
     types = type_names(torch, namer, set(public_names(spec)) | {function_ref, functional_ref})
@@ -106,9 +106,10 @@ def make_names(plan: Plan) -> OpNames:
     )
 
 
-def forward_dims(derived: Derived) -> list[str]:
-    """Named dimensions whose size a forward formula uses as a number."""
-    used = {s for v in derived.variants for _, e in (*v.lets, *v.outputs) for s in e.free_symbols if is_dim_size(s)}
+def forward_dims(derived: Derived, residuals: tuple[sympy.Basic, ...] = ()) -> list[str]:
+    """Named dimensions whose size a forward formula (or a residual forward computes) uses as a number."""
+    formulas = [e for v in derived.variants for _, e in (*v.lets, *v.outputs)] + list(residuals)
+    used = {s for e in formulas for s in e.free_symbols if is_dim_size(s)}
     names = {s.name.split(":", 1)[1] for s in used}
     for variant in derived.variants:  # the sizes of the shapes outputs are expanded to
         names |= {str(d) for _, pieces in variant.expand for p in pieces if p.tensor is None for d in p.dims or ()}
