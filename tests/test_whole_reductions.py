@@ -24,6 +24,7 @@ PLAIN = {
     "sum_narrow": ("sum(x * x + t)", lambda x, t: (x * x + t).sum()),
     "shifted": ("t - mean(x * x)", lambda x, t: t - (x * x).mean()),
     "mean_plus": ("mean(x) + t", lambda x, t: x.mean() + t),
+    "charbonnier": ("mean(sqrt((x - t)**2 + eps**2))", lambda x, t: ((x - t) ** 2 + 0.25**2).sqrt().mean()),
     "var_all": ("var(x * t)", lambda x, t: (x * t).var()),
     "std_all": ("std(x - t, correction=0)", lambda x, t: (x - t).std(correction=0)),
     "amax_all": ("amax(x + t)", lambda x, t: (x + t).amax()),
@@ -42,7 +43,8 @@ BATCHED = {
 
 def _spec(name: str) -> str:
     if name in PLAIN:
-        return f"name: {name}\ninputs:\n  x: Tensor\n  t: Tensor\noutputs:\n  y: {PLAIN[name][0]}\n"
+        inputs = "  x: Tensor\n  t: Tensor\n  eps: float = 0.25\n"  # a number input is no tensor to count
+        return f"name: {name}\ninputs:\n{inputs}outputs:\n  y: {PLAIN[name][0]}\n"
     return f"name: {name}\ninputs:\n  x: Tensor[..., D]\n  w: Tensor[D]\noutputs:\n  y: {BATCHED[name][0]}\n"
 
 

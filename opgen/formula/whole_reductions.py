@@ -25,7 +25,7 @@ def elementwise_leaves(node: ReductionBase, table: dict[sympy.Symbol, Shape]) ->
     stack: list[sympy.Basic] = [node.operand]
     while stack:
         expr = stack.pop()
-        if isinstance(expr, sympy.Symbol) and expr in table:
+        if isinstance(expr, sympy.Symbol) and table.get(expr, ()) != ():  # a tensor: numbers and scalars broadcast away
             leaves.add(expr)
         elif not isinstance(expr, TensorOp):
             stack.extend(expr.args)
