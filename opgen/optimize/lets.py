@@ -10,12 +10,9 @@ from sympy import Expr
 from opgen.formula.read import Formulas
 
 
-def lower_through_lets(
-    formulas: Formulas, applies: Callable[[Expr], bool], lower: Callable[[Expr], Expr], node: type
-) -> Formulas:
-    """Each definition that, with the lets it uses written out (`applies` to it), holds a `node` once `lower`ed,
-    with that lowered form; any let it still contains whole folded back to its name."""
-    lets = {formulas.symbols.lets[n] for n in formulas.definitions if n in formulas.symbols.lets}
+def through_lets(formulas: Formulas, choose: Callable[[Expr, Expr], Expr | None]) -> Formulas:
+    """Each definition read with the lets it uses written out (`full`); where `choose(full, written)`
+    gives a new form, that form replaces it, with any let it still contains whole folded back to its name."""
     inlined: dict[sympy.Symbol, Expr] = {}
     definitions = dict(formulas.definitions)
     for name, expr in formulas.definitions.items():
@@ -23,10 +20,21 @@ def lower_through_lets(
         symbol = formulas.symbols.lets.get(name)
         if symbol is not None:
             inlined[symbol] = full
-        if not applies(full):
-            continue
-        lowered = lower(full)
-        if lowered.has(node):
-            folds = {value: s for s, value in inlined.items() if not value.is_Atom and s is not symbol and s in lets}
-            definitions[name] = lowered.xreplace(folds)
+        chosen = choose(full, expr)
+        if chosen is not None:
+            folds = {value: s for s, value in inlined.items() if not value.is_Atom and s is not symbol}
+            definitions[name] = chosen.xreplace(folds)
     return Formulas(formulas.spec, formulas.symbols, definitions, formulas.overrides, formulas.numbers, formulas.shapes)
+
+
+def lower_through_lets(
+    formulas: Formulas, applies: Callable[[Expr], bool], lower: Callable[[Expr], Expr], node: type
+) -> Formulas:
+    """Each definition that, with the lets it uses written out (`applies` to it), holds a `node` once `lower`ed,
+    with that lowered form."""
+
+    def choose(full: Expr, written: Expr) -> Expr | None:
+        lowered = lower(full) if applies(full) else None
+        return lowered if lowered is not None and lowered.has(node) else None
+
+    return through_lets(formulas, choose)

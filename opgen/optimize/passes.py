@@ -10,8 +10,6 @@ calls another stage.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import sympy
 from sympy import Expr
 
@@ -19,6 +17,7 @@ from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
 from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
 from opgen.optimize.gates import lower_gates
+from opgen.optimize.lets import through_lets
 from opgen.optimize.lower import lower
 from opgen.optimize.norms import lower_norms
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
@@ -61,23 +60,16 @@ def _through_lets(formulas: Formulas) -> Formulas:
     written, the inlined form replaces it, with any let it still contains whole folded back to
     its name. A let no formula uses any more is not computed (the forward drops it).
     """
-    lets = {formulas.symbols.lets[n]: e for n, e in formulas.definitions.items() if n in formulas.symbols.lets}
-    if not lets:
+    if not any(n in formulas.symbols.lets for n in formulas.definitions):
         return formulas
-    inlined: dict[sympy.Symbol, Expr] = {}
-    definitions = dict(formulas.definitions)
-    for name, expr in formulas.definitions.items():
-        full = expr.xreplace(inlined)
-        symbol = formulas.symbols.lets.get(name)
-        if symbol is not None:
-            inlined[symbol] = full
-        if full == expr or not full.has(ReduceSum, ReduceLogSumExp):  # no reduction: nothing to gain
-            continue
+
+    def choose(full: Expr, written: Expr) -> Expr | None:
+        if full == written or not full.has(ReduceSum, ReduceLogSumExp):  # no reduction: nothing to gain
+            return None
         stable = rewrite(full, formulas.shapes)
-        if _stable_nodes(stable) > _stable_nodes(rewrite(expr, formulas.shapes)):
-            folds = {value: s for s, value in inlined.items() if not value.is_Atom and s is not symbol}
-            definitions[name] = stable.xreplace(folds)
-    return replace(formulas, definitions=definitions)
+        return stable if _stable_nodes(stable) > _stable_nodes(rewrite(written, formulas.shapes)) else None
+
+    return through_lets(formulas, choose)
 
 
 def optimize_gradients(derived: Derived) -> Derived:
