@@ -14,7 +14,7 @@ import torch
 
 from opgen.emit.render import Renderer
 from opgen.formula.aliases import ALIASES
-from opgen.formula.words import ALTERNATIVES
+from opgen.formula.words import arity
 from opgen.pipeline import build
 from tests.test_error_hints import TORCH
 
@@ -29,14 +29,10 @@ DOMAIN = {"arccosh": (1.1, 3.0), "arcsin": (0.05, 0.95), "arccos": (0.05, 0.95),
 DOMAIN["logit"] = DOMAIN["arcsin"]
 
 
-def _arity(name: str) -> int:
-    return max((int(t) + 1 for t in "012" if "{" + t + "}" in ALTERNATIVES[name]), default=0)
-
-
 def _spec(name: str) -> str:
     if name in ALONG:
         return f"name: alias_{name}\ninputs:\n  x: Tensor[N, K]\noutputs:\n  y: {ALONG[name][0]}\n"
-    args = list("xab"[: _arity(name)])
+    args = list("xab"[: arity(name)])
     low, high = DOMAIN.get(name, (0.05, 3.0))
     inputs = "".join(f"  {a}: Tensor\n" for a in args)
     domain = ", ".join(f"{a}: [{low}, {high}]" for a in args)
@@ -60,7 +56,7 @@ def test_alias_computes_torchs_function_and_its_gradient(name, generated_aliases
         low, high = DOMAIN.get(name, (0.05, 3.0))
         inputs = [
             (low + (high - low) * torch.rand(4, 5, generator=generator, dtype=torch.float64)).requires_grad_()
-            for _ in range(_arity(name))
+            for _ in range(arity(name))
         ]
         if name in ("pow", "power", "float_power"):
             inputs[1] = torch.full((4, 5), 2.5, dtype=torch.float64, requires_grad=True)

@@ -25,7 +25,7 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.words import ALTERNATIVES
+from opgen.formula.words import ALTERNATIVES, arity
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
@@ -40,10 +40,6 @@ class AliasError(Exception):
     def __init__(self, node: ast.AST, message: str) -> None:
         super().__init__(message)
         self.node = node
-
-
-def _arity(template: str) -> int:
-    return max((int(t) + 1 for t in "012" if "{" + t + "}" in template), default=0)
 
 
 def _placed(tree: ast.expr, at: ast.AST) -> ast.expr:
@@ -68,7 +64,7 @@ class _Expand(ast.NodeTransformer):
             return node
         name = node.func.id
         template = ALTERNATIVES[name]
-        needed = _arity(template)
+        needed = arity(name)
         if len(node.args) != needed or any(isinstance(a, ast.Starred) for a in node.args):
             plural = "s" if needed != 1 else ""
             raise AliasError(node, f"{name}() takes {needed} argument{plural}, got {len(node.args)}")

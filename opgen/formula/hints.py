@@ -15,7 +15,7 @@ import io
 import tokenize
 
 from opgen.formula.vocabulary import ALL_FUNCTIONS, CONSTANTS
-from opgen.formula.words import ALTERNATIVES
+from opgen.formula.words import ALTERNATIVES, arity
 from opgen.spec.parse_common import plausible
 
 _PLACEHOLDERS = ("x", "a", "b")
@@ -36,7 +36,7 @@ def spelled(name: str, args: list[ast.expr]) -> str:
     """The formula of `ALTERNATIVES[name]` for these arguments (placeholders where they do not fit)."""
     template = ALTERNATIVES[name]
     texts = [_text(arg) for arg in args]
-    needed = max((int(t) + 1 for t in "012" if "{" + t + "}" in template), default=0)
+    needed = arity(name)
     if len(texts) != needed:
         texts = list(_PLACEHOLDERS[:needed])
     return ast.unparse(ast.parse(template.format(*texts), mode="eval"))  # only the parentheses it needs

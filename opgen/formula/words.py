@@ -58,3 +58,8 @@ ALTERNATIVES: dict[str, str] = {
     "norm": "sqrt(sum({0}**2, dim=-1))",
     "average": "mean({0}, dim=-1)",
 }
+
+
+def arity(name: str) -> int:
+    """How many arguments the function `name` of `ALTERNATIVES` takes: its template's placeholders."""
+    return max((int(t) + 1 for t in "012" if "{" + t + "}" in ALTERNATIVES[name]), default=0)
