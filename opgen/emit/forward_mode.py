@@ -27,7 +27,7 @@ from opgen.derive.jvp import OutputTangent
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign
-from opgen.formula.dims import counted, size_stem
+from opgen.formula.dims import size_stem
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import ShapeError, dim_size, shape_of
 from opgen.plan.backward import Plan
@@ -89,9 +89,15 @@ def jvp_names(
 
 
 def jvp_setup(
-    plan: Plan, forward: ForwardPlan, jnames: JvpNames, ctx: str, set_attrs: set[str], size_text: dict[str, str]
+    plan: Plan,
+    forward: ForwardPlan,
+    jnames: JvpNames,
+    ctx: str,
+    set_attrs: set[str],
+    sizes: dict[str, tuple[str, tuple[str, ...]]],
 ) -> JvpSetup:
-    """What setup_context adds for jvp; `set_attrs`: ctx attributes it sets already."""
+    """What setup_context adds for jvp; `set_attrs`: ctx attributes it sets already; `sizes`: for
+    each named dimension, the source text of its size and the inputs that text reads."""
     lines = [f"{ctx}.save_for_forward({', '.join(forward.saved)})"] if forward.saved else []
     spec_inputs = {i.name for i in plan.derived.spec.inputs}
     inputs = {n for n in forward.saved if n in spec_inputs} | set(forward.ctx_values)
@@ -101,8 +107,9 @@ def jvp_setup(
     for dim in forward.dim_sizes:
         if jnames.size_attrs[dim] in set_attrs:
             continue
-        lines.append(f"{ctx}.{jnames.size_attrs[dim]} = {size_text[dim]}")
-        inputs |= set(counted(dim) or (size_text[dim].split(".shape", 1)[0].split()[-1],))
+        text, read = sizes[dim]
+        lines.append(f"{ctx}.{jnames.size_attrs[dim]} = {text}")
+        inputs |= set(read)
     returned = set(forward.saved) - spec_inputs
     return JvpSetup(frozenset(inputs), frozenset(returned), tuple(lines))
 

@@ -14,7 +14,7 @@ from opgen.emit.backward import backward_body
 from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
-from opgen.emit.forward import forward_body, setup_body, shape_checks, size_sources, size_text
+from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.module import ModuleContext, default_text, module_context
@@ -190,7 +190,8 @@ def _forward_mode(
     taken |= {names.function_ref, names.functional_ref, *(h[0].split("(")[0].split()[-1] for h in helpers if h)}
     attrs = {*names.ctx_attrs.values(), *names.shape_attrs.values(), *names.size_attrs.values()}
     jnames = jvp_names(plan, plan.forward, taken, (names.ctx_attrs, names.size_attrs), attrs)
-    sizes = {d: size_text(spec, *where) for d, where in size_sources(spec, plan.forward.dim_sizes).items()}
+    sources = size_sources(spec, plan.forward.dim_sizes).items()
+    sizes = {d: (size_text(spec, *where), size_inputs(where[0])) for d, where in sources}
     setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)
     return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 
