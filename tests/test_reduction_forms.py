@@ -216,6 +216,33 @@ def test_p_log_p_is_zero_at_zero_and_its_sum_the_negative_entropy(tmp_path):
     )
 
 
+def test_binary_entropy_is_zero_at_both_ends_and_accurate_near_them(tmp_path):
+    """`(1 - p) * log(1 - p)` -> `xlog1py(1 - p, -p)` (log(1 - p) is log1p(-p) first): 0 at p = 1,
+    where the formula as written is NaN, and log1p's digits where p is tiny. Reference: mpmath at
+    50 digits (value) and torch.special.xlogy's conventions (gradient 0 where a term is 0 log 0)."""
+    import mpmath
+
+    text = "name: bent\ninputs: {p: Tensor}\noutputs:\n  y: -(p * log(p) + (1 - p) * log(1 - p))\n"
+    package = _generate(tmp_path, {"bent": text + "tests:\n  domain: {p: [0, 1]}\n"})
+    values = [0.0, 1e-30, 1e-7, 0.25, 0.5, 1 - 2**-24, 1.0]
+    p = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    assert torch.isnan(-(p * torch.log(p) + (1 - p) * torch.log(1 - p))).any(), "as written: 0 * log(0)"
+    y = package.bent(p)
+    mpmath.mp.dps = 50
+    for got, value in zip(y.tolist(), values, strict=True):
+        terms = [mpmath.mpf(q) * mpmath.log(mpmath.mpf(q)) for q in (value, 1 - mpmath.mpf(value)) if q != 0]
+        exact = -mpmath.fsum(terms)
+        assert abs(got - float(exact)) <= 1e-15 * max(abs(float(exact)), 1e-300), (value, got, exact)
+    (grad,) = torch.autograd.grad(y.sum(), p)
+    inside = p.detach()[1:-1]
+    assert torch.isfinite(grad).all() and grad[0] == 0 and grad[-1] == 0
+    assert torch.allclose(grad[1:-1], torch.log1p(-inside) - torch.log(inside), rtol=1e-12)
+    for dtype in (torch.float32, torch.float64):
+        assert torch.isfinite(package.bent(torch.tensor([0.0, 1.0], dtype=dtype))).all()
+    middle = torch.rand(5, dtype=torch.float64).mul(0.8).add(0.1).requires_grad_()
+    assert torch.autograd.gradcheck(package.bent, (middle,)) and torch.autograd.gradgradcheck(package.bent, (middle,))
+
+
 def test_entropy_of_a_softmax_is_finite_at_large_logits(tmp_path):
     """-sum(softmax(u) * log(softmax(u))) goes through log_softmax: finite at logits of ±1e4, where
     the formula as written is NaN, and equal to PyTorch's Categorical entropy, value and gradient."""

@@ -38,6 +38,8 @@ RULES = [
     (sympy.log(fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "2")]),
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
+    ((1 - x) * sympy.log(1 - x), fn.xlog1py, [{x: v} for v in ("1e-30", "0.5", "-3", "0.999999")]),
+    (-(1 - x) * sympy.log(1 - x) * y, fn.xlog1py, [{x: v, y: "3"} for v in ("1e-20", "0.25")]),
     (sympy.sin(sympy.pi * x) / (sympy.pi * x), sinc, [{x: v} for v in ("1e-5", "0.5", "-2.5", "30.25")]),
     (x * sympy.log(x), fn.xlogy, [{x: v} for v in ("1e-30", "0.5", "3")]),
     (-beta * x * sympy.log(x), fn.xlogy, [{x: v, beta: "2"} for v in ("1e-20", "0.25")]),

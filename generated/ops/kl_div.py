@@ -46,7 +46,7 @@ class KlDivFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_input = -(target * tmp0)
         if ctx.needs_input_grad[1]:
-            grad_target = tmp0 * (torch.where((target == 0) & (target <= 0), 0, torch.log(target)) - input + 1)
+            grad_target = tmp0 * (torch.where(target == 0, 0, torch.log(target)) - input + 1)
         return grad_input, grad_target
 
     @staticmethod
@@ -58,9 +58,7 @@ class KlDivFunction(torch.autograd.Function):
         if tangent_input is not None:
             tangent_loss = -(jvp0 * (tangent_input * target).sum((-2, -1)))
         if tangent_target is not None:
-            step_t1 = tangent_target * (torch.where((target == 0) & (target <= 0), 0, torch.log(target)) - input + 1)
-            step_t0 = step_t1.sum((-2, -1))
-            step = jvp0 * step_t0
+            step = jvp0 * (tangent_target * (torch.where(target == 0, 0, torch.log(target)) - input + 1)).sum((-2, -1))
             tangent_loss = step if tangent_loss is None else tangent_loss + step
         tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss
@@ -82,7 +80,7 @@ def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
     Gradients:
         grad_input = -grad*target/N
-        grad_target = grad*(where((target == 0) & (target <= 0), 0, log(target)) - input + 1)/N
+        grad_target = grad*(where(target == 0, 0, log(target)) - input + 1)/N
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one

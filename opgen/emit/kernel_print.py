@@ -52,6 +52,13 @@ class KernelPrinting:
         y_text = self._print(y) if self.is_tensor(y) else self._as_tensor(y, x)  # torch.xlogy takes no number second
         return f"{self.torch}.xlogy({self._print(x)}, {y_text})"
 
+    def _print_xlog1py(self, expr: fn.xlog1py) -> str:
+        x, y = expr.args
+        if not self.is_tensor(expr):  # numbers: 0 where x is 0, as torch.special.xlog1py
+            return self._print(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * fn.log1p(y)))
+        y_text = self._print(y) if self.is_tensor(y) else self._as_tensor(y, x)
+        return f"{self.torch}.special.xlog1py({self._print(x)}, {y_text})"
+
     def _zeros_like(self, expr: sympy.Basic) -> str:
         """A zero tensor of `expr`'s shape that costs no memory (huber's target)."""
         value = self._print(expr)

@@ -191,7 +191,9 @@ class xlogy(Function):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         x, y = self.args
         if argindex == 1:
-            at_zero = sympy.And(sympy.Eq(x, 0, evaluate=False), sympy.LessThan(y, 0, evaluate=False))
+            at_zero = sympy.Eq(x, 0, evaluate=False)
+            if x != y:  # xlogy(u, u): u = 0 is the whole condition
+                at_zero = sympy.And(at_zero, sympy.LessThan(y, 0, evaluate=False))
             return where(at_zero, S.Zero, sympy.log(y))
         return x / y
 
@@ -199,6 +201,42 @@ class xlogy(Function):  # noqa: N801
         x, y = self.args
         if x.is_number and y.is_number:
             return S.Zero if x == 0 else (x * sympy.log(y)).evalf(prec)
+        return None
+
+
+class xlog1py(Function):  # noqa: N801
+    """`x * log1p(y)`, and 0 wherever `x` is 0 (also at `y = -1`), as `torch.special.xlog1py`:
+    `(1 - p) * log(1 - p)` at p = 1 is its limit 0, and stays accurate where p is tiny.
+
+    Its derivatives are those of `xlogy(x, 1 + y)`: `log1p(y)` along `x`, but 0 where `x` is 0 and
+    `y <= -1`; `x / (1 + y)` along `y`.
+    """
+
+    nargs = 2
+    is_real = True
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return _real(self.args)
+
+    @classmethod
+    def eval(cls, x: Expr, y: Expr) -> Expr | None:
+        if x == 0 or y == 0:
+            return S.Zero
+        return None
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        x, y = self.args
+        if argindex == 1:
+            at_zero = sympy.Eq(x, 0, evaluate=False)
+            if x != 1 + y:  # xlog1py(1 + v, v): x = 0 is the whole condition
+                at_zero = sympy.And(at_zero, sympy.LessThan(y, -1, evaluate=False))
+            return where(at_zero, S.Zero, log1p(y))
+        return x / (1 + y)
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        x, y = self.args
+        if x.is_number and y.is_number:
+            return S.Zero if x == 0 else (x * sympy.log(1 + y)).evalf(prec)
         return None
 
 

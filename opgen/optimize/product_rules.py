@@ -2,6 +2,7 @@
 
     2 sin(u) cos(u) q       -> sin(2u) q               (`double_angle`)
     u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0)
+    (1 + v) * log1p(v)      -> xlog1py(1 + v, v)       (the same, where `log(1 - p)` became `log1p(-p)`)
     sin(a) / a * q          -> sinc(a / pi) * q        (`to_sinc`; sinc(t) = sin(pi t) / (pi t))
 
 and `unsinc`, which writes a sinc back as `sin(a) / a` in a gradient where it buys nothing
@@ -44,14 +45,19 @@ def x_log_x(factors: list[Expr]) -> Expr | None:
     derivative at u = 0 is xlogy's (log term 0 there, so 1), where the formula's is NaN.
     """
     for factor in factors:
-        if not isinstance(factor, sympy.log) or factor.args[0].is_positive:
+        if isinstance(factor, sympy.log):
+            u, form = factor.args[0], fn.xlogy(factor.args[0], factor.args[0])
+        elif isinstance(factor, fn.log1p):  # (1 + v) log1p(v): log(1 - p) was rewritten first
+            u, form = 1 + factor.args[0], fn.xlog1py(1 + factor.args[0], factor.args[0])
+        else:
             continue
-        u = factor.args[0]
+        if u.is_positive:
+            continue
         for sign, term in ((1, u), (-1, -u)):
             if term in factors:
                 rest = [f for f in factors if f is not factor]
                 rest.remove(term)
-                return sign * sympy.Mul(fn.xlogy(u, u), *rest)
+                return sign * sympy.Mul(form, *rest)
     return None
 
 

@@ -158,6 +158,7 @@ _OWN: dict[str, Any] = {
     "minimum": lambda a, b, _: min(a, b),
     "clamp": lambda u, lo, hi: min(max(u, lo), hi),
     "xlogy": lambda x, y: mpmath.mpf(0) if x == 0 else x * mpmath.log(y),
+    "xlog1py": lambda x, y: mpmath.mpf(0) if x == 0 else x * mpmath.log1p(y),
     "_power": _bounded(lambda base, exponent: base**exponent),
     "_f32": lambda value: value if isinstance(value, bool) else mpmath.mpf(float32(float(value))),
     **{name: _bounded(getattr(mpmath, name)) for name in _SIZE_BOUND if name != "expm1"},
