@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -181,7 +182,7 @@ def page(spec: Spec, view: OpView, spec_text: str, bench: tuple[list[str], list[
 
 
 def index(specs: list[Spec]) -> str:
-    lines = ["# The op catalogue", "", "A page per op, written by `opgen docs`: do not edit.", ""]
+    lines = ["# The op catalogue", "", INDEX_MARK, ""]
     lines += ["| op | what it is |", "| --- | --- |"]
     for spec in sorted(specs, key=lambda s: s.name):
         summary = _summary(spec).replace("|", "\\|")
@@ -284,6 +285,39 @@ def plot_all(result: Result, folder: Path) -> None:
                 del sys.modules[name]
 
 
+INDEX_MARK = "A page per op, written by `opgen docs`: do not edit."
+
+
+def stale(out: Path, written: dict[str, str], plotted: set[str]) -> list[Path]:
+    """The files of `out` an earlier `opgen docs` wrote that this run does not: the page and plot of
+    each op its index listed that is gone, and the plot of a listed op this run draws none for.
+    Only what that index names, and a page only if it is still the page opgen wrote (its
+    `Generated from` line): a file of the user's in the same folder is never touched."""
+    try:
+        old = (out / "index.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    if INDEX_MARK not in old:
+        return []
+    listed = re.findall(r"^\| \[([A-Za-z_][A-Za-z0-9_]*)\]\(\1\.md\) \|", old, flags=re.MULTILINE)
+    found = []
+    for name in listed:
+        page, plot = out / f"{name}.md", out / f"{name}.png"
+        if f"{name}.md" not in written and _opgen_page(page, name):
+            found.append(page)
+        if name not in plotted and plot.is_file():
+            found.append(plot)
+    return found
+
+
+def _opgen_page(path: Path, name: str) -> bool:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return text.startswith(f"# {name}\n") and "\nGenerated from `" in text
+
+
 def _write(path: Path, data: bytes) -> None:
     """Replace `path` atomically, and only when its bytes change."""
     if path.exists() and path.read_bytes() == data:
@@ -328,15 +362,19 @@ def main(args: argparse.Namespace) -> int:
     plots = not args.no_plots and has_matplotlib()
     texts = {s.name: Path(s.loc.file).read_text(encoding="utf-8") for s in result.specs}
     written = pages(result, texts, benchmarks, plots)
+    plotted = {s.name for s in result.specs if elementwise(s)} if plots else set()
     try:
         out.mkdir(parents=True, exist_ok=True)
+        removed = stale(out, written, plotted)  # read from the index before it is rewritten
         if plots:
             plot_all(result, out)
         for rel, text in sorted(written.items()):
             _write(out / rel, text.encode("utf-8"))
+        for path in removed:
+            path.unlink()
     except OSError as error:
         return _error(f"cannot write {out}: {error}")
-    drawn = sum(1 for s in result.specs if elementwise(s)) if plots else 0
+    drawn = len(plotted)
     hint = "" if plots or args.no_plots else f" ({PLOT_HINT})"
     print(f"{out}: {len(result.specs)} op pages, {drawn} plots{hint}")
     return 0

@@ -115,6 +115,29 @@ def test_no_plots_writes_the_hint_and_no_png(run_cli, tmp_path):
     assert not list((tmp_path / "out").glob("*.png"))
 
 
+def test_pages_and_plots_of_ops_gone_are_removed_and_nothing_else(run_cli, tmp_path):
+    """A second run over fewer specs removes the pages and plots the first wrote for the ops now
+    gone, and a plot of an op it draws none for; a file of the user's in the folder stays."""
+    pytest.importorskip("matplotlib")
+    out, specs = tmp_path / "out", tmp_path / "specs"
+    specs.mkdir()
+    names = ("softsign", "sign_ste", "tanhshrink")
+    for name in names:
+        (specs / f"{name}.yaml").write_text((SPECS / f"{name}.yaml").read_text())
+    assert run_cli("docs", str(specs), "-o", str(out))[0] == 0
+    assert {p.name for p in out.iterdir()} == {"index.md", *(f"{n}.{e}" for n in names for e in ("md", "png"))}
+    (out / "notes.md").write_text("# notes\n")
+    (out / "tanhshrink.md").write_text("# tanhshrink\n\nMy own notes on it.\n")  # the user's page now
+    (specs / "softsign.yaml").unlink()
+    (specs / "tanhshrink.yaml").unlink()
+    status, stdout, stderr = run_cli("docs", str(specs), "-o", str(out), "--no-plots")
+    assert status == 0, stderr
+    assert not (out / "softsign.md").exists() and not (out / "softsign.png").exists()
+    assert not (out / "sign_ste.png").exists() and (out / "sign_ste.md").exists()  # it shows no plot now
+    assert (out / "notes.md").read_text() == "# notes\n" and "My own" in (out / "tanhshrink.md").read_text()
+    assert "[softsign]" not in (out / "index.md").read_text()
+
+
 def test_a_bad_spec_or_argument_writes_nothing(run_cli, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ninputs:\n  x: Tensor\noutputs:\n  y: x^2\n")
