@@ -172,6 +172,54 @@ def test_layer_norm_inside_a_let_then_used(tmp_path: Path) -> None:
     _agree(lambda x, w: op(x, w, 0.3), want, (x, w))
 
 
+class _Calls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops a call runs, by name (`mean`, `native_layer_norm`, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_calls(op, *inputs: torch.Tensor) -> dict[str, int]:
+    with torch.no_grad(), _Calls() as calls:
+        op(*inputs)
+    return calls.counts
+
+
+def test_a_norm_inside_lets_or_outputs_is_computed_once_in_forward(tmp_path: Path) -> None:
+    """Forward computes each statistic once: a let holding the rstd is what it saves, and a layer norm
+    used inside the outputs (twice, and under a reduction) comes from the call that gives its
+    statistics. Values, gradients, double backward and forward mode as the same formula of PyTorch's ops."""
+    rms_body = "let:\n  r: rsqrt(mean(x**2, dim=-1, keepdim=true) + 1e-6)\n  n: x * r\noutputs:\n  y: n * g\n"
+    rms, _ = _op(tmp_path, "rms_lets", "  x: Tensor[..., D]\n  g: Tensor[D]\n", rms_body)
+    ln_body = (
+        "let:\n  ln: (x - mean(x, dim=-1, keepdim=true)) * rsqrt(var(x, dim=-1, keepdim=true, correction=0)"
+        " + eps) * weight\noutputs:\n  y: max(ln, 0) + 2 * ln\n  s: sum(ln * ln, dim=-1)\n"
+    )
+    ln, _ = _op(tmp_path, "ln_twice", "  x: Tensor[..., D]\n  weight: Tensor[D]\n  eps: float = 1e-5\n", ln_body)
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert _forward_calls(rms, x, w).get("mean") == 1
+    assert _forward_calls(lambda x, w: ln(x, w, 0.3), x, w).get("native_layer_norm") == 1
+
+    def want_ln(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normed = F.layer_norm(x, (5,), w, None, 0.3)
+        return torch.relu(normed) + 2 * normed, (normed * normed).sum(-1)
+
+    _agree(lambda x, w: rms(x, w), lambda x, w: F.rms_norm(x, (5,), w, 1e-6), (x, w))
+    got, want = ln(x, w, 0.3), want_ln(x, w)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    _agree(lambda x, w: ln(x, w, 0.3)[0], lambda x, w: want_ln(x, w)[0], (x, w))
+    _agree(lambda x, w: ln(x, w, 0.3)[1], lambda x, w: want_ln(x, w)[1], (x, w))
+
+
 @pytest.mark.parametrize("dim", [0, 1])
 def test_normalizing_over_a_leading_or_middle_dim_stays_general(tmp_path: Path, dim: int) -> None:
     norm = f"(x - mean(x, dim={dim}, keepdim=true)) * rsqrt(var(x, dim={dim}, keepdim=true, correction=0) + eps)"

@@ -101,6 +101,12 @@ CASES = {
         lambda p, q: torch.xlogy(p, q) + torch.xlogy(2, q),
     ),
     "xlogy_only": ({"p": "Tensor", "q": "Tensor"}, "xlogy(p, q)", {"p": (3,), "q": (3,)}, torch.xlogy),
+    "var_factor_out": (  # a kept-dim var taken out of a sum keeps its correction
+        {"x": "Tensor[..., D]"},
+        "sum(x * std(x, dim=-1, keepdim=true, correction=0) * var(x, dim=-1, keepdim=true), dim=-1)",
+        {"x": (2, 5)},
+        lambda x: (x * x.std(-1, keepdim=True, correction=0) * x.var(-1, keepdim=True)).sum(-1),
+    ),
 }
 
 POSITIVE = {"xlogy_pair", "xlogy_only"}  # log needs positive arguments

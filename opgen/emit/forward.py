@@ -14,30 +14,51 @@ from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
-from opgen.emit.norm_print import statistics_lines
+from opgen.emit.norm_print import let_statistics, saved_statistics, statistics_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
 from opgen.formula.dims import counted
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
+from opgen.optimize.norms import Rstd
 from opgen.plan.backward import Plan
 from opgen.spec.model import Spec
+from opgen.spec.names import Namer
 
 
 def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliases: frozenset[str]) -> Lines:
     differentiable = {o.name for o in plan.derived.spec.outputs if o.differentiable}
     lines = []
     indent = 4 * (2 + (len(plan.derived.variants) > 1))
+    pending = saved_statistics(plan.residuals)  # Note [layer norm statistics]
+    parts: dict[sympy.Basic, sympy.Symbol] = {}  # a layer norm a let or a statement computed: its name
+    given: set[str] = set()  # the residuals those lets assign
     for name, expr in variant.lets:
-        lines += assign(name, expr, printer, indent)
+        found = let_statistics(name, expr, pending, printer)
+        if found is None:
+            lines += assign(name, expr.xreplace(parts), printer, indent)
+            continue
+        lines.append(found[0])
+        given |= found[1]
+        parts[expr] = sympy.Symbol(name, real=True)
     expand = dict(variant.expand)  # Note [shapes as written] in opgen.written
-    plain = tuple((n, e) for n, e in variant.outputs if n not in aliases and n not in expand)
-    statistics, done = statistics_lines(plan.residuals, plain, printer)  # Note [layer norm statistics]
+    plain = tuple((n, e.xreplace(parts)) for n, e in variant.outputs if n not in aliases and n not in expand)
+    taken = {*printer.names.values(), printer.torch, printer.math, *(n for n, _ in variant.outputs)}
+    statistics, done, inner = statistics_lines(pending, plain, printer, Namer(taken | {r.name for r in plan.residuals}))
     lines += statistics
+    done |= given
+    for symbol in inner.values():  # a layer norm inside an output: computed with its statistics
+        printer = printer.with_symbols({symbol: symbol.name}, frozenset({symbol}))
+    outputs = tuple((n, e.xreplace(parts).xreplace(inner)) for n, e in variant.outputs)
+    computed = {expr: name for name, expr in variant.lets}
     for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
-        if residual.name not in done:
+        if residual.name in done:
+            continue
+        if _as_let(residual.expr) in computed:  # a let forward has already computed (`r: rsqrt(...)`)
+            lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
+        else:
             lines += assign(residual.name, residual.expr, printer, indent)
-    for name, expr in variant.outputs:
+    for name, expr in outputs:
         if name in done:
             continue
         if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
@@ -47,13 +68,18 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             text = printer.doprint_expr(expr)
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
-            lines += assign(name, expr, printer, indent)
+            lines += assign(name, expr, printer, indent, shared=True)
         if name in expand:
             lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
         if name not in differentiable and name not in aliases and (name in expand or _is_view(expr)):
             # A view of an input is rebased by autograd whatever setup_context marks: detach it.
             lines.append(f"{name} = {name}.detach()")
     return lines
+
+
+def _as_let(expr: sympy.Basic) -> sympy.Basic:
+    """A residual as a let computing it would read: a saved rstd is `base**(-1/2)` (forward records nothing)."""
+    return expr.args[0] ** sympy.Rational(-1, 2) if isinstance(expr, Rstd) else expr
 
 
 def _is_view(expr: sympy.Basic) -> bool:

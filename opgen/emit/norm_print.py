@@ -10,6 +10,7 @@ from sympy import S
 from opgen.formula.tensor import ReduceMean, ReduceVar
 from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats, Rstd, trailing_dims
 from opgen.optimize.save import Residual
+from opgen.spec.names import Namer
 
 
 class NormPrinting:
@@ -92,28 +93,63 @@ def norm_backward_formulas(expr: LayerNormGrads) -> list[tuple[sympy.Expr | None
     return [(grad_u, None), grad_w, grad_b]
 
 
-def statistics_lines(
-    residuals: tuple[Residual, ...], outputs: tuple[tuple[str, sympy.Basic], ...], printer: NormPrinting
-) -> tuple[list[str], set[str]]:
-    """The statements computing the saved statistics (Note [layer norm statistics]): each with the output that
-    is the same layer norm, when there is one, in one call; and the residuals and outputs they assign."""
-    lines, done = [], set()
+def saved_statistics(residuals: tuple[Residual, ...]) -> dict[sympy.Basic, dict[int, str]]:
+    """Each layer norm's statistics forward saves, with the residual names of its mean (1) and rstd (2)."""
     by_stats: dict[sympy.Basic, dict[int, str]] = {}
     for residual in residuals:
         if isinstance(residual.expr, Item) and residual.expr.detached:
             by_stats.setdefault(residual.expr.args[0], {})[int(residual.expr.args[1])] = residual.name
-    for stats, names in by_stats.items():
-        u, eps, shape = stats.args
-        found = [
-            (name, e)
-            for name, e in outputs
-            if isinstance(e, LayerNorm) and (e.args[0], e.args[3], e.args[4]) == (u, eps, shape) and name not in done
-        ]
-        name, node = found[0] if found else ("_", LayerNorm(u, S.One, S.Zero, eps, shape))
-        targets = [name, names.get(1, "_"), names.get(2, "_")]
-        lines.append(f"{', '.join(targets)} = {printer.native_layer_norm(node)}")
-        done |= {t for t in targets if t != "_"}
-    return lines, done
+    return by_stats
+
+
+def _of(stats: sympy.Basic, expr: sympy.Basic) -> bool:
+    """Whether `expr` is a layer norm whose statistics are `stats`."""
+    return isinstance(expr, LayerNorm) and (expr.args[0], expr.args[3], expr.args[4]) == tuple(stats.args)
+
+
+def statistics_line(
+    name: str, stats: sympy.Basic, names: dict[int, str], node: sympy.Basic | None, printer: NormPrinting
+) -> str:
+    """`name, mean, rstd = native_layer_norm(...)` of `node` (`_` and the plain layer norm without one)."""
+    u, eps, shape = stats.args
+    node = node if node is not None else LayerNorm(u, S.One, S.Zero, eps, shape)
+    return f"{name}, {names.get(1, '_')}, {names.get(2, '_')} = {printer.native_layer_norm(node)}"
+
+
+def let_statistics(
+    name: str, expr: sympy.Basic, pending: dict[sympy.Basic, dict[int, str]], printer: NormPrinting
+) -> tuple[str, set[str]] | None:
+    """The let `name` as the call that also gives saved statistics, if it is that layer norm, with the
+    residuals it assigns (`pending` loses them)."""
+    for stats, names in pending.items():
+        if _of(stats, expr):
+            del pending[stats]
+            return statistics_line(name, stats, names, expr, printer), set(names.values())
+    return None
+
+
+def statistics_lines(
+    pending: dict[sympy.Basic, dict[int, str]],
+    outputs: tuple[tuple[str, sympy.Basic], ...],
+    printer: NormPrinting,
+    fresh: Namer,
+) -> tuple[list[str], set[str], dict[sympy.Basic, sympy.Symbol]]:
+    """The statements computing the saved statistics no let gave (Note [layer norm statistics]): each with
+    the layer norm of an output in one call, when an output is that layer norm or holds it
+    (`relu(ln) + 2 * ln`); the residuals and outputs they assign; and each layer norm computed as a
+    part, with the name holding it (a name from `fresh`), for the outputs to read."""
+    lines, done, parts = [], set(), {}
+    for stats, names in pending.items():
+        found = [(name, e) for name, e in outputs if _of(stats, e) and name not in done]
+        inner = [e for _, e in outputs for e in sympy.preorder_traversal(e) if _of(stats, e) and e not in parts]
+        name, node = found[0] if found else ("_", None)
+        if not found and inner:
+            node = inner[0]
+            parts[node] = sympy.Symbol(fresh.fresh("normed"), real=True)
+            name = parts[node].name
+        lines.append(statistics_line(name, stats, names, node, printer))
+        done |= {name, *names.values()} - {"_", *(s.name for s in parts.values())}
+    return lines, done, parts
 
 
 class NormDisplay:

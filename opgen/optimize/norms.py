@@ -14,7 +14,8 @@ The backward kernel needs the mean and 1/std of each row: `[..., 1]`, tiny next 
 and a pass over the input to recompute (on CPU `var_mean` alone costs three times the kernel).
 The gradients read them as `Item(LayerNormStats(u, eps, shape), 1 or 2)`; `opgen.optimize.save`
 makes them residuals (hidden outputs) when forward computes the layer norm anyway, and forward
-then gets them from the same `native_layer_norm` call as the output. They are outputs autograd
+then gets them from the same `native_layer_norm` call as the output (or as the let, or the part
+of an output, that is that layer norm: `relu(ln) + 2 * ln` calls it once). They are outputs autograd
 does not differentiate (`detached`): PyTorch's double backward of the kernel
 (`layer_norm_double_backward`) already accounts for their dependence on the input, as
 PyTorch's own layer norm saves them. Without residuals, backward recomputes them.

@@ -78,7 +78,7 @@ def _squeezed(expr: Expr, dim: int, shapes: Shapes | None) -> Expr | None:
     if len(split(shape)[1]) < -dim:
         return expr
     if isinstance(expr, ReductionBase) and expr.keepdim and _one_dim(expr) == dim:
-        return expr.func(expr.operand, expr.args[1], S.Zero)
+        return expr.func(expr.operand, expr.args[1], S.Zero, *expr.args[3:])  # var keeps its correction
     if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) or (
         isinstance(expr, sympy.Function) and not isinstance(expr, ReductionBase) and len(expr.args) == 1
     ):
