@@ -62,25 +62,32 @@ def test_a_tensor_escaped_from_a_transform_is_taken_as_function_apply_takes_it(o
     torch.testing.assert_close(silu.apply(leaked[0]), standard)
 
 
-# -- Note [small calls]: an op that is one PyTorch op calls it for small inputs -------------------
+# -- Note [small calls]: an op that is a short chain of PyTorch ops evaluates it for small inputs ---
 
-ONE_OP = {
-    "silu": (lambda x: torch.nn.functional.silu(x), ()),
+F = torch.nn.functional
+CHAINS = {
+    "silu": (F.silu, ()),
     "sigmoid": (torch.sigmoid, ()),
-    "softplus": (lambda x, beta: torch.nn.functional.softplus(x, beta), (0.5,)),
-    "gelu_tanh": (lambda x: torch.nn.functional.gelu(x, approximate="tanh"), ()),
-    "mish": (torch.nn.functional.mish, ()),
-    "relu6": (torch.nn.functional.relu6, ()),
+    "softplus": (lambda x, beta: F.softplus(x, beta), (0.5,)),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ()),
+    "relu6": (F.relu6, ()),
+    "softsign": (F.softsign, ()),
+    "tanhshrink": (F.tanhshrink, ()),
+    "selu": (F.selu, ()),
+    "swish": (lambda x, beta: x * torch.sigmoid(beta * x), (1.5,)),
+    "mul_constant": (lambda x, c: x * c, (-2.5,)),
 }
+SMALL = sorted(name for name in SPEC_NAMES if "native_below" in (ROOT / "generated" / "ops" / f"{name}.py").read_text())
+EXTREME_POINTS = [-1e4, -100.0, -30.0, -3.0, -1e-6, 0.0, 1e-6, 3.0, 30.0, 100.0, 1e4]
 
 
-@pytest.mark.parametrize("name", sorted(ONE_OP))
+@pytest.mark.parametrize("name", sorted(CHAINS))
 @pytest.mark.parametrize("size", [5, 20000])
-def test_an_op_that_is_one_pytorch_op_matches_it_below_and_above_the_threshold(ops, name, size):
-    """Below `native_below` elements the functional calls PyTorch's op (no Python autograd node),
+def test_an_op_that_is_a_chain_of_pytorch_ops_matches_them_below_and_above_the_threshold(ops, name, size):
+    """Below `native_below` elements the functional evaluates PyTorch's ops (no Python autograd node),
     above it the Function; both give PyTorch's values, gradients, second derivatives and tangents."""
     function = _function(ops, name)
-    native, extra = ONE_OP[name]
+    native, extra = CHAINS[name]
     op = getattr(ops, name)
     assert function.native_below == 16384
     x = torch.linspace(-8, 8, size, dtype=torch.float64).requires_grad_()
@@ -92,23 +99,109 @@ def test_an_op_that_is_one_pytorch_op_matches_it_below_and_above_the_threshold(o
     (g,) = torch.autograd.grad(y, x, v, create_graph=True)
     (w,) = torch.autograd.grad(want, x, v, create_graph=True)
     torch.testing.assert_close(g, w)
-    torch.testing.assert_close(torch.autograd.grad(g.sum(), x)[0], torch.autograd.grad(w.sum(), x)[0])
+    if w.requires_grad:
+        torch.testing.assert_close(torch.autograd.grad(g.sum(), x)[0], torch.autograd.grad(w.sum(), x)[0])
     _, tangent = torch.func.jvp(lambda t: op(t, *extra), (x.detach(),), (v,))
     torch.testing.assert_close(tangent, torch.func.jvp(lambda t: native(t, *extra), (x.detach(),), (v,))[1])
 
 
-@pytest.mark.parametrize("name", ["silu", "softplus", "relu6"])
+def _all_orders(op, function, below, x, extra):
+    """Values, first and second derivatives (of the sum) and a forward-mode tangent, with `native_below` at `below`."""
+    function.native_below = below
+    x = x.detach().requires_grad_()
+    y = op(x, *extra)
+    (first,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    second = torch.autograd.grad(first.sum(), x)[0] if first.requires_grad else torch.zeros_like(first)
+    tangent = torch.func.jvp(lambda t: op(t, *extra), (x.detach(),), (torch.ones_like(x),))[1]
+    grad = torch.func.grad(lambda t: op(t, *extra).sum())(x.detach())
+    batched = torch.func.vmap(lambda t: op(t, *extra))(x.detach().reshape(-1, 1))
+    return {"value": y, "first": first, "second": second, "jvp": tangent, "func.grad": grad, "vmap": batched.flatten()}
+
+
+def assert_agree(small, full, what):
+    assert torch.equal(torch.isfinite(small), torch.isfinite(full)), f"{what}: {small} vs {full}"
+    torch.testing.assert_close(small, full, rtol=1e-4, atol=1e-6, equal_nan=True, msg=what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", SMALL)
+def test_the_small_path_is_the_function_at_extreme_inputs_to_second_order(ops, name, dtype, monkeypatch):
+    """Every op with a small path: at +-1e4, +-100, +-1e-6, 0, ... its values, gradients, second
+    derivatives, torch.func jvp, grad and vmap are the Function's (F.mish's second derivative, NaN
+    from x = 100 where the Function's is 0, keeps mish out)."""
+    function = _function(ops, name)
+    monkeypatch.setattr(function, "native_below", function.native_below)
+    op = getattr(ops, name)
+    extra = {"softplus": (0.5,), "swish": (1.5,), "mul_constant": (-2.5,)}.get(name, ())
+    x = torch.tensor(EXTREME_POINTS, dtype=dtype)
+    small = _all_orders(op, function, 2**62, x, extra)
+    assert not isinstance(op(x.requires_grad_(), *extra).grad_fn, function._backward_cls)
+    full = _all_orders(op, function, 0, x, extra)
+    for what in small:
+        assert_agree(small[what], full[what], f"{name} {dtype} {what}")
+
+
+@pytest.mark.parametrize("name", ["silu", "softplus", "relu6", "softsign", "swish"])
 def test_small_calls_keep_the_call_time_errors(ops, name):
     op = getattr(ops, name)
-    extra = ONE_OP[name][1]
+    extra = CHAINS[name][1]
     with pytest.raises(TypeError, match=f"{name}\\(\\): argument 'x' must be a real floating-point Tensor"):
         op(torch.arange(4), *extra)
     with pytest.raises(TypeError, match="must be a real floating-point Tensor"):
         op([1.0, 2.0], *extra)
 
 
-@pytest.mark.parametrize("name", ["softsign", "tanhshrink", "sign_ste", "huber", "swish", "softmax"])
-def test_an_op_that_is_not_one_pytorch_op_always_calls_its_function(ops, name):
-    """Composed formulas, gradient overrides, two tensor inputs, named dimensions: the Function."""
+NOT_CHAINS = ["mish", "hardsigmoid", "sinc", "safe_sqrt", "sign_ste", "huber", "softmax", "clip_grad"]
+
+
+@pytest.mark.parametrize("name", NOT_CHAINS)
+def test_an_op_that_is_not_a_short_chain_always_calls_its_function(ops, name):
+    """Second derivatives PyTorch gets wrong (mish) or lacks (hardsigmoid), branches and guards, gradient
+    overrides, two tensor inputs, named dimensions: the Function."""
     assert not hasattr(_function(ops, name), "native_below")
     assert "native_below" not in (ROOT / "generated" / "ops" / f"{name}.py").read_text()
+
+
+# Unusual chains: which qualify (Note [small chains]), and those that do agree with their Function.
+RULE_SPECS = {
+    "power": "name: power\ninputs:\n  x: Tensor\noutputs:\n  y: x / (1 + x**2)**2\n",
+    # Its first derivative is finite at 0, its second (autograd's, through `abs(x)**0.5`) is not.
+    "half": "name: half\ninputs:\n  x: Tensor\noutputs:\n  y: x * abs(x)**1.5\n",
+    "numbers": "name: numbers\ninputs:\n  x: Tensor\n  beta: float = 0.5\noutputs:\n  y: tanh(x) * exp(beta)\n",
+    "logs": "name: logs\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + x**2)\n",
+    "signed": "name: signed\ninputs:\n  x: Tensor\noutputs:\n  y: sign(x) * atan(x) + x\n",
+    "root": "name: root\ninputs:\n  x: Tensor\noutputs:\n  y: sqrt(x**2 + 1)\n",
+    "gauss": "name: gauss\ninputs:\n  x: Tensor\noutputs:\n  y: x * exp(-x**2)\n",
+    "long": "name: long\ninputs:\n  x: Tensor\noutputs:\n  y: tanh(sin(cos(atan(x)))) + x\n",
+    "branch": "name: branch\ninputs:\n  x: Tensor\noutputs:\n  y: where(x > 0, x**2, x)\n",
+    "extremum": "name: extremum\ninputs:\n  x: Tensor\noutputs:\n  y: max(x, 0) * tanh(x)\n",
+    "two": "name: two\ninputs:\n  x: Tensor\n  w: Tensor\noutputs:\n  y: x * tanh(w)\n",
+    "overridden": "name: overridden\ninputs:\n  x: Tensor\noutputs:\n  y: tanh(x)\ngradients:\n  x: grad\n",
+}
+QUALIFY = {"power", "numbers", "logs", "signed"}
+
+
+@pytest.fixture(scope="module")
+def rule_ops(tmp_path_factory):
+    from spec_ops import build_ops
+
+    return build_ops(tmp_path_factory.mktemp("small_chains"), "small_chain_ops", RULE_SPECS)
+
+
+@pytest.mark.parametrize("name", sorted(RULE_SPECS))
+def test_which_chains_take_the_small_path(rule_ops, name):
+    function = _function(rule_ops, name)
+    assert hasattr(function, "native_below") == (name in QUALIFY)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(QUALIFY))
+def test_unusual_chains_agree_with_their_function_at_extreme_inputs(rule_ops, name, dtype, monkeypatch):
+    function = _function(rule_ops, name)
+    monkeypatch.setattr(function, "native_below", function.native_below)
+    op = getattr(rule_ops, name)
+    x = torch.tensor(EXTREME_POINTS, dtype=dtype)
+    small = _all_orders(op, function, 2**62, x, ())
+    full = _all_orders(op, function, 0, x, ())
+    for what in small:
+        assert_agree(small[what], full[what], f"{name} {dtype} {what}")

@@ -11,7 +11,7 @@ class EluFunction(torch.autograd.Function):
     """The autograd Function of `elu`; see `elu` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -77,7 +77,7 @@ def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
             "elu(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < EluFunction.native_below:
         return torch.nn.functional.elu(x, alpha)
     function = _EluFunctionNoJvp if torch.compiler.is_compiling() else EluFunction

@@ -11,7 +11,7 @@ class HardtanhFunction(torch.autograd.Function):
     """The autograd Function of `hardtanh`; see `hardtanh` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -81,7 +81,7 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
             "hardtanh(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < HardtanhFunction.native_below:
         return torch.nn.functional.hardtanh(x, min_val, max_val)
     function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction

@@ -11,7 +11,7 @@ class LeakyReluFunction(torch.autograd.Function):
     """The autograd Function of `leaky_relu`; see `leaky_relu` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -77,7 +77,7 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
             "leaky_relu(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < LeakyReluFunction.native_below:
         return torch.nn.functional.leaky_relu(x, negative_slope)
     function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction

@@ -11,6 +11,8 @@ class MulConstantFunction(torch.autograd.Function):
     """The autograd Function of `mul_constant`; see `mul_constant` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -69,5 +71,8 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
             "mul_constant(): argument 'tensor' must be a real floating-point Tensor, got "
             f"{tensor.dtype if torch.is_tensor(tensor) else tensor.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and tensor.numel() < MulConstantFunction.native_below:
+        return constant * tensor
     function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
     return function.apply(tensor, constant)

@@ -11,7 +11,7 @@ class Relu6Function(torch.autograd.Function):
     """The autograd Function of `relu6`; see `relu6` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -74,7 +74,7 @@ def relu6(x: torch.Tensor) -> torch.Tensor:
             "relu6(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < Relu6Function.native_below:
         return torch.nn.functional.hardtanh(x, 0, 6)
     function = _Relu6FunctionNoJvp if torch.compiler.is_compiling() else Relu6Function

@@ -11,6 +11,8 @@ class SeluFunction(torch.autograd.Function):
     """The autograd Function of `selu`; see `selu` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -76,5 +78,8 @@ def selu(x: torch.Tensor) -> torch.Tensor:
             "selu(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < SeluFunction.native_below:
+        return 1.0507009873554805 * torch.nn.functional.elu(x, 1.6732632423543772)
     function = _SeluFunctionNoJvp if torch.compiler.is_compiling() else SeluFunction
     return function.apply(x)

@@ -11,7 +11,7 @@ class SiluFunction(torch.autograd.Function):
     """The autograd Function of `silu`; see `silu` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -82,7 +82,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
             "silu(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < SiluFunction.native_below:
         return torch.nn.functional.silu(x)
     function = _SiluFunctionNoJvp if torch.compiler.is_compiling() else SiluFunction

@@ -11,7 +11,7 @@ class SoftplusFunction(torch.autograd.Function):
     """The autograd Function of `softplus`; see `softplus` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional calls PyTorch's op (Note [small calls] in opgen's emit); 0: never.
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod
@@ -77,7 +77,7 @@ def softplus(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
             "softplus(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
-    # PyTorch's op for small inputs (Note [small calls]); compiled, the Function as always
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < SoftplusFunction.native_below:
         return torch.nn.functional.softplus(x, beta)
     function = _SoftplusFunctionNoJvp if torch.compiler.is_compiling() else SoftplusFunction

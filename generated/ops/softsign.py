@@ -11,6 +11,8 @@ class SoftsignFunction(torch.autograd.Function):
     """The autograd Function of `softsign`; see `softsign` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -72,5 +74,8 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
             "softsign(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < SoftsignFunction.native_below:
+        return x / (torch.abs(x) + 1)
     function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction
     return function.apply(x)

@@ -11,6 +11,8 @@ class SwishFunction(torch.autograd.Function):
     """The autograd Function of `swish`; see `swish` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -77,5 +79,8 @@ def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
             "swish(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < SwishFunction.native_below:
+        return x * torch.sigmoid(beta * x)
     function = _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
     return function.apply(x, beta)

@@ -11,6 +11,8 @@ class TanhshrinkFunction(torch.autograd.Function):
     """The autograd Function of `tanhshrink`; see `tanhshrink` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,5 +83,8 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
             "tanhshrink(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < TanhshrinkFunction.native_below:
+        return x - torch.tanh(x)
     function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
     return function.apply(x)[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -110,3 +110,45 @@ def check_extremes(
         if not accurate(grad, slope, rival_grad, slope_slack):
             bad.append(f"derivative at {name} = {point} ({at}): {grad.item()!r}, exact {slope!r}")
     assert not bad, "\n".join(bad)
+
+
+def check_small_calls(
+    op: OpUnderTest,
+    function: Any,
+    args: Args,
+    extremes: Sequence[tuple[str, float, Sequence[float], float | None, str]],
+    places: dict[str, dict[str, float]],
+) -> None:
+    """At each extreme row, float32 values, first and second derivatives of the small-call path
+    (PyTorch's ops under autograd: Note [small calls] in opgen's emit) are the Function's: non-finite
+    at the same places, within 1e-4 relative (1e-6 absolute) elsewhere."""
+    bad: list[str] = []
+    kept = function.native_below
+    try:
+        for name, point, _, _, at in extremes:
+            paths = [
+                _derivatives(op, function, below, extreme_inputs(op, args, name, point, places[at]), name)
+                for below in (2**62, 0)
+            ]
+            for what, small, full in zip([*op.outputs, f"d/d{name}", f"d2/d{name}2"], *paths, strict=True):
+                same = torch.equal(torch.isfinite(small), torch.isfinite(full))
+                if not same or not torch.allclose(small, full, rtol=1e-4, atol=1e-6, equal_nan=True):
+                    bad.append(
+                        f"{what} at {name} = {point} ({at}): small call {small.item()!r}, Function {full.item()!r}"
+                    )
+    finally:
+        function.native_below = kept
+    assert not bad, "\n".join(bad)
+
+
+def _derivatives(op: OpUnderTest, function: Any, below: int, inputs: Args, name: str) -> list[torch.Tensor]:
+    """The outputs and the first and second derivatives of their sum in `name`, with `native_below` at `below`."""
+    function.native_below = below
+    k = op.inputs.index(name)
+    outs = op(*inputs)
+    total = torch.stack([outs[j].sum() for j in op.differentiable]).sum()
+    (first,) = torch.autograd.grad(total, [inputs[k]], create_graph=True, materialize_grads=True)
+    second = torch.zeros_like(first)
+    if first.requires_grad:
+        (second,) = torch.autograd.grad(first.sum(), [inputs[k]], allow_unused=True, materialize_grads=True)
+    return [*(out.detach() for out in outs), first.detach(), second]

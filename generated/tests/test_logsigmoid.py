@@ -63,11 +63,24 @@ def through_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LogsigmoidFunction, "native_below", 0)
 
 
-def test_small_calls_through_pytorchs_op_match_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_calls_through_pytorchs_ops_match_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small inputs evaluate PyTorch's ops under autograd (Note [small calls]): values, gradients, second
+    derivatives, tangents and vmap as the reference's."""
     monkeypatch.setattr(LogsigmoidFunction, "native_below", 2**62)
     args = sample_inputs()
     assert not isinstance(OP(*args)[0].grad_fn, LogsigmoidFunction._backward_cls)
     harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_jvp(OP, args, reference)
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
+def test_small_calls_at_extreme_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small-call path at the extreme rows: the exact values and slopes, and the Function's values,
+    first and second derivatives."""
+    monkeypatch.setattr(LogsigmoidFunction, "native_below", 2**62)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
+    harness.check_small_calls(OP, LogsigmoidFunction, sample_inputs(), EXTREMES, PLACES)
 
 
 def test_vmap_equals_a_loop() -> None:

@@ -8,7 +8,6 @@ themselves are in `harness.py` beside this file.
 
 from typing import Any
 
-import pytest
 import torch
 
 from .. import MishFunction, mish
@@ -55,19 +54,6 @@ def test_forward_and_backward_match_reference() -> None:
 
 def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, MishFunction, sample_inputs())
-
-
-@pytest.fixture(autouse=True)
-def through_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs through the Function, which small inputs skip for PyTorch's op (Note [small calls])."""
-    monkeypatch.setattr(MishFunction, "native_below", 0)
-
-
-def test_small_calls_through_pytorchs_op_match_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(MishFunction, "native_below", 2**62)
-    args = sample_inputs()
-    assert not isinstance(OP(*args)[0].grad_fn, MishFunction._backward_cls)
-    harness.check_against_reference(OP, args, reference)
 
 
 def test_vmap_equals_a_loop() -> None:

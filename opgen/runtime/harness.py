@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from .accuracy import check_extremes as check_extremes  # the float32 extremes checks (accuracy.py)
+from .accuracy import check_small_calls as check_small_calls
 
 DTYPE = torch.float64
 
