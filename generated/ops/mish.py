@@ -11,6 +11,8 @@ class MishFunction(torch.autograd.Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
     generate_vmap_rule = True
+    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> torch.Tensor:
@@ -104,5 +106,8 @@ def mish(x: torch.Tensor) -> torch.Tensor:
             "mish(): argument 'x' must be a real floating-point Tensor, got "
             f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
         )
+    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if not torch.compiler.is_compiling() and x.numel() < MishFunction.native_below:
+        return x * torch.tanh(torch.nn.functional.softplus(x))
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
     return function.apply(x)

@@ -8,6 +8,7 @@ themselves are in `harness.py` beside this file.
 
 from typing import Any
 
+import pytest
 import torch
 
 from .. import MishFunction, mish
@@ -54,6 +55,32 @@ def test_forward_and_backward_match_reference() -> None:
 
 def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, MishFunction, sample_inputs())
+
+
+@pytest.fixture(autouse=True)
+def through_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs through the Function, which small inputs skip for PyTorch's op (Note [small calls])."""
+    monkeypatch.setattr(MishFunction, "native_below", 0)
+
+
+def test_small_calls_through_pytorchs_ops_match_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small inputs evaluate PyTorch's ops under autograd (Note [small calls]): values, gradients, second
+    derivatives, tangents and vmap as the reference's."""
+    monkeypatch.setattr(MishFunction, "native_below", 2**62)
+    args = sample_inputs()
+    assert not isinstance(OP(*args)[0].grad_fn, MishFunction._backward_cls)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
+    harness.check_jvp(OP, args, reference)
+    harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
+
+
+def test_small_calls_at_extreme_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small-call path at the extreme rows: the exact values and slopes, and the Function's values,
+    first and second derivatives."""
+    monkeypatch.setattr(MishFunction, "native_below", 2**62)
+    harness.check_extremes(OP, sample_inputs(), EXTREMES, PLACES, reference, native)
+    harness.check_small_calls(OP, MishFunction, sample_inputs(), EXTREMES, PLACES)
 
 
 def test_vmap_equals_a_loop() -> None:
