@@ -44,11 +44,12 @@ class HuberFunction(torch.autograd.Function):
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
+            tmp1 = grad_loss * tmp0
         if ctx.needs_input_grad[0]:
-            grad_input = grad_loss * tmp0
+            grad_input = tmp1
             grad_input = grad_input.sum_to_size(input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = -(grad_loss * tmp0)
+            grad_target = -tmp1
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
 

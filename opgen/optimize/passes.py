@@ -21,6 +21,7 @@ from opgen.optimize.lets import through_lets
 from opgen.optimize.lower import lower
 from opgen.optimize.norms import lower_norms
 from opgen.optimize.rewrite import rewrite, rewrite_gradients
+from opgen.optimize.spread import spread_gradients
 
 
 def optimize_formulas(formulas: Formulas) -> Formulas:
@@ -74,4 +75,4 @@ def _through_lets(formulas: Formulas) -> Formulas:
 
 def optimize_gradients(derived: Derived) -> Derived:
     """`derived` with its gradients rewritten, when the spec's `optimize.rewrite` allows."""
-    return rewrite_gradients(derived) if derived.spec.optimize.rewrite else derived
+    return spread_gradients(rewrite_gradients(derived)) if derived.spec.optimize.rewrite else derived

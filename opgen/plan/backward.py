@@ -38,6 +38,8 @@ records this Function for it, and saving the input stays legal), `src.detach()` 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,8 +47,9 @@ import sympy
 from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
-from opgen.formula.tensor import has_tensor_ops, is_dim_size
-from opgen.optimize.backward_kernels import kernel_factors
+from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
+from opgen.optimize.backward_kernels import KernelBackward, kernel_factors
+from opgen.optimize.kernels import _Prime
 from opgen.optimize.save import Residual
 
 if TYPE_CHECKING:
@@ -155,6 +158,9 @@ def _plan_variant(
         owners += [gradient.input] * len(ready)
     replacements, reduced = sympy.cse(factors, symbols=_temp_symbols(), order="canonical")
     temps, reduced = _inline_conditions(replacements, reduced)
+    outputs = [c.output for g in variant.gradients for c in g.contributions]
+    if _may_share_negations(derived, variant, residuals):
+        temps, reduced, outputs = _shared_negations(temps, reduced, outputs, derived.symbols.grads)
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
     for expr, owner in zip(reduced, owners, strict=True):
@@ -177,16 +183,57 @@ def _plan_variant(
     position = 0
     for gradient in variant.gradients:
         contributions = []
-        for contribution in gradient.contributions:
-            factor = reduced[position]
+        for _ in gradient.contributions:
+            factor, output = reduced[position], outputs[position]
             position += 1
             if factor != 0 or gradient.overridden:
-                contributions.append(Contribution(contribution.output, factor))
+                contributions.append(Contribution(output, factor))
             # else a factor that vanished once written out (`(a < a) * x`): no term, and with none
             # left the gradient is a zero tensor of the input's shape (Note [gradient shapes]).
         grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
         grads.append(grad)
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
+
+
+def _may_share_negations(derived: Derived, variant: Variant, residuals: tuple[Residual, ...]) -> bool:
+    """One differentiable output, no override: each gradient is its one incoming gradient times its factor."""
+    differentiable = [o for o in derived.spec.outputs if o.differentiable] + [r for r in residuals if r.differentiable]
+    return len(differentiable) == 1 and not any(g.overridden for g in variant.gradients)
+
+
+def _core(expr: Expr) -> tuple[Expr, Callable[[Expr], Expr]]:
+    """`expr` without the fitting to its input's shape around it (`SumTo`), and how to put it back."""
+    if isinstance(expr, SumTo):
+        return expr.args[0], lambda inner: SumTo(inner, expr.args[1])
+    return expr, lambda inner: inner
+
+
+def _shared_negations(
+    temps: list[Temp], reduced: list[Expr], outputs: list[str | None], grads: dict[str, sympy.Symbol]
+) -> tuple[list[Temp], list[Expr], list[str | None]]:
+    """Note [gradients that negate another]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A loss of `input - target` has `grad_target = -grad_input` before each is fitted to its
+    input's shape; CSE leaves the product `g * f` in both (it does not see `g * f` inside
+    `-g * f`), so backward multiplied twice and negated. The product becomes one temporary,
+    incoming gradient included, shared by both (`tmp = grad_loss * f`, `grad_target = -tmp`),
+    as PyTorch's own losses give the target's gradient. Not through a native backward kernel's
+    node, which prints as one kernel call of its own (Note [native backward kernels])."""
+    temps, reduced, outputs = list(temps), list(reduced), list(outputs)
+    start = 1 + max((int(t.symbol.name.split(":")[1]) for t in temps), default=-1)
+    names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=start)
+    for i, j in itertools.combinations(range(len(reduced)), 2):
+        (a, wrap_a), (b, wrap_b) = _core(reduced[i]), _core(reduced[j])
+        if outputs[i] != outputs[j] or (a.is_Atom and outputs[i] is None) or a.has(_Prime, KernelBackward) or b != -a:
+            continue
+        output = outputs[i]
+        if output is not None and output not in grads:
+            continue
+        shared = Temp(next(names), a if output is None else grads[output] * a)
+        temps.append(shared)
+        reduced[i], reduced[j] = wrap_a(shared.symbol), wrap_b(-shared.symbol)
+        outputs[i] = outputs[j] = None
+    return temps, reduced, outputs
 
 
 def _grad_plan(
