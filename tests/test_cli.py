@@ -234,7 +234,7 @@ def test_the_tutorial_shows_the_generated_swish_function():
         ("json", "standard library"),
         ("sys", "standard library"),
         ("torch", "a module the generated code imports"),
-        ("pytest", "installed distribution pytest"),
+        ("pytest", "a module the generated code imports"),  # the generated tests import it
         ("numpy", "installed distribution numpy"),
         ("ｔｏｒｃｈ", "is read by Python as 'torch'"),
         ("my-ops", "is not a Python identifier"),

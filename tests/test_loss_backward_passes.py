@@ -99,3 +99,58 @@ def test_a_whole_mean_spreads_its_gradient_without_a_full_size_copy(ops):
     got = torch.autograd.grad(ops.huber_each(x, t), [x, t], torch.ones(64, 32, dtype=torch.float64))
     want = torch.autograd.grad(F.huber_loss(x, t, reduction="none").sum(), [x, t])
     torch.testing.assert_close(got, want)
+
+
+def test_huber_and_smooth_l1_backward_make_no_more_passes_than_pytorchs(ops):
+    """Huber of `input - target` (Note [losses of a difference]): one backward kernel on the input and the
+    target for both gradients, negated once for the target's: as many full-size passes as F.huber_loss."""
+    x = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    native = _backward_passes(lambda x, t: F.huber_loss(x, t, reduction="none"), x, t)
+    assert _backward_passes(ops.huber_each, x, t) <= native
+
+
+@pytest.fixture(scope="module")
+def kinks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loss_kinks")
+    (root / "specs").mkdir()
+    specs = {
+        "huber_alone": "inputs:\n  x: Tensor\n  delta: float = 1.0\noutputs:\n"
+        "  y: where(abs(x) < delta, 0.5 * x**2, delta * (abs(x) - 0.5 * delta))\n",
+        "smooth_pair": "inputs:\n  input: Tensor\n  target: Tensor\n  beta: float = 1.0\noutputs:\n"
+        "  loss: where(abs(input - target) < beta, 0.5 * (input - target)**2 / beta,"
+        " abs(input - target) - 0.5 * beta)\n",
+    }
+    for name, text in specs.items():
+        (root / "specs" / f"{name}.yaml").write_text(f"name: {name}\n{text}", encoding="utf-8")
+    assert main(["generate", str(root / "specs"), "-o", str(root / "kink_ops"), "--no-cache"]) == 0
+    return import_package(root, "kink_ops")
+
+
+def test_huber_of_one_input_has_every_derivative_torch_func_takes(kinks):
+    """PyTorch's `huber_loss_backward` has no forward-mode derivative: jacfwd of the gradient (and the
+    hessian) take the formula, and agree with reverse over reverse and with F.huber_loss's own."""
+    x = torch.tensor([-2.0, -0.7, -0.3, 0.0, 0.3, 0.7, 2.0], dtype=torch.float64)
+
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        return kinks.huber_alone(v, 0.5).sum()
+
+    forward_over_reverse = torch.func.jacfwd(torch.func.grad(loss))(x)
+    reverse_over_reverse = torch.func.jacrev(torch.func.grad(loss))(x)
+    torch.testing.assert_close(forward_over_reverse, reverse_over_reverse)
+    torch.testing.assert_close(torch.func.hessian(loss)(x), reverse_over_reverse)
+    native = torch.func.grad(lambda v: F.huber_loss(v, torch.zeros_like(v), delta=0.5, reduction="sum"))
+    torch.testing.assert_close(reverse_over_reverse, torch.func.jacrev(native)(x))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_smooth_l1_gradients_are_pytorchs_also_at_beta_zero(kinks, beta):
+    """At beta = 0 smooth L1 is the L1 loss, as F.smooth_l1_loss computes it (l1_loss): gradient sign(d),
+    0 where input equals target (the kernel `smooth_l1_loss_backward` gives -1 there, the clip NaN)."""
+    x = torch.tensor([0.0, 1.0, -2.0, 0.25, 0.3, -0.5], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.3, 0.0], dtype=torch.float64, requires_grad=True)
+    g = torch.randn(6, dtype=torch.float64)
+    got = torch.autograd.grad(kinks.smooth_pair(x, t, beta), [x, t], g)
+    want = torch.autograd.grad(F.smooth_l1_loss(x, t, reduction="none", beta=beta), [x, t], g)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(kinks.smooth_pair(x, t, beta), F.smooth_l1_loss(x, t, reduction="none", beta=beta))

@@ -43,13 +43,16 @@ class HuberFunction(torch.autograd.Function):
         delta = ctx.delta
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
-            tmp1 = grad_loss * tmp0
+            if torch.is_grad_enabled():  # double backward: huber's kernel has no forward-mode derivative
+                tmp0_t0 = input - target
+                tmp0 = grad_loss * torch.where(torch.abs(tmp0_t0) < delta, tmp0_t0, delta * torch.sign(tmp0_t0))
+            else:
+                tmp0 = torch.ops.aten.huber_loss_backward(grad_loss, input, target, 0, delta)
         if ctx.needs_input_grad[0]:
-            grad_input = tmp1
+            grad_input = tmp0
             grad_input = grad_input.sum_to_size(input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = -tmp1
+            grad_target = -tmp0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
 

@@ -43,13 +43,16 @@ class SmoothL1Function(torch.autograd.Function):
         beta = ctx.beta
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = torch.nn.functional.hardtanh((input - target) / beta, -1, 1)
-            tmp1 = grad_loss * tmp0
+            tmp0 = (
+                torch.ops.aten.smooth_l1_loss_backward(grad_loss, input, target, 0, beta)
+                if beta != 0
+                else grad_loss * torch.sign(input - target)
+            )
         if ctx.needs_input_grad[0]:
-            grad_input = tmp1
+            grad_input = tmp0
             grad_input = grad_input.sum_to_size(input.shape)
         if ctx.needs_input_grad[1]:
-            grad_target = -tmp1
+            grad_target = -tmp0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_input, grad_target, None
 
@@ -59,11 +62,13 @@ class SmoothL1Function(torch.autograd.Function):
         beta = ctx.beta
         tangent_loss = None
         if tangent_input is not None or tangent_target is not None:
-            jvp0 = torch.nn.functional.hardtanh((input - target) / beta, -1, 1)
+            jvp0 = input - target
+            jvp1_t0 = torch.nn.functional.hardtanh(jvp0 / beta, -1, 1)
+            jvp1 = torch.where(jvp1_t0.new_tensor(beta == 0, dtype=torch.bool), torch.sign(jvp0), jvp1_t0)
         if tangent_input is not None:
-            tangent_loss = jvp0 * tangent_input
+            tangent_loss = jvp1 * tangent_input
         if tangent_target is not None:
-            step = -(jvp0 * tangent_target)
+            step = -(jvp1 * tangent_target)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
         tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss

@@ -133,7 +133,12 @@ def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter
 
 
 def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:
-    return [line for t in temps for line in assign(names.temps[t.symbol], t.expr, printer, _indent_of(plan, 3))]
+    lines: Lines = []
+    for temp in temps:
+        # A gradient two inputs share, negated (Note [gradients that negate another]): a backward kernel's call.
+        write = backward_lines if temp.kernel and plan.derived.spec.optimize.lower else assign
+        lines += write(names.temps[temp.symbol], temp.expr, printer, _indent_of(plan, 3))
+    return lines
 
 
 def _indent_of(plan: Plan, level: int) -> int:

@@ -63,7 +63,7 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
         comment, why = "  # in place on its own temporaries (Note [forward in place])", ""
     else:
         unrecorded, comment = assign(var, node, printer, indent + 4), ""
-        why = f"{primitive.__name__}'s kernel has no derivative"
+        why = f"{primitive.__name__}'s kernel has {primitive.backward_why}"
     if primitive.backward_in_place:
         head = _in_place_test(printer, printer._print(node.args[0]))
     else:

@@ -109,13 +109,38 @@ class KernelPrinting:
     def _print_hardtanh(self, expr: k.hardtanh) -> str:
         return self._functional("hardtanh", *expr.args)
 
+    def _difference(self, d: sympy.Basic) -> tuple[sympy.Basic, sympy.Basic] | None:
+        """Note [losses of a difference]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        PyTorch's Huber and smooth L1 kernels take an input and a target and compute their
+        difference inside their one pass, forward and backward; the primitives hold the difference
+        `d` (opgen.optimize.kernels). Where `d` is `a - b` of two tensors, the kernels are called on
+        `a` and `b` (a pass and a buffer fewer each way) and broadcast them as `a - b` does; elsewhere
+        on `d` and a zero target that costs no memory. Returns (a, b), or None."""
+        if not isinstance(d, sympy.Add) or len(d.args) != 2:
+            return None
+        for a, negated in (d.args, d.args[::-1]):
+            b = -negated
+            if negated.could_extract_minus_sign() and self.is_tensor(a) and self.is_tensor(b):
+                return a, b
+        return None
+
+    def _loss_pair(self, d: sympy.Basic) -> tuple[str, str]:
+        """The input and target a loss kernel of the difference `d` takes: `a, b`, or `d` and a zero."""
+        pair = self._difference(d)
+        return (self._print(pair[0]), self._print(pair[1])) if pair else (self._print(d), self._zeros_like(d))
+
     def _print_huber(self, expr: k.huber) -> str:
         d, delta = expr.args
+        if self._difference(d):  # F.huber_loss warns where the shapes differ; its kernel broadcasts them
+            return self._aten("huber_loss", *self._loss_pair(d), "0", delta)
         target = self._zeros_like(d)
         return self._functional("huber_loss", d, extra=f'{target}, reduction="none", delta={self._print(delta)}')
 
     def _print_smooth_l1(self, expr: k.smooth_l1) -> str:
         d, beta = expr.args
+        if self._difference(d) and beta.is_positive:  # beta = 0: F.smooth_l1_loss calls l1_loss
+            return self._aten("smooth_l1_loss", *self._loss_pair(d), "0", beta)
         target = self._zeros_like(d)
         return self._functional("smooth_l1_loss", d, extra=f'{target}, reduction="none", beta={self._print(beta)}')
 
@@ -163,11 +188,15 @@ class KernelPrinting:
 
     def _print_huber_backward(self, expr: kb.KernelBackward) -> str:
         g, d, delta = expr.args
-        return self._aten("huber_loss_backward", g, d, self._zeros_like(d), "0", delta)
+        return self._aten("huber_loss_backward", g, *self._loss_pair(d), "0", delta)
 
     def _print_smooth_l1_backward(self, expr: kb.KernelBackward) -> str:
         g, d, beta = expr.args
-        return self._aten("smooth_l1_loss_backward", g, d, self._zeros_like(d), "0", beta)
+        kernel = self._aten("smooth_l1_loss_backward", g, *self._loss_pair(d), "0", beta)
+        if beta.is_positive:
+            return kernel
+        # beta = 0 is the L1 loss (F.smooth_l1_loss calls l1_loss there): the kernel's slope at d = 0 is -1.
+        return f"({kernel} if {self._print(beta)} != 0 else {self._print(g * fn.sign(d))})"
 
     def _print_hardsigmoid_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("hardsigmoid_backward", *expr.args)

@@ -138,6 +138,10 @@ def _unwrapped(text: str) -> str:
 def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Temporaries, width: int) -> list[str]:
     lines: list[str] = []
     text = _unwrapped(printer.doprint_expr(expr))
+    ternary = _ternary_parts(text)
+    if len(var) + 3 + len(text) > width and ternary and all(len(p) <= width - 9 for p in ternary):
+        value, condition, other = ternary  # as ruff splits a conditional expression
+        return [f"{var} = (", f"    {value}", f"    if {condition}", f"    else {other}", ")"]
     while len(var) + 3 + len(text) > width:
         part = _largest_part(expr, printer)
         if part is None:
@@ -153,6 +157,20 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
     if len(var) + 3 + len(text) > width and len(text) <= width - 4:
         return [*lines, f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
     return [*lines, f"{var} = {text}"]
+
+
+def _ternary_parts(text: str) -> tuple[str, str, str] | None:
+    """(value, condition, other) when `text` is `value if condition else other` outside any bracket."""
+    depth, found = 0, []
+    for k, char in enumerate(text):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        for word in (" if ", " else "):
+            if depth == 0 and text.startswith(word, k):
+                found.append((word, k))
+    if [w for w, _ in found] != [" if ", " else "]:
+        return None
+    (_, at_if), (_, at_else) = found
+    return text[:at_if], text[at_if + 4 : at_else], text[at_else + 6 :]
 
 
 def _call_parts(text: str) -> tuple[str, str] | None:

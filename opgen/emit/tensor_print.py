@@ -184,6 +184,10 @@ class TensorPrinting(_TensorNodes):
     def _print_SumTo(self, expr: SumTo) -> str:
         return f"{self._postfix(expr.args[0])}.sum_to_size({self._print(expr.args[1])})"
 
+    def _print_Scalar(self, expr: sympy.Basic) -> str:  # opgen.optimize.spread: computed on its own, first
+        inner = expr.args[0]
+        return self._print(inner) if inner.is_Atom else f"({self._print(inner)})"
+
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=True" if expr.args[2] else ""
         return f"{self._postfix(expr.args[0])}.sum({_dims_text(expr)}{keep})"
@@ -244,6 +248,7 @@ class TensorDisplay(_TensorNodes):
         return self._print(expr.args[0])  # the gradient, spread over (or summed to) a shape as an elementwise value is
 
     _print_SumTo = _print_BroadcastTo
+    _print_Scalar = _print_BroadcastTo
 
     def _print_SumDims(self, expr: SumDims) -> str:
         keep = ", keepdim=true" if expr.args[2] else ""

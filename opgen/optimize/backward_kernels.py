@@ -99,11 +99,13 @@ def written_out(expr: Expr) -> Expr:
     )
 
 
-def kernel_factors(factors: list[list[Expr]]) -> list[list[Expr]]:
+def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:
     """The factors of each gradient's contributions, derivatives that cannot be kernels written out.
 
     A derivative stays a node where it is a factor of the only contribution of its gradient
-    and appears nowhere else: there backward computes `g * prime(u)` by the kernel.
+    and appears nowhere else: there backward computes `g * prime(u)` by the kernel. With
+    `negations`, also where it is the whole factor of two gradients, once negated (a loss's input
+    and target): backward computes the kernel once for both (Note [gradients that negate another]).
     """
     count: dict[Expr, int] = {}
     for group in factors:
@@ -114,6 +116,9 @@ def kernel_factors(factors: list[list[Expr]]) -> list[list[Expr]]:
     for group in factors:
         if len(group) == 1 and len(group[0].atoms(_Prime)) == 1:
             kept |= {f for f in _factors(group[0]) if isinstance(f, _Prime) and count[f] == 1}
+    whole = [group[0] for group in factors if len(group) == 1]
+    if negations:
+        kept |= {f for f in whole if isinstance(f, _Prime) and count[f] == 2 and -f in whole}
     return [
         [f.replace(lambda e: isinstance(e, _Prime) and e not in kept, written_out) for f in group] for group in factors
     ]

@@ -43,6 +43,7 @@ class _Primitive(sympy.Function):
 
     is_real = True
     backward_differentiable = False  # PyTorch's backward kernel has a derivative of its own
+    backward_why = "no derivative"  # why a recorded backward takes the formula, when it does
     native_twice = True  # PyTorch's own op (F.hardsigmoid: no) has second and forward-mode derivatives
     # Unrecorded backward works in place on its own temporaries instead of the kernel (opgen.emit.kernel_lines).
     backward_in_place = False
@@ -206,11 +207,15 @@ class huber(_Primitive):  # noqa: N801
     PyTorch's kernels take an input and a target; the target here is a zero that costs no
     memory (`expand_as`), so one kernel pass replaces three selects, each slow on CPU.
     F.huber_loss refuses delta <= 0, where the formula would be linear everywhere: a clear
-    error for what is almost surely a mistake in the arguments.
+    error for what is almost surely a mistake in the arguments. `huber_loss_backward` has a
+    reverse-mode derivative but no forward-mode one (torch 2.13: `jacfwd` of a gradient fails),
+    so a recorded backward takes the formula, as for kernels without a derivative.
     """
 
     nargs = 2
-    backward_differentiable = True
+    backward_differentiable = False
+    backward_why = "no forward-mode derivative"
+    native_twice = False  # F.huber_loss's gradient has no forward-mode derivative either
 
     @classmethod
     def prime_form(cls, *args: Expr) -> Expr | None:
@@ -228,8 +233,9 @@ class huber(_Primitive):  # noqa: N801
 class smooth_l1(_Primitive):  # noqa: N801
     """huber(d, beta) / beta: PyTorch's smooth L1, its kernels given a zero target as huber's.
 
-    The derivative shared between gradients is d / beta clipped to [-1, 1] (beta = 0, where
-    F.smooth_l1_loss is the L1 loss, leaves it NaN at d = 0 only); F.smooth_l1_loss refuses beta < 0.
+    The derivative shared between gradients is d / beta clipped to [-1, 1], and at beta = 0, where
+    F.smooth_l1_loss is the L1 loss, sign(d) (0 at d = 0, as l1_loss; the clip would be NaN there and
+    `smooth_l1_loss_backward` gives -1); F.smooth_l1_loss refuses beta < 0.
     """
 
     nargs = 2
@@ -237,7 +243,9 @@ class smooth_l1(_Primitive):  # noqa: N801
 
     @classmethod
     def prime_form(cls, *args: Expr) -> Expr | None:
-        return hardtanh(args[0] / args[1], S.NegativeOne, S.One)
+        d, beta = args
+        clipped = hardtanh(d / beta, S.NegativeOne, S.One)
+        return clipped if beta.is_positive else fn.where(sympy.Eq(beta, 0), fn.sign(d), clipped)
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:

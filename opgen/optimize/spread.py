@@ -13,7 +13,9 @@ large as the inputs, for nothing. In a product:
   inside the expand, where it costs one scalar operation: `BroadcastTo(g / count, S)`;
 - when the other factors are elementwise in exactly the plain Tensors whose broadcast `S` is,
   their product already has the shape `S`, and `g` broadcasts against it as it is: the expand
-  goes (`g / count * 2*(x - t)`).
+  goes. The scalar stays one node (`Scalar`), printed in brackets, so that it is computed on
+  its own before it meets the full-size factors: `(2*x - 2*t) * (g / count)`, not
+  `g * (2*x - 2*t) / count`, which divides a full-size product.
 
 Both are the same values; the shape of the product is unchanged.
 """
@@ -27,7 +29,24 @@ from sympy import Expr
 
 from opgen.derive.gradients import Derived
 from opgen.formula.dims import counted
-from opgen.formula.tensor import BroadcastTo, Shape, TensorOp
+from opgen.formula.tensor import BroadcastTo, Shape, TensorOp, shape_of
+
+
+class Scalar(sympy.Function):
+    """A product of the incoming gradient of a whole reduction and plain numbers: one element,
+    computed before it meets full-size tensors (Note [spread gradients]); its value is its argument's."""
+
+    nargs = 1
+    is_real = True
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.S.One
+
+    def _eval_evalf(self, prec: int) -> Expr | None:
+        return self.args[0].evalf(prec)
 
 
 def _plain_tensors(expr: Expr, shapes: dict[sympy.Symbol, Shape]) -> frozenset[str] | None:
@@ -59,7 +78,7 @@ def _spread_product(node: sympy.Mul, shapes: dict[sympy.Symbol, Shape]) -> Expr 
     names = counted(str(shape).removeprefix("size:"))
     reached = _plain_tensors(sympy.Mul(*rest), shapes) if rest else None
     if names is not None and reached is not None and reached == frozenset(names):
-        return sympy.Mul(inside, *rest)
+        return sympy.Mul(Scalar(inside) if numbers else inside, *rest)
     if not numbers:
         return None
     return sympy.Mul(BroadcastTo(inside, shape), *rest)

@@ -48,8 +48,7 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
-from opgen.optimize.backward_kernels import KernelBackward, kernel_factors
-from opgen.optimize.kernels import _Prime
+from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 
 if TYPE_CHECKING:
@@ -60,6 +59,7 @@ if TYPE_CHECKING:
 class Temp:
     symbol: sympy.Symbol
     expr: sympy.Basic
+    kernel: bool = False  # `g * prime(u)` may print as a backward kernel (Note [gradients that negate another])
 
 
 @dataclass(frozen=True)
@@ -152,15 +152,18 @@ def _plan_variant(
     factors: list[Expr] = []
     owners: list[str] = []
     # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
-    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients])
+    negations = _may_share_negations(derived, variant, residuals)
+    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients], negations)
     for gradient, ready in zip(variant.gradients, kernel_ready, strict=True):
         factors += ready
         owners += [gradient.input] * len(ready)
-    replacements, reduced = sympy.cse(factors, symbols=_temp_symbols(), order="canonical")
-    temps, reduced = _inline_conditions(replacements, reduced)
     outputs = [c.output for g in variant.gradients for c in g.contributions]
-    if _may_share_negations(derived, variant, residuals):
-        temps, reduced, outputs = _shared_negations(temps, reduced, outputs, derived.symbols.grads)
+    shared: list[tuple[sympy.Symbol, Expr]] = []
+    if negations:
+        factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
+    replacements, reduced = sympy.cse([*factors, *(e for _, e in shared)], symbols=_temp_symbols(), order="canonical")
+    temps, reduced = _inline_conditions(replacements, reduced)
+    temps, reduced = _named_shares(temps, reduced, shared)
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
     for expr, owner in zip(reduced, owners, strict=True):
@@ -209,31 +212,53 @@ def _core(expr: Expr) -> tuple[Expr, Callable[[Expr], Expr]]:
 
 
 def _shared_negations(
-    temps: list[Temp], reduced: list[Expr], outputs: list[str | None], grads: dict[str, sympy.Symbol]
-) -> tuple[list[Temp], list[Expr], list[str | None]]:
+    factors: list[Expr], outputs: list[str | None], grads: dict[str, sympy.Symbol]
+) -> tuple[list[Expr], list[str | None], list[tuple[sympy.Symbol, Expr]]]:
     """Note [gradients that negate another]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A loss of `input - target` has `grad_target = -grad_input` before each is fitted to its
     input's shape; CSE leaves the product `g * f` in both (it does not see `g * f` inside
     `-g * f`), so backward multiplied twice and negated. The product becomes one temporary,
     incoming gradient included, shared by both (`tmp = grad_loss * f`, `grad_target = -tmp`),
-    as PyTorch's own losses give the target's gradient. Not through a native backward kernel's
-    node, which prints as one kernel call of its own (Note [native backward kernels])."""
-    temps, reduced, outputs = list(temps), list(reduced), list(outputs)
+    as PyTorch's own losses give the target's gradient; where `f` is a kernel's derivative
+    (huber's), the temporary is that backward kernel's call (`kernel_factors` keeps it for the
+    pair). Returns the factors and outputs with each pair's product a new symbol, and the symbols
+    with their products, which go through CSE with the factors (`_named_shares`)."""
+    factors, outputs = list(factors), list(outputs)
+    shared: list[tuple[sympy.Symbol, Expr]] = []
+    for i, j in itertools.combinations(range(len(factors)), 2):
+        (a, wrap_a), (b, wrap_b) = _core(factors[i]), _core(factors[j])
+        output = outputs[i]
+        if output != outputs[j] or (output is not None and output not in grads) or a.is_number or not _negated(a, b):
+            continue
+        if output is None and (a.is_Atom or any(a == e for _, e in shared)):
+            continue  # nothing to share
+        symbol = sympy.Dummy(f"share{len(shared)}", real=True)
+        shared.append((symbol, a if output is None else grads[output] * a))
+        factors[i], factors[j] = wrap_a(symbol), wrap_b(-symbol)
+        outputs[i] = outputs[j] = None
+    return factors, outputs, shared
+
+
+def _negated(a: Expr, b: Expr) -> bool:
+    """Whether `b` is `-a`: as written, or once products of sums are multiplied out (`2*(t - x)` is
+    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing."""
+    return b == -a or (sympy.count_ops(a) + sympy.count_ops(b) <= 40 and sympy.expand(a + b) == 0)
+
+
+def _named_shares(
+    temps: list[Temp], reduced: list[Expr], shared: list[tuple[sympy.Symbol, Expr]]
+) -> tuple[list[Temp], list[Expr]]:
+    """The shared products of `_shared_negations` as temporaries after CSE's, numbered after them."""
+    if not shared:
+        return temps, reduced
+    products, reduced = reduced[len(reduced) - len(shared) :], reduced[: len(reduced) - len(shared)]
     start = 1 + max((int(t.symbol.name.split(":")[1]) for t in temps), default=-1)
     names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=start)
-    for i, j in itertools.combinations(range(len(reduced)), 2):
-        (a, wrap_a), (b, wrap_b) = _core(reduced[i]), _core(reduced[j])
-        if outputs[i] != outputs[j] or (a.is_Atom and outputs[i] is None) or a.has(_Prime, KernelBackward) or b != -a:
-            continue
-        output = outputs[i]
-        if output is not None and output not in grads:
-            continue
-        shared = Temp(next(names), a if output is None else grads[output] * a)
-        temps.append(shared)
-        reduced[i], reduced[j] = wrap_a(shared.symbol), wrap_b(-shared.symbol)
-        outputs[i] = outputs[j] = None
-    return temps, reduced, outputs
+    renamed = {symbol: next(names) for symbol, _ in shared}
+    temps = [Temp(t.symbol, t.expr.xreplace(renamed)) for t in temps]
+    temps += [Temp(renamed[symbol], expr, kernel=True) for (symbol, _), expr in zip(shared, products, strict=True)]
+    return temps, [e.xreplace(renamed) for e in reduced]
 
 
 def _grad_plan(
