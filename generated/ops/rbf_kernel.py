@@ -57,10 +57,10 @@ class RbfKernelFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = gamma * grad_k * k
         if ctx.needs_input_grad[0]:
-            grad_x = 2 * tmp0 @ y - 2 * x * tmp0.sum(-1, keepdim=True)
+            grad_x = 2 * (tmp0 @ y - x * tmp0.sum(-1, keepdim=True))
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = 2 * tmp0.mT @ x - 2 * y * tmp0.sum(-2, keepdim=True).mT
+            grad_y = 2 * (tmp0.mT @ x - y * tmp0.sum(-2, keepdim=True).mT)
             grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
 

@@ -36,20 +36,20 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     for name, expr in variant.lets:
         found = let_statistics(name, expr, pending, printer)
         if found is None:
-            lines += assign(name, expr.xreplace(parts), printer, indent)
+            lines += assign(name, _read_back(expr, parts), printer, indent)
             continue
         lines.append(found[0])
         given |= found[1]
         parts[expr] = sympy.Symbol(name, real=True)
     expand = dict(variant.expand)  # Note [shapes as written] in opgen.written
-    plain = tuple((n, e.xreplace(parts)) for n, e in variant.outputs if n not in aliases and n not in expand)
+    plain = tuple((n, _read_back(e, parts)) for n, e in variant.outputs if n not in aliases and n not in expand)
     taken = {*printer.names.values(), printer.torch, printer.math, *(n for n, _ in variant.outputs)}
     statistics, done, inner = statistics_lines(pending, plain, printer, Namer(taken | {r.name for r in plan.residuals}))
     lines += statistics
     done |= given
     for symbol in inner.values():  # a layer norm inside an output: computed with its statistics
         printer = printer.with_symbols({symbol: symbol.name}, frozenset({symbol}))
-    outputs = tuple((n, e.xreplace(parts).xreplace(inner)) for n, e in variant.outputs)
+    outputs = tuple((n, _read_back(_read_back(e, parts), inner)) for n, e in variant.outputs)
     computed = {expr: name for name, expr in variant.lets}
     for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
         if residual.name in done:
@@ -68,13 +68,19 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             text = printer.doprint_expr(expr)
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
-            lines += assign(name, expr, printer, indent, shared=True)
+            lines += assign(name, expr, printer, indent)
         if name in expand:
             lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
         if name not in differentiable and name not in aliases and (name in expand or _is_view(expr)):
             # A view of an input is rebased by autograd whatever setup_context marks: detach it.
             lines.append(f"{name} = {name}.detach()")
     return lines
+
+
+def _read_back(expr: sympy.Basic, computed: dict[sympy.Basic, sympy.Symbol]) -> sympy.Basic:
+    """`expr` reading the names of the parts already computed; untouched without any (rebuilding a
+    formula evaluates what the reader kept unevaluated, `(a < a) * x`)."""
+    return expr.xreplace(computed) if computed and expr.has(*computed) else expr
 
 
 def _as_let(expr: sympy.Basic) -> sympy.Basic:
