@@ -13,6 +13,7 @@ import pytest
 import sympy
 import torch
 from conftest import ROOT, generate_op, import_package
+from spec_ops import build_ops
 
 from opgen.emit.render import Renderer
 from opgen.formula import functions as fn
@@ -36,6 +37,8 @@ RULES = [
     (-sympy.log(1 + E(-x)), rw.logsigmoid, [{x: v} for v in ("-100", "0", "100")]),
     (sympy.log(1 / (1 + E(-x))), rw.logsigmoid, [{x: v} for v in ("-100", "0.5", "100")]),
     (sympy.log(fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "2")]),
+    (sympy.log(1 - fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "0", "2", "5")]),
+    (sympy.log(1 - 1 / (1 + E(-beta * x))), rw.logsigmoid, [{x: v, beta: "1.5"} for v in ("-50", "0.5", "3")]),
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     (sympy.sin(sympy.pi * x) / (sympy.pi * x), sinc, [{x: v} for v in ("1e-5", "0.5", "-2.5", "30.25")]),
@@ -168,3 +171,28 @@ def test_gradients_are_put_over_a_common_denominator_when_shorter():
     assert rw._shorter(rw.rewrite(1 / t - x * fn.sign(x) / t**2)) == 1 / t**2
     kept = fn.sigmoid(x) + x
     assert rw._shorter(kept) == kept
+
+
+BCE = """\
+name: bce
+inputs:
+  input: Tensor
+  target: Tensor
+outputs:
+  loss: -(target * log(sigmoid(input)) + (1 - target) * log(1 - sigmoid(input)))
+"""
+
+
+def test_textbook_bce_of_sigmoid_is_finite_where_native_bce_is(tmp_path):
+    """`log(1 - sigmoid(u))` is `logsigmoid(-u)`: in float32, `1 - sigmoid(30)` is 0 and its log -inf."""
+    bce = build_ops(tmp_path, "bce_ops", {"bce": BCE}).bce
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 1.0, 30.0, 100.0, 1e4]
+    for target in (0.0, 0.5, 1.0):
+        x = torch.tensor(values, requires_grad=True)
+        t = torch.full_like(x, target)
+        (grad,) = torch.autograd.grad(bce(x, t).sum(), x)
+        x64 = x.detach().double().requires_grad_()
+        native = torch.nn.functional.binary_cross_entropy_with_logits(x64, t.double(), reduction="none")
+        (native_grad,) = torch.autograd.grad(native.sum(), x64)
+        torch.testing.assert_close(bce(x, t).detach().double(), native.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.double(), native_grad, rtol=1e-5, atol=1e-6)

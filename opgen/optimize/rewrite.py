@@ -19,6 +19,7 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
     log(sigmoid(u))         -> logsigmoid(u)
+    log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
     r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
                                                         [conjugate form] in opgen/optimize/cancellation.py)
@@ -169,6 +170,8 @@ def _log(node: sympy.log) -> Expr | None:
         a, b = sorted((_exp_arg(t) for t in arg.args), key=sympy.default_sort_key)
         return logaddexp(a, b)
     rest = _one_plus(arg)
+    if rest is not None and isinstance(-rest, fn.sigmoid):  # 1 - sigmoid(u) = sigmoid(-u)
+        return logsigmoid(-(-rest).args[0])
     if rest is not None:
         return fn.softplus(_exp_arg(rest)) if _is_exp(rest) else fn.log1p(rest)
     return None
