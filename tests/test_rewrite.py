@@ -196,3 +196,38 @@ def test_textbook_bce_of_sigmoid_is_finite_where_native_bce_is(tmp_path):
         (native_grad,) = torch.autograd.grad(native.sum(), x64)
         torch.testing.assert_close(bce(x, t).detach().double(), native.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad.double(), native_grad, rtol=1e-5, atol=1e-6)
+
+
+FOCAL_WITH_LETS = """\
+name: focal
+inputs:
+  logits: Tensor
+  target: Tensor
+  gamma: float = 2.0
+let:
+  p: sigmoid(logits)
+  p_t: p * target + (1 - p) * (1 - target)
+  ce: -(target * log(p) + (1 - target) * log(1 - p))
+outputs:
+  loss: (1 - p_t)**gamma * ce
+"""
+
+
+def test_stable_forms_span_lets_of_elementwise_formulas(tmp_path):
+    """`p: sigmoid(logits)` then `log(p)`, `log(1 - p)` in another let are logsigmoids (Note [stable forms
+    through lets] in opgen/optimize/passes.py): finite in float32 where torchvision's focal loss is."""
+    focal = build_ops(tmp_path, "focal_ops", {"focal": FOCAL_WITH_LETS}).focal
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 1.0, 30.0, 100.0, 1e4]
+    for target in (0.0, 0.25, 1.0):
+        x = torch.tensor(values, requires_grad=True)
+        t = torch.full_like(x, target)
+        out = focal(x, t, 2.0)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        x64 = x.detach().double().requires_grad_()
+        p = torch.sigmoid(x64)
+        p_t = p * target + (1 - p) * (1 - target)
+        ce = torch.nn.functional.binary_cross_entropy_with_logits(x64, t.double(), reduction="none")
+        expected = (1 - p_t) ** 2 * ce
+        (expected_grad,) = torch.autograd.grad(expected.sum(), x64)
+        torch.testing.assert_close(out.detach().double(), expected.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-6)
