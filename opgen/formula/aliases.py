@@ -25,7 +25,7 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.words import ALTERNATIVES, arity
+from opgen.formula.words import ALTERNATIVES, REDUCTIONS, arity
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
@@ -33,6 +33,18 @@ ALIASES = frozenset(ALTERNATIVES) - {"norm"}
 # The keywords an alias takes, passed on to the reduction in its formula (`dim=-1` replaced).
 _KEYWORDS = {"softmax": ("dim",), "log_softmax": ("dim",), "amin": ("dim", "keepdim"), "average": ("dim", "keepdim")}
 _NEEDS_DIM = ("softmax", "log_softmax")
+# What a call may give by position after its tensor, as PyTorch's function (`torch.sum(x, 0, True)`,
+# `torch.softmax(x, -1)`): read as those keywords. torch.var's third argument is `unbiased` in one
+# overload, so `var` and `std` take `dim` alone by position; `norm`'s second is the order `p`: none.
+_POSITIONAL = {
+    **{name: ("dim", "keepdim") for name in REDUCTIONS if name not in ("var", "std", "norm")},
+    "var": ("dim",),
+    "std": ("dim",),
+    "softmax": ("dim",),
+    "log_softmax": ("dim",),
+    "amin": ("dim", "keepdim"),
+    "average": ("dim", "keepdim"),
+}
 _REDUCTIONS = ("logsumexp", "amax", "mean")
 
 
@@ -54,12 +66,29 @@ def _size(tree: ast.AST) -> int:
     return sum(1 for node in ast.walk(tree) if isinstance(node, ast.expr))
 
 
+def _keywords_by_position(node: ast.Call) -> None:
+    """`sum(x, 0, True)` as `sum(x, dim=0, keepdim=True)` (`_POSITIONAL`); other calls stay as written."""
+    assert isinstance(node.func, ast.Name)
+    names = _POSITIONAL.get(node.func.id, ())
+    extra = node.args[1:]
+    if not extra or len(extra) > len(names) or any(isinstance(a, ast.Starred) for a in node.args):
+        return  # the reader or the alias reports the count
+    given = {kw.arg for kw in node.keywords}
+    for name in names[: len(extra)]:
+        if name in given:
+            raise AliasError(node, f"{node.func.id}() got `{name}` twice, by position and as `{name}=`")
+    node.keywords = [*(ast.keyword(n, a) for n, a in zip(names, extra, strict=False)), *node.keywords]
+    node.args = node.args[:1]
+
+
 class _Expand(ast.NodeTransformer):
     def __init__(self, budget: int) -> None:
         self.budget = budget
 
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in _POSITIONAL:
+            _keywords_by_position(node)
         if not isinstance(node.func, ast.Name) or node.func.id not in ALIASES:
             return node
         name = node.func.id
@@ -111,6 +140,6 @@ class _Fill(ast.NodeTransformer):
 def expand(tree: ast.expr) -> ast.expr:
     """`tree` with its alias calls written out (Note [aliases]); `AliasError` for a bad call."""
     calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
-    if not any(call.func.id in ALIASES for call in calls):  # type: ignore[attr-defined]
+    if not any(call.func.id in ALIASES or call.func.id in _POSITIONAL for call in calls):  # type: ignore[attr-defined]
         return tree
     return _Expand(limits.FORMULA_NODES.value).visit(copy.deepcopy(tree))
