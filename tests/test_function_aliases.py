@@ -96,7 +96,9 @@ def generated_aliases(tmp_path_factory):
         ("relu(x, x)", "relu() takes 1 argument, got 2"),
         ("relu(x, dim=-1)", "relu() takes no keyword arguments, not `dim=`"),
         ("softmax(x, dim=-1, keepdim=true)", "softmax() takes `dim=`, not `keepdim=`"),
-        ("clip(x, 0)", "clip() takes 3 arguments, got 2"),
+        ("clip(x)", "clip() takes 3 arguments, got 1"),
+        ("clamp(x, 0, min=1)", "clamp() got `min` twice, by position and as `min=`"),
+        ("clip(x, 0, 1, max=2)", "clip() got `max` twice"),
         ("softmax(x, -1, dim=0)", "softmax() got `dim` twice, by position and as `dim=`"),
         ("sum(x, 0, keepdim=true, dim=1)", "sum() got `dim` twice"),
         ("sum(x, 0, true, 1)", "sum() takes one tensor argument and `dim=` and `keepdim=`, got 4 arguments"),
@@ -113,7 +115,8 @@ def test_a_call_an_alias_cannot_take_is_located(tmp_path, formula, message):
     assert message in report[0], report
 
 
-# As PyTorch's functions take them: the dimension (and keepdim) by position after the tensor.
+# As PyTorch's functions take them: the dimension (and keepdim) by position after the tensor, and
+# either bound of clamp alone, by position or keyword.
 BY_POSITION = {
     "softmax(x, -1)": lambda x: torch.softmax(x, -1),
     "log_softmax(x, 0)": lambda x: torch.log_softmax(x, 0),
@@ -125,6 +128,10 @@ BY_POSITION = {
     "var(x, -1, correction=0)": lambda x: torch.var(x, -1, correction=0),
     "std(x, 0)": lambda x: torch.std(x, 0),
     "amin(x, -1, true)": lambda x: torch.amin(x, -1, True),
+    "clamp(x, min=-0.5)": lambda x: torch.clamp(x, min=-0.5),
+    "clamp(x, max=0.5)": lambda x: torch.clamp(x, max=0.5),
+    "clamp(x, -0.5)": lambda x: torch.clamp(x, -0.5),
+    "clip(x, -1, max=0.5)": lambda x: torch.clip(x, -1, max=0.5),
 }
 
 
@@ -136,7 +143,9 @@ def test_dim_and_keepdim_by_position_read_as_torch_does(tmp_path):
     ops = build_ops(tmp_path, "positional_ops", specs)
     generator = torch.Generator().manual_seed(3)
     for k, reference in enumerate(BY_POSITION.values()):
-        x = torch.randn(4, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+        x = torch.randn(4, 5, generator=generator, dtype=torch.float64)
+        x[0, :3] = torch.tensor([-0.5, 0.5, -1.0], dtype=torch.float64)  # the clamps' bounds
+        x.requires_grad_()
         ours, theirs = getattr(ops, f"pos{k}")(x), reference(x)
         torch.testing.assert_close(ours, theirs)
         weights = torch.randn(theirs.shape, generator=generator, dtype=torch.float64)

@@ -81,6 +81,28 @@ def _keywords_by_position(node: ast.Call) -> None:
     node.args = node.args[:1]
 
 
+def _clamp_bounds(node: ast.Call) -> None:
+    """`clamp(x, min=a)`, `clamp(x, a)`, `clamp(x, max=b)` as `clamp(x, a, inf)`, `clamp(x, -inf, b)`:
+    torch.clamp's bounds are optional, by position or keyword (`clip` too, as torch.clip)."""
+    given = {kw.arg: kw.value for kw in node.keywords if kw.arg in ("min", "max")}
+    if not given and len(node.args) != 2:
+        return
+    if any(isinstance(a, ast.Starred) for a in node.args) or not 1 <= len(node.args) <= 3:
+        return  # the reader or the alias reports the count
+    bounds: list[ast.expr | None] = [*node.args[1:], None, None][:2]
+    for k, name in enumerate(("min", "max")):
+        if name not in given:
+            continue
+        if bounds[k] is not None:
+            raise AliasError(node, f"{node.func.id}() got `{name}` twice, by position and as `{name}=`")  # type: ignore[attr-defined]
+        bounds[k] = given[name]
+    if bounds == [None, None]:
+        return
+    unbounded = (ast.UnaryOp(ast.USub(), ast.Name("inf", ast.Load())), ast.Name("inf", ast.Load()))
+    node.args = [node.args[0], *(b if b is not None else _placed(unbounded[k], node) for k, b in enumerate(bounds))]
+    node.keywords = [kw for kw in node.keywords if kw.arg not in ("min", "max")]
+
+
 class _Expand(ast.NodeTransformer):
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -89,6 +111,8 @@ class _Expand(ast.NodeTransformer):
         self.generic_visit(node)
         if isinstance(node.func, ast.Name) and node.func.id in _POSITIONAL:
             _keywords_by_position(node)
+        if isinstance(node.func, ast.Name) and node.func.id in ("clamp", "clip"):
+            _clamp_bounds(node)
         if not isinstance(node.func, ast.Name) or node.func.id not in ALIASES:
             return node
         name = node.func.id
@@ -140,6 +164,7 @@ class _Fill(ast.NodeTransformer):
 def expand(tree: ast.expr) -> ast.expr:
     """`tree` with its alias calls written out (Note [aliases]); `AliasError` for a bad call."""
     calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
-    if not any(call.func.id in ALIASES or call.func.id in _POSITIONAL for call in calls):  # type: ignore[attr-defined]
+    rewritten = ALIASES | set(_POSITIONAL) | {"clamp"}
+    if not any(call.func.id in rewritten for call in calls):  # type: ignore[attr-defined]
         return tree
     return _Expand(limits.FORMULA_NODES.value).visit(copy.deepcopy(tree))
