@@ -23,11 +23,14 @@ from tests.test_error_hints import TORCH
 ALONG = {
     "softmax": ("softmax(x, dim=-1)", lambda x: torch.softmax(x, dim=-1)),
     "log_softmax": ("log_softmax(x, dim=0)", lambda x: torch.log_softmax(x, dim=0)),
+    "softmin": ("softmin(x, dim=-1)", lambda x: torch.nn.functional.softmin(x, dim=-1)),
     "amin": ("amin(x, dim=-1, keepdim=true)", lambda x: torch.amin(x, dim=-1, keepdim=True)),
     "average": ("average(x)", torch.mean),
 }
 DOMAIN = {"arccosh": (1.1, 3.0), "arcsin": (0.05, 0.95), "arccos": (0.05, 0.95), "arctanh": (0.05, 0.95)}
 DOMAIN["logit"] = DOMAIN["arcsin"]
+DOMAIN.update({name: (-4.0, 4.0) for name in ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish")})
+DOMAIN["tanhshrink"] = (-4.0, 4.0)
 
 
 def _spec(name: str) -> str:
@@ -128,6 +131,7 @@ BY_POSITION = {
     "var(x, -1, correction=0)": lambda x: torch.var(x, -1, correction=0),
     "std(x, 0)": lambda x: torch.std(x, 0),
     "amin(x, -1, true)": lambda x: torch.amin(x, -1, True),
+    "softmin(x, 0)": lambda x: torch.nn.functional.softmin(x, 0),
     "clamp(x, min=-0.5)": lambda x: torch.clamp(x, min=-0.5),
     "clamp(x, max=0.5)": lambda x: torch.clamp(x, max=0.5),
     "clamp(x, -0.5)": lambda x: torch.clamp(x, -0.5),

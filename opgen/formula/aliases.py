@@ -31,8 +31,14 @@ from opgen.formula.words import ALTERNATIVES, REDUCTIONS, arity
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
 
 # The keywords an alias takes, passed on to the reduction in its formula (`dim=-1` replaced).
-_KEYWORDS = {"softmax": ("dim",), "log_softmax": ("dim",), "amin": ("dim", "keepdim"), "average": ("dim", "keepdim")}
-_NEEDS_DIM = ("softmax", "log_softmax")
+_KEYWORDS = {
+    "softmax": ("dim",),
+    "log_softmax": ("dim",),
+    "softmin": ("dim",),
+    "amin": ("dim", "keepdim"),
+    "average": ("dim", "keepdim"),
+}
+_NEEDS_DIM = ("softmax", "log_softmax", "softmin")
 # What a call may give by position after its tensor, as PyTorch's function (`torch.sum(x, 0, True)`,
 # `torch.softmax(x, -1)`): read as those keywords. torch.var's third argument is `unbiased` in one
 # overload, so `var` and `std` take `dim` alone by position; `norm`'s second is the order `p`: none.
@@ -42,6 +48,7 @@ _POSITIONAL = {
     "std": ("dim",),
     "softmax": ("dim",),
     "log_softmax": ("dim",),
+    "softmin": ("dim",),
     "amin": ("dim", "keepdim"),
     "average": ("dim", "keepdim"),
 }
