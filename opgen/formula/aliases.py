@@ -31,26 +31,17 @@ from opgen.formula.words import ALTERNATIVES, REDUCTIONS, arity
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
 
 # The keywords an alias takes, passed on to the reduction in its formula (`dim=-1` replaced).
-_KEYWORDS = {
-    "softmax": ("dim",),
-    "log_softmax": ("dim",),
-    "softmin": ("dim",),
-    "amin": ("dim", "keepdim"),
-    "average": ("dim", "keepdim"),
+_KEYWORDS = {name: ("dim",) for name in ("softmax", "log_softmax", "softmin")} | {
+    name: ("dim", "keepdim") for name in ("amin", "average")
 }
 _NEEDS_DIM = ("softmax", "log_softmax", "softmin")
 # What a call may give by position after its tensor, as PyTorch's function (`torch.sum(x, 0, True)`,
 # `torch.softmax(x, -1)`): read as those keywords. torch.var's third argument is `unbiased` in one
 # overload, so `var` and `std` take `dim` alone by position; `norm`'s second is the order `p`: none.
-_POSITIONAL = {
-    **{name: ("dim", "keepdim") for name in REDUCTIONS if name not in ("var", "std", "norm")},
+_POSITIONAL = {name: ("dim", "keepdim") for name in REDUCTIONS if name not in ("var", "std", "norm")} | {
     "var": ("dim",),
     "std": ("dim",),
-    "softmax": ("dim",),
-    "log_softmax": ("dim",),
-    "softmin": ("dim",),
-    "amin": ("dim", "keepdim"),
-    "average": ("dim", "keepdim"),
+    **_KEYWORDS,
 }
 _REDUCTIONS = ("logsumexp", "amax", "mean")
 
