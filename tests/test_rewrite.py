@@ -40,6 +40,9 @@ RULES = [
     (sympy.log(1 - fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "0", "2", "5")]),
     (sympy.log(1 - 1 / (1 + E(-beta * x))), rw.logsigmoid, [{x: v, beta: "1.5"} for v in ("-50", "0.5", "3")]),
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
+    (sympy.log(2 * E(x) + 3 * E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1", y: "-1"}]),
+    (sympy.log(E(x) / 4 + E(y) / 4), rw.logaddexp, [{x: "100", y: "90"}, {x: "-3", y: "200"}]),
+    (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     (sympy.sin(sympy.pi * x) / (sympy.pi * x), sinc, [{x: v} for v in ("1e-5", "0.5", "-2.5", "30.25")]),
     (x * sympy.log(x), fn.xlogy, [{x: v} for v in ("1e-30", "0.5", "3")]),
@@ -231,3 +234,15 @@ def test_stable_forms_span_lets_of_elementwise_formulas(tmp_path):
         (expected_grad,) = torch.autograd.grad(expected.sum(), x64)
         torch.testing.assert_close(out.detach().double(), expected.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_cosh_written_with_exponentials_is_finite_in_float32(tmp_path):
+    """`log((exp(x) + exp(-x)) / 2)` is log-cosh: exp(100) overflows float32, the loss does not."""
+    text = "name: log_cosh_exp\ninputs:\n  x: Tensor\noutputs:\n  y: log((exp(x) + exp(-x)) / 2)\n"
+    op = build_ops(tmp_path, "log_cosh_ops", {"log_cosh_exp": text}).log_cosh_exp
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 0.5, 30.0, 100.0, 1e4]
+    out, grad = _float32_grad(op, values)
+    x = torch.tensor(values, dtype=torch.float64)
+    exact = x.abs() + torch.nn.functional.softplus(-2 * x.abs()) - math.log(2)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad.double(), torch.tanh(x), rtol=1e-6, atol=1e-6)
