@@ -42,10 +42,19 @@ TORCH = {
     "swish": F.silu,
     "gelu": F.gelu,
     "softsign": F.softsign,
+    "mish": F.mish,
+    "elu": F.elu,
+    "celu": F.celu,
+    "selu": F.selu,
+    "hardtanh": F.hardtanh,
+    "hardsigmoid": F.hardsigmoid,
+    "hardswish": F.hardswish,
+    "tanhshrink": F.tanhshrink,
     "logsigmoid": F.logsigmoid,
     "log_sigmoid": F.logsigmoid,
     "softmax": lambda x: torch.softmax(x, -1),
     "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "softmin": lambda x: F.softmin(x, -1),
     "amin": lambda x: torch.amin(x, -1),
     "maximum": torch.maximum,
     "minimum": torch.minimum,
@@ -81,6 +90,9 @@ LANGUAGE = {
     "sqrt": torch.sqrt,
     "sigmoid": torch.sigmoid,
     "softplus": F.softplus,
+    "tanh": torch.tanh,
+    "expm1": torch.expm1,
+    "where": torch.where,
     "erf": torch.erf,
     "abs": torch.abs,
     "sign": torch.sign,
@@ -108,6 +120,10 @@ LANGUAGE = {
 LANGUAGE["true"] = True
 
 
+# Activations whose negative side is a formula of its own: sampled on both sides.
+SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "tanhshrink")
+
+
 def test_every_alternative_has_a_reference():
     assert set(TORCH) == set(hints.ALTERNATIVES)
 
@@ -120,7 +136,7 @@ def test_each_hint_is_a_formula_that_computes_the_function_it_replaces(name):
     ]
     read_formula(Formula(text, Loc("hint", 1, 1)), SCOPE)  # raises if it is not in the language
     generator = torch.Generator().manual_seed(0)
-    low = 1.1 if name == "arccosh" else 0.05
+    low = 1.1 if name == "arccosh" else -4.0 if name in SIGNED else 0.05
     high = 0.95 if name in ("arcsin", "arccos", "arctanh", "logit") else 3.0
     values = {n: low + (high - low) * torch.rand(4, 5, generator=generator, dtype=torch.float64) for n in used}
     if name in ("pow", "power", "float_power"):

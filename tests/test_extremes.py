@@ -7,6 +7,7 @@ import importlib
 import mpmath
 import torch
 from conftest import ROOT, import_package
+from spec_ops import build_ops
 
 from opgen.errors import Problems
 from opgen.pipeline import derive_spec
@@ -59,3 +60,28 @@ def test_the_check_fails_for_the_naive_float32_formula():
             rejected.append(point)
     assert -100.0 in rejected and -1e4 in rejected
     tests.test_float32_at_extreme_inputs()  # while the generated op passes
+
+
+CELU_AS_IN_THE_DOCS = """\
+name: celu_docs
+inputs:
+  x: Tensor
+  alpha: float = 1.0
+outputs:
+  y: max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+"""
+
+
+def test_a_tie_of_a_smooth_formula_checks_no_slope(tmp_path):
+    """CELU as PyTorch's docs write it is smooth at 0 (slope 1 both sides), but each of its `max` and
+    `min` gives the tie to the number, so plain autograd gives 0 there: the generated accuracy test
+    must not expect the limit at that tie (Note [slopes at ties]), and still checks the slope elsewhere."""
+    package = build_ops(tmp_path, "celu_ops", {"celu_docs": CELU_AS_IN_THE_DOCS})
+    x = torch.zeros(1, requires_grad=True)
+    (grad,) = torch.autograd.grad((torch.relu(x) - torch.relu(-torch.expm1(x))).sum(), x)  # min(0, u) = -relu(-u)
+    (op_grad,) = torch.autograd.grad(package.celu_docs(x).sum(), x)
+    assert grad.item() == op_grad.item() == 0.0  # plain autograd of the formula at the tie, and the op
+    tests = importlib.import_module("celu_ops.tests.test_celu_docs")
+    slopes = {point: slope for _, point, _, slope, _ in tests.EXTREMES}
+    assert slopes[0.0] is None and slopes[-30.0] is not None and slopes[30.0] == 1.0
+    tests.test_float32_at_extreme_inputs()

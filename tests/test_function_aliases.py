@@ -16,17 +16,21 @@ from opgen.emit.render import Renderer
 from opgen.formula.aliases import ALIASES
 from opgen.formula.words import arity
 from opgen.pipeline import build
+from tests.spec_ops import build_ops
 from tests.test_error_hints import TORCH
 
 # Reductions and normalisations: the spec's input is a batch of rows, the call names `dim=`.
 ALONG = {
     "softmax": ("softmax(x, dim=-1)", lambda x: torch.softmax(x, dim=-1)),
     "log_softmax": ("log_softmax(x, dim=0)", lambda x: torch.log_softmax(x, dim=0)),
+    "softmin": ("softmin(x, dim=-1)", lambda x: torch.nn.functional.softmin(x, dim=-1)),
     "amin": ("amin(x, dim=-1, keepdim=true)", lambda x: torch.amin(x, dim=-1, keepdim=True)),
     "average": ("average(x)", torch.mean),
 }
 DOMAIN = {"arccosh": (1.1, 3.0), "arcsin": (0.05, 0.95), "arccos": (0.05, 0.95), "arctanh": (0.05, 0.95)}
 DOMAIN["logit"] = DOMAIN["arcsin"]
+DOMAIN.update({name: (-4.0, 4.0) for name in ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish")})
+DOMAIN["tanhshrink"] = (-4.0, 4.0)
 
 
 def _spec(name: str) -> str:
@@ -95,7 +99,13 @@ def generated_aliases(tmp_path_factory):
         ("relu(x, x)", "relu() takes 1 argument, got 2"),
         ("relu(x, dim=-1)", "relu() takes no keyword arguments, not `dim=`"),
         ("softmax(x, dim=-1, keepdim=true)", "softmax() takes `dim=`, not `keepdim=`"),
-        ("clip(x, 0)", "clip() takes 3 arguments, got 2"),
+        ("clip(x)", "clip() takes 3 arguments, got 1"),
+        ("clamp(x, 0, min=1)", "clamp() got `min` twice, by position and as `min=`"),
+        ("clip(x, 0, 1, max=2)", "clip() got `max` twice"),
+        ("softmax(x, -1, dim=0)", "softmax() got `dim` twice, by position and as `dim=`"),
+        ("sum(x, 0, keepdim=true, dim=1)", "sum() got `dim` twice"),
+        ("sum(x, 0, true, 1)", "sum() takes one tensor argument and `dim=` and `keepdim=`, got 4 arguments"),
+        ("var(x, 0, true)", "var() takes one tensor argument and `dim=` and `keepdim=` and `correction=`, got 3"),
         ("softmax(" * 9 + "x" + ", dim=-1)" * 9, "'formula size' limit"),  # each level doubles its argument
     ],
 )
@@ -106,3 +116,43 @@ def test_a_call_an_alias_cannot_take_is_located(tmp_path, formula, message):
     assert len(report) == 1
     assert report[0].startswith(f"{spec}:5:"), report
     assert message in report[0], report
+
+
+# As PyTorch's functions take them: the dimension (and keepdim) by position after the tensor, and
+# either bound of clamp alone, by position or keyword.
+BY_POSITION = {
+    "softmax(x, -1)": lambda x: torch.softmax(x, -1),
+    "log_softmax(x, 0)": lambda x: torch.log_softmax(x, 0),
+    "sum(x, 0, true)": lambda x: torch.sum(x, 0, True),
+    "mean(x, -1)": lambda x: torch.mean(x, -1),
+    "mean(x, (0, 1))": lambda x: torch.mean(x, (0, 1)),
+    "amax(x, 1, keepdim=true)": lambda x: torch.amax(x, 1, keepdim=True),
+    "logsumexp(x, -1, true)": lambda x: torch.logsumexp(x, -1, True),
+    "var(x, -1, correction=0)": lambda x: torch.var(x, -1, correction=0),
+    "std(x, 0)": lambda x: torch.std(x, 0),
+    "amin(x, -1, true)": lambda x: torch.amin(x, -1, True),
+    "softmin(x, 0)": lambda x: torch.nn.functional.softmin(x, 0),
+    "clamp(x, min=-0.5)": lambda x: torch.clamp(x, min=-0.5),
+    "clamp(x, max=0.5)": lambda x: torch.clamp(x, max=0.5),
+    "clamp(x, -0.5)": lambda x: torch.clamp(x, -0.5),
+    "clip(x, -1, max=0.5)": lambda x: torch.clip(x, -1, max=0.5),
+}
+
+
+def test_dim_and_keepdim_by_position_read_as_torch_does(tmp_path):
+    specs = {
+        f"pos{k}": f"name: pos{k}\ninputs:\n  x: Tensor[N, K]\noutputs:\n  y: {formula}\n"
+        for k, formula in enumerate(BY_POSITION)
+    }
+    ops = build_ops(tmp_path, "positional_ops", specs)
+    generator = torch.Generator().manual_seed(3)
+    for k, reference in enumerate(BY_POSITION.values()):
+        x = torch.randn(4, 5, generator=generator, dtype=torch.float64)
+        x[0, :3] = torch.tensor([-0.5, 0.5, -1.0], dtype=torch.float64)  # the clamps' bounds
+        x.requires_grad_()
+        ours, theirs = getattr(ops, f"pos{k}")(x), reference(x)
+        torch.testing.assert_close(ours, theirs)
+        weights = torch.randn(theirs.shape, generator=generator, dtype=torch.float64)
+        (got,) = torch.autograd.grad((ours * weights).sum(), x)
+        (want,) = torch.autograd.grad((theirs * weights).sum(), x)
+        torch.testing.assert_close(got, want)

@@ -13,6 +13,7 @@ import pytest
 import sympy
 import torch
 from conftest import ROOT, generate_op, import_package
+from spec_ops import build_ops
 
 from opgen.emit.render import Renderer
 from opgen.formula import functions as fn
@@ -36,7 +37,12 @@ RULES = [
     (-sympy.log(1 + E(-x)), rw.logsigmoid, [{x: v} for v in ("-100", "0", "100")]),
     (sympy.log(1 / (1 + E(-x))), rw.logsigmoid, [{x: v} for v in ("-100", "0.5", "100")]),
     (sympy.log(fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "2")]),
+    (sympy.log(1 - fn.sigmoid(x)), rw.logsigmoid, [{x: v} for v in ("-50", "0", "2", "5")]),
+    (sympy.log(1 - 1 / (1 + E(-beta * x))), rw.logsigmoid, [{x: v, beta: "1.5"} for v in ("-50", "0.5", "3")]),
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
+    (sympy.log(2 * E(x) + 3 * E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1", y: "-1"}]),
+    (sympy.log(E(x) / 4 + E(y) / 4), rw.logaddexp, [{x: "100", y: "90"}, {x: "-3", y: "200"}]),
+    (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     ((1 - x) * sympy.log(1 - x), fn.xlog1py, [{x: v} for v in ("1e-30", "0.5", "-3", "0.999999")]),
     (-(1 - x) * sympy.log(1 - x) * y, fn.xlog1py, [{x: v, y: "3"} for v in ("1e-20", "0.25")]),
@@ -170,3 +176,75 @@ def test_gradients_are_put_over_a_common_denominator_when_shorter():
     assert rw._shorter(rw.rewrite(1 / t - x * fn.sign(x) / t**2)) == 1 / t**2
     kept = fn.sigmoid(x) + x
     assert rw._shorter(kept) == kept
+
+
+BCE = """\
+name: bce
+inputs:
+  input: Tensor
+  target: Tensor
+outputs:
+  loss: -(target * log(sigmoid(input)) + (1 - target) * log(1 - sigmoid(input)))
+"""
+
+
+def test_textbook_bce_of_sigmoid_is_finite_where_native_bce_is(tmp_path):
+    """`log(1 - sigmoid(u))` is `logsigmoid(-u)`: in float32, `1 - sigmoid(30)` is 0 and its log -inf."""
+    bce = build_ops(tmp_path, "bce_ops", {"bce": BCE}).bce
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 1.0, 30.0, 100.0, 1e4]
+    for target in (0.0, 0.5, 1.0):
+        x = torch.tensor(values, requires_grad=True)
+        t = torch.full_like(x, target)
+        (grad,) = torch.autograd.grad(bce(x, t).sum(), x)
+        x64 = x.detach().double().requires_grad_()
+        native = torch.nn.functional.binary_cross_entropy_with_logits(x64, t.double(), reduction="none")
+        (native_grad,) = torch.autograd.grad(native.sum(), x64)
+        torch.testing.assert_close(bce(x, t).detach().double(), native.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.double(), native_grad, rtol=1e-5, atol=1e-6)
+
+
+FOCAL_WITH_LETS = """\
+name: focal
+inputs:
+  logits: Tensor
+  target: Tensor
+  gamma: float = 2.0
+let:
+  p: sigmoid(logits)
+  p_t: p * target + (1 - p) * (1 - target)
+  ce: -(target * log(p) + (1 - target) * log(1 - p))
+outputs:
+  loss: (1 - p_t)**gamma * ce
+"""
+
+
+def test_stable_forms_span_lets_of_elementwise_formulas(tmp_path):
+    """`p: sigmoid(logits)` then `log(p)`, `log(1 - p)` in another let are logsigmoids (Note [stable forms
+    through lets] in opgen/optimize/passes.py): finite in float32 where torchvision's focal loss is."""
+    focal = build_ops(tmp_path, "focal_ops", {"focal": FOCAL_WITH_LETS}).focal
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 1.0, 30.0, 100.0, 1e4]
+    for target in (0.0, 0.25, 1.0):
+        x = torch.tensor(values, requires_grad=True)
+        t = torch.full_like(x, target)
+        out = focal(x, t, 2.0)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        x64 = x.detach().double().requires_grad_()
+        p = torch.sigmoid(x64)
+        p_t = p * target + (1 - p) * (1 - target)
+        ce = torch.nn.functional.binary_cross_entropy_with_logits(x64, t.double(), reduction="none")
+        expected = (1 - p_t) ** 2 * ce
+        (expected_grad,) = torch.autograd.grad(expected.sum(), x64)
+        torch.testing.assert_close(out.detach().double(), expected.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_cosh_written_with_exponentials_is_finite_in_float32(tmp_path):
+    """`log((exp(x) + exp(-x)) / 2)` is log-cosh: exp(100) overflows float32, the loss does not."""
+    text = "name: log_cosh_exp\ninputs:\n  x: Tensor\noutputs:\n  y: log((exp(x) + exp(-x)) / 2)\n"
+    op = build_ops(tmp_path, "log_cosh_ops", {"log_cosh_exp": text}).log_cosh_exp
+    values = [-1e4, -100.0, -30.0, -1.0, 0.0, 0.5, 30.0, 100.0, 1e4]
+    out, grad = _float32_grad(op, values)
+    x = torch.tensor(values, dtype=torch.float64)
+    exact = x.abs() + torch.nn.functional.softplus(-2 * x.abs()) - math.log(2)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad.double(), torch.tanh(x), rtol=1e-6, atol=1e-6)

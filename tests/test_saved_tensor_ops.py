@@ -129,3 +129,35 @@ def test_specs_reading_saved_tensor_ops_match_plain_autograd_to_second_order(ops
     torch.testing.assert_close(jvp, jvp_plain)
     batched = torch.func.vmap(op)(x.detach()[None].repeat(2, 1, 1), t.detach()[None].repeat(2, 1, 1))
     torch.testing.assert_close(batched[0], plain(x, t).detach())
+
+
+VAR_AND_MIN = """
+    name: var_and_min
+    inputs:
+      x: Tensor[N, C]
+    outputs:
+      y: 1 / sqrt(var(x, dim=-1, keepdim=true) + 1) - amin(x, dim=-1, keepdim=true)
+"""
+
+
+def test_a_term_through_several_residuals_survives_a_none_gradient(tmp_path):
+    """Two residuals (the saved var and amax); in double backward amax's, read only by a comparison,
+    gets None while var's gets a gradient: the term through both must still count var's part."""
+    op = build_ops(tmp_path, "several_residuals", {"var_and_min": VAR_AND_MIN}).var_and_min
+    source = (tmp_path / "several_residuals" / "ops" / "var_and_min.py").read_text()
+    assert "grad_saved_var" in source and "grad_saved_amax" in source  # both are residuals
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return 1 / torch.sqrt(x.var(-1, keepdim=True) + 1) - x.amin(-1, keepdim=True)
+
+    x, _ = _inputs()
+    weights = torch.linspace(-1, 2, 5, dtype=x.dtype).reshape(5, 1)
+    (got,) = torch.autograd.grad((op(x) * weights).sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad((plain(x) * weights).sum(), x, create_graph=True)
+    torch.testing.assert_close(got, want)
+    (second,) = torch.autograd.grad(got.sin().sum(), x)
+    (expected,) = torch.autograd.grad(want.sin().sum(), x)
+    torch.testing.assert_close(second, expected)
+    hessian = torch.func.hessian(lambda x: op(x).sum())(x.detach())
+    torch.testing.assert_close(hessian, torch.func.hessian(lambda x: plain(x).sum())(x.detach()))
+    assert torch.autograd.gradgradcheck(op, (x,))

@@ -205,8 +205,12 @@ def _forward(
         if kept is None:
             if name in symbols.outputs:
                 output = spec.outputs[[o.name for o in spec.outputs].index(name)]
+                both = " and ".join(absent_names)
                 raise SpecError(
-                    output.formula.loc, f"output '{name}' has no terms left when {' and '.join(absent_names)} is None"
+                    output.formula.loc,
+                    f"output '{name}' has no terms left when {both} {'are' if len(absent_names) > 1 else 'is'} None"
+                    " (an optional input drops every term it is in, so a factor of it drops the whole product);"
+                    " make it required (`Tensor`), or give the output a term without it",
                 )
             absent.add(defined[name])
             continue

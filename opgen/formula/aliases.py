@@ -25,14 +25,24 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.words import ALTERNATIVES, arity
+from opgen.formula.words import ALTERNATIVES, REDUCTIONS, arity
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
 
 # The keywords an alias takes, passed on to the reduction in its formula (`dim=-1` replaced).
-_KEYWORDS = {"softmax": ("dim",), "log_softmax": ("dim",), "amin": ("dim", "keepdim"), "average": ("dim", "keepdim")}
-_NEEDS_DIM = ("softmax", "log_softmax")
+_KEYWORDS = {name: ("dim",) for name in ("softmax", "log_softmax", "softmin")} | {
+    name: ("dim", "keepdim") for name in ("amin", "average")
+}
+_NEEDS_DIM = ("softmax", "log_softmax", "softmin")
+# What a call may give by position after its tensor, as PyTorch's function (`torch.sum(x, 0, True)`,
+# `torch.softmax(x, -1)`): read as those keywords. torch.var's third argument is `unbiased` in one
+# overload, so `var` and `std` take `dim` alone by position; `norm`'s second is the order `p`: none.
+_POSITIONAL = {name: ("dim", "keepdim") for name in REDUCTIONS if name not in ("var", "std", "norm")} | {
+    "var": ("dim",),
+    "std": ("dim",),
+    **_KEYWORDS,
+}
 _REDUCTIONS = ("logsumexp", "amax", "mean")
 
 
@@ -54,12 +64,53 @@ def _size(tree: ast.AST) -> int:
     return sum(1 for node in ast.walk(tree) if isinstance(node, ast.expr))
 
 
+def _keywords_by_position(node: ast.Call) -> None:
+    """`sum(x, 0, True)` as `sum(x, dim=0, keepdim=True)` (`_POSITIONAL`); other calls stay as written."""
+    assert isinstance(node.func, ast.Name)
+    names = _POSITIONAL.get(node.func.id, ())
+    extra = node.args[1:]
+    if not extra or len(extra) > len(names) or any(isinstance(a, ast.Starred) for a in node.args):
+        return  # the reader or the alias reports the count
+    given = {kw.arg for kw in node.keywords}
+    for name in names[: len(extra)]:
+        if name in given:
+            raise AliasError(node, f"{node.func.id}() got `{name}` twice, by position and as `{name}=`")
+    node.keywords = [*(ast.keyword(n, a) for n, a in zip(names, extra, strict=False)), *node.keywords]
+    node.args = node.args[:1]
+
+
+def _clamp_bounds(node: ast.Call) -> None:
+    """`clamp(x, min=a)`, `clamp(x, a)`, `clamp(x, max=b)` as `clamp(x, a, inf)`, `clamp(x, -inf, b)`:
+    torch.clamp's bounds are optional, by position or keyword (`clip` too, as torch.clip)."""
+    given = {kw.arg: kw.value for kw in node.keywords if kw.arg in ("min", "max")}
+    if not given and len(node.args) != 2:
+        return
+    if any(isinstance(a, ast.Starred) for a in node.args) or not 1 <= len(node.args) <= 3:
+        return  # the reader or the alias reports the count
+    bounds: list[ast.expr | None] = [*node.args[1:], None, None][:2]
+    for k, name in enumerate(("min", "max")):
+        if name not in given:
+            continue
+        if bounds[k] is not None:
+            raise AliasError(node, f"{node.func.id}() got `{name}` twice, by position and as `{name}=`")  # type: ignore[attr-defined]
+        bounds[k] = given[name]
+    if bounds == [None, None]:
+        return
+    unbounded = (ast.UnaryOp(ast.USub(), ast.Name("inf", ast.Load())), ast.Name("inf", ast.Load()))
+    node.args = [node.args[0], *(b if b is not None else _placed(unbounded[k], node) for k, b in enumerate(bounds))]
+    node.keywords = [kw for kw in node.keywords if kw.arg not in ("min", "max")]
+
+
 class _Expand(ast.NodeTransformer):
     def __init__(self, budget: int) -> None:
         self.budget = budget
 
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id in _POSITIONAL:
+            _keywords_by_position(node)
+        if isinstance(node.func, ast.Name) and node.func.id in ("clamp", "clip"):
+            _clamp_bounds(node)
         if not isinstance(node.func, ast.Name) or node.func.id not in ALIASES:
             return node
         name = node.func.id
@@ -111,6 +162,7 @@ class _Fill(ast.NodeTransformer):
 def expand(tree: ast.expr) -> ast.expr:
     """`tree` with its alias calls written out (Note [aliases]); `AliasError` for a bad call."""
     calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
-    if not any(call.func.id in ALIASES for call in calls):  # type: ignore[attr-defined]
+    rewritten = ALIASES | set(_POSITIONAL) | {"clamp"}
+    if not any(call.func.id in rewritten for call in calls):  # type: ignore[attr-defined]
         return tree
     return _Expand(limits.FORMULA_NODES.value).visit(copy.deepcopy(tree))

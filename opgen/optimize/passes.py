@@ -15,7 +15,6 @@ from sympy import Expr
 
 from opgen.derive.gradients import Derived
 from opgen.formula.read import Formulas
-from opgen.formula.tensor import LogSoftmax, ReduceLogSumExp, ReduceSum, Softmax
 from opgen.optimize.gates import lower_gates
 from opgen.optimize.lets import through_lets
 from opgen.optimize.lower import lower
@@ -43,32 +42,34 @@ def optimize_formulas(formulas: Formulas) -> Formulas:
     return lower_gates(lower_norms(formulas)) if chosen.lower else formulas
 
 
-_STABLE_NODES = (Softmax, LogSoftmax, ReduceLogSumExp)
-
-
-def _stable_nodes(expr: Expr) -> int:
-    return sum(1 for node in sympy.preorder_traversal(expr) if isinstance(node, _STABLE_NODES))
-
-
 def _through_lets(formulas: Formulas) -> Formulas:
     """Definitions whose stable form spans `let`s (`e: exp(x)`, `y: e / sum(e, ...)`) written inline.
 
     Note [stable forms through lets]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     The rewrites see one formula at a time, and a user names pieces with `let`s. A definition
-    is read with the lets it uses written out; where that gives more stable reduction nodes
-    (softmax, log_softmax, logsumexp: Note [stable rewrites over reductions]) than it has as
-    written, the inlined form replaces it, with any let it still contains whole folded back to
-    its name. A let no formula uses any more is not computed (the forward drops it).
+    is read with the lets it uses written out, each let rewritten on its own; where a stable
+    rewrite still applies to that (one that spans a let: softmax, log_softmax, logsumexp of
+    Note [stable rewrites over reductions], logsigmoid, softplus, ... of Note [stable
+    rewrites]), the rewritten inlined form replaces the definition, with any let it still
+    contains whole folded back to its name. So focal loss's
+    `p: sigmoid(logits)`, `ce: -(target * log(p) + (1 - target) * log(1 - p))` computes `ce`
+    with two logsigmoids, finite at any logit, and `p` still where `p` is used as it is. A let
+    no formula uses any more is not computed (the forward drops it).
     """
-    if not any(n in formulas.symbols.lets for n in formulas.definitions):
+    lets = formulas.symbols.lets
+    if not any(n in lets for n in formulas.definitions):
         return formulas
+    alone: dict[sympy.Symbol, Expr] = {}  # each let with the lets before it, each rewritten on its own
+    for name, expr in formulas.definitions.items():
+        if name in lets:
+            alone[lets[name]] = rewrite(expr, formulas.shapes).xreplace(alone)
 
     def choose(full: Expr, written: Expr) -> Expr | None:
-        if full == written or not full.has(ReduceSum, ReduceLogSumExp):  # no reduction: nothing to gain
+        if full == written:  # no let: nothing to gain
             return None
-        stable = rewrite(full, formulas.shapes)
-        return stable if _stable_nodes(stable) > _stable_nodes(rewrite(written, formulas.shapes)) else None
+        separately = rewrite(written, formulas.shapes).xreplace(alone)
+        return rewrite(full, formulas.shapes) if rewrite(separately, formulas.shapes) != separately else None
 
     return through_lets(formulas, choose)
 

@@ -19,11 +19,14 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
     log(sigmoid(u))         -> logsigmoid(u)
+    log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
     r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
                                                         [conjugate form] in opgen/optimize/cancellation.py)
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
-    log(exp(a) + exp(b))    -> logaddexp(a, b)
+    log(exp(a) + exp(b))    -> logaddexp(a, b)          (c exp(a) + c exp(b): log(c) + logaddexp(a, b),
+                                                        c1 exp(a) + c2 exp(b): logaddexp(a + log c1, b + log c2),
+                                                        c exp(u) + c exp(-u): log(2c) + logcosh(u), cosh written out)
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
                                                         where it buys nothing: Note [sinc that buys nothing])
@@ -165,13 +168,31 @@ def _log(node: sympy.log) -> Expr | None:
         return logsigmoid(arg.args[0])
     if isinstance(arg, sympy.cosh):
         return logcosh(arg.args[0])
-    if isinstance(arg, sympy.Add) and len(arg.args) == 2 and all(_is_exp(a) for a in arg.args):
-        a, b = sorted((_exp_arg(t) for t in arg.args), key=sympy.default_sort_key)
-        return logaddexp(a, b)
+    scaled = _scaled_exps(arg)
+    if scaled is not None:
+        (ca, a), (cb, b) = scaled
+        if ca == cb and a == -b:  # cosh written out: (e**x + e**-x) / 2
+            return sympy.log(2 * ca) + logcosh(b)
+        if ca == cb:
+            return sympy.log(ca) + logaddexp(a, b)
+        return logaddexp(a + sympy.log(ca), b + sympy.log(cb))
     rest = _one_plus(arg)
+    if rest is not None and isinstance(-rest, fn.sigmoid):  # 1 - sigmoid(u) = sigmoid(-u)
+        return logsigmoid(-(-rest).args[0])
     if rest is not None:
         return fn.softplus(_exp_arg(rest)) if _is_exp(rest) else fn.log1p(rest)
     return None
+
+
+def _scaled_exps(expr: sympy.Basic) -> tuple[tuple[Expr, Expr], tuple[Expr, Expr]] | None:
+    """`((c1, a), (c2, b))` when `expr` is `c1 e**a + c2 e**b` with positive numbers c1, c2 (sorted)."""
+    if not isinstance(expr, sympy.Add) or len(expr.args) != 2:
+        return None
+    parts = [term.as_coeff_Mul() for term in expr.args]
+    if not all(c.is_positive and _is_exp(e) for c, e in parts):
+        return None
+    first, second = sorted(((c, _exp_arg(e)) for c, e in parts), key=lambda p: sympy.default_sort_key(p[1]))
+    return first, second
 
 
 def _add(node: sympy.Add) -> Expr | None:

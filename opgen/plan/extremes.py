@@ -28,6 +28,7 @@ import sympy
 from sympy.printing.pycode import MpmathPrinter
 
 from opgen.derive.gradients import Derived
+from opgen.formula import functions as fn
 from opgen.formula.syntax import is_elementwise
 from opgen.spec.model import Spec
 
@@ -232,6 +233,23 @@ class Oracle:
         self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
     @functools.cached_property
+    def ties(self) -> list[Callable[..., Any]]:
+        """Each kink of the differentiable outputs as a difference that is 0 at its tie (Note [slopes at ties])."""
+        return [self.compile(kink) for kink in sorted(set(_kinks(self.differentiable_sum)), key=sympy.default_sort_key)]
+
+    def at_tie(self, args: list[Any]) -> bool:
+        """Whether a `max`, `min` or `clamp` sits on its kink at `args` (Note [slopes at ties])."""
+        for tie in self.ties:
+            with mpmath.workdps(DIGITS):
+                try:
+                    value = tie(*args)
+                except MPMATH_ERRORS:
+                    continue  # inside a branch not taken: no kink the op meets
+                if not isinstance(value, mpmath.mpc) and abs(value) <= TIE:
+                    return True
+        return False
+
+    @functools.cached_property
     def total(self) -> Callable[..., Any]:
         """The sum of the differentiable outputs, whose slopes the rows check (compiled when first read)."""
         return self.compile(self.differentiable_sum)
@@ -240,6 +258,32 @@ class Oracle:
         """`expr` as an mpmath function of `order` (the spec's inputs, by default)."""
         order = self.order if order is None else order
         return sympy.lambdify(order, expr, modules=[_MPMATH, "mpmath"], printer=_printer(), docstring_limit=0)
+
+
+# Note [slopes at ties]
+# ~~~~~~~~~~~~~~~~~~~~~
+# A formula can be smooth where one of its kink functions ties: CELU as PyTorch's docs write
+# it, `max(0, x) + min(0, alpha * (exp(x / alpha) - 1))`, has the slope 1 on both sides of 0,
+# yet each of `max` and `min` gives its tie to the number there (Note [kink conventions] in
+# opgen/formula/functions.py), so plain autograd, and opgen with it, gives 0. There the slope
+# is the conventions' and not a limit the difference quotients can find (Note [independent
+# slopes]): a row checks no slope where `max` or `min` of a tensor and a number, or `clamp`,
+# sits on its kink, whatever the one-sided slopes say. The other conventions are the slopes'
+# own where the formula is smooth: `abs` at 0 contributes `sign(0) = 0` times a derivative
+# that vanishes there unless another kink makes up for it (softsign's `x / (1 + abs(x))` has
+# the slope 1), and `max` of two tensors gives each side half, the mean of two equal slopes.
+TIE = mpmath.mpf(10) ** -(DIGITS - 10)  # a difference this small is a tie: what is left is rounding
+
+
+def _kinks(expr: sympy.Basic) -> list[sympy.Expr]:
+    """The differences that are 0 where a kink of `expr` takes a conventional slope (Note [slopes at ties])."""
+    found: list[sympy.Expr] = []
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (fn.maximum, fn.minimum)) and node.args[2] != 1:
+            found.append(node.args[0] - node.args[1])
+        elif isinstance(node, fn.clamp):
+            found.extend((node.args[0] - node.args[1], node.args[0] - node.args[2]))
+    return [kink for kink in found if not kink.is_number]
 
 
 def _evaluate(function: Callable[..., Any], args: list[Any]) -> float | None:
@@ -280,7 +324,8 @@ def _row(
         if value is None:
             return None
         outputs.append(value)
-    slope = _slope(compiled.total, args, compiled.positions[name]) if name in compiled.checked else None
+    checked = name in compiled.checked and not compiled.at_tie(args)
+    slope = _slope(compiled.total, args, compiled.positions[name]) if checked else None
     return (name, point, tuple(outputs), slope)
 
 
