@@ -117,7 +117,7 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
     from opgen.optimize.rewrite import rewrite
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
-    from opgen.plan.domain import domain_warnings
+    from opgen.plan.domain import domain_warnings, extreme_warnings
     from opgen.plan.extremes import Oracle, extreme_rows
     from opgen.plan.extremes import applies as needs_oracle
     from opgen.plan.forward import with_forward
@@ -145,6 +145,7 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
         compiled = Oracle(written) if written is not None else None  # compiled once for rows and warnings
         rows = tuple(extreme_rows(spec, written, compiled))
         found = domain_warnings(spec, written, compiled, derived)
+        found += extreme_warnings(spec, rows, compiled, derived) if compiled is not None else []
         warnings = tuple(f"{loc}: warning: {message}" for loc, message in found)
         return Planned(with_forward(plan(derived, residuals), tangents), rows, warnings)
     return None

@@ -65,7 +65,8 @@ def grid(low: float, high: float) -> torch.Tensor:
     ],
 )
 def test_a_formula_with_no_stable_form_that_keeps_no_digit_is_warned_of(run_cli, tmp_path, formula, domain, same):
-    warnings = generate(run_cli, tmp_path, spec(formula, domain))
+    found = generate(run_cli, tmp_path, spec(formula, domain))
+    warnings = [w for w in found if "inside the test domain" in w["text"]]  # not those of the extreme rows
     assert len(warnings) == 1, warnings
     warning = warnings[0]
     assert warning["loc"] == f"{tmp_path / 'op.yaml'}:4:6", "located at the output's formula"
@@ -98,3 +99,24 @@ def test_a_formula_that_keeps_no_digit_as_written_but_opgen_computes_stably_is_n
     package = import_package(tmp_path, "out")
     kept = relative_error(package.op(points[lost]), same, points[lost])
     assert (kept < 1e-5).all(), f"the generated op keeps the digits: {kept}"
+
+
+def test_a_formula_that_overflows_at_the_extreme_rows_is_warned_of(run_cli, tmp_path):
+    """`log(1 + exp(x) + exp(-x))` is fine inside [-3, 3] but overflows float32 at |x| = 100 and 1e4,
+    where its exact value (about |x|) is finite: the generated float32 test at extreme inputs would
+    fail there, and generating says so, located, once per output and input."""
+    warnings = generate(run_cli, tmp_path, spec("log(1 + exp(x) + exp(-x))", "-3, 3"))
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["loc"] == f"{tmp_path / 'op.yaml'}:4:6"
+    assert "a row of the generated float32 test at extreme inputs" in warnings[0]["text"]
+    assert "tests: extremes: false" in warnings[0]["text"]
+    point = float(re.search(r" at x = (\S+), a row", warnings[0]["text"])[1])  # type: ignore[index]
+    package = import_package(tmp_path, "out")
+    x = torch.tensor([point])
+    exact = torch.logaddexp(torch.logaddexp(x.double(), -x.double()), torch.zeros(1, dtype=torch.float64))
+    assert torch.isfinite(exact).all() and not torch.isfinite(package.op(x)).all()
+
+
+def test_a_formula_finite_at_the_extreme_rows_is_not_warned_of(run_cli, tmp_path):
+    """The same overflow written through `logaddexp`'s own rewrite (log(exp(a) + exp(b))) is finite there."""
+    assert generate(run_cli, tmp_path, spec("log(exp(x) + exp(-x))", "-3, 3")) == []

@@ -11,7 +11,7 @@ class MishFunction(torch.autograd.Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
     generate_vmap_rule = True
-    # For inputs of fewer elements the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
+    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
     native_below = 16384
 
     @classmethod

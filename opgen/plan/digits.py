@@ -123,8 +123,8 @@ class _Nodes:
         return sympy.Function(name)(*args)
 
 
-def _relative_error(function: Callable[..., Any], args: list[Any], exact: Any) -> Any:
-    """`function` in float32 at `args`, compared with `exact`: its relative error, or a problem."""
+def _in_float32(function: Callable[..., Any], args: list[Any]) -> Any:
+    """`function` in float32 at `args`: its value, or what keeps it from being a finite float32 number."""
     try:
         with mpmath.workprec(PRECISION):
             value = function(*args)
@@ -136,6 +136,14 @@ def _relative_error(function: Callable[..., Any], args: list[Any], exact: Any) -
         return "is not a finite number in float32"
     if abs(value) > FLOAT32_MAX:
         return "overflows float32"
+    return value
+
+
+def _relative_error(function: Callable[..., Any], args: list[Any], exact: Any) -> Any:
+    """`function` in float32 at `args`, compared with `exact`: its relative error, or a problem."""
+    value = _in_float32(function, args)
+    if isinstance(value, str):
+        return value
     with mpmath.workdps(DIGITS):
         return abs(value - exact) / abs(exact)
 
@@ -181,3 +189,16 @@ class Digits:
             f"keeps none of float32's {FLOAT32_DIGITS} significant digits (relative error {float(written):.2g},"
             f" exact value {float(exact):.6g}),"
         )
+
+    def not_finite(self, k: int, args: list[Any], exact: Any) -> str | None:
+        """How output `k` at `args` is no finite float32 number as written and as opgen computes it, where
+        its exact value `exact` is one; None where either gives a finite number."""
+        if abs(exact) > FLOAT32_MAX:
+            return None
+        written = _in_float32(self.written[k], args)
+        if not isinstance(written, str):
+            return None
+        computed = self.computed
+        if computed is not None and not isinstance(_in_float32(computed[k], args), str):
+            return None
+        return f"{written}, where its exact value is {float(exact):.6g},"

@@ -26,6 +26,7 @@ from opgen.plan.extremes import (
     FLOAT32_MAX,
     MPMATH_ERRORS,
     Oracle,
+    Row,
     float32,
     input_arguments,
     mpf,
@@ -84,6 +85,39 @@ def domain_warnings(
                         )
                     )
     return found + _point_warnings(spec, compiled.outputs, middle)
+
+
+def extreme_warnings(
+    spec: Spec, rows: tuple[Row, ...], oracle: Oracle, optimized: Derived | None
+) -> list[tuple[Loc, str]]:
+    """A warning for each output that is no finite float32 number (it overflows, or is NaN) at a row of
+    the generated float32 test at extreme inputs (`rows`, from `opgen.plan.extremes`), as written and
+    as opgen computes it, where its exact value is finite: that test is bound to fail there, however
+    well the formula does inside its test domain (`log(1 + exp(x) + exp(-x))` at x = 100). One per
+    output and moving input."""
+    digits = Digits(oracle, optimized)
+    arguments = {place: input_arguments(spec, others) for place, others in places(spec).items()}
+    index = {inp.name: k for k, inp in enumerate(spec.inputs)}
+    found: list[tuple[Loc, str]] = []
+    warned: set[tuple[str, str]] = set()
+    for name, point, values, _, place in rows:
+        args = list(arguments[place])
+        args[index[name]] = mpf(point)
+        for o, (output, value) in enumerate(zip(spec.outputs, values, strict=True)):
+            if (output.name, name) in warned:
+                continue
+            loss = digits.not_finite(o, args, mpf(value))
+            if loss is not None:
+                warned.add((output.name, name))
+                found.append(
+                    (
+                        output.formula.loc,
+                        f"`{output.name}` {loss} at {name} = {point:g}, a row of the generated float32 test at"
+                        " extreme inputs, and opgen knows no exact form of the formula that is finite there:"
+                        " write it without the overflow, or set `tests: extremes: false`",
+                    )
+                )
+    return found
 
 
 def _point_warnings(spec: Spec, outputs: list[Callable[..., Any]], middle: dict[str, float]) -> list[tuple[Loc, str]]:
