@@ -29,6 +29,12 @@ PLAIN = {
     "std_all": ("std(x - t, correction=0)", lambda x, t: (x - t).std(correction=0)),
     "amax_all": ("amax(x + t)", lambda x, t: (x + t).amax()),
     "ratio": ("sum(x * t) / mean(t)", lambda x, t: (x * t).sum() / t.mean()),
+    # A whole reduction inside another: its gradient is constant over the outer operand, counted once per entry.
+    "centered_sum": ("sum(x - mean(x)) + mean(t)", lambda x, t: (x - x.mean()).sum() + t.mean()),
+    "inner_std": (
+        "sum(t + std(x)) + mean(x * t - mean(x) ** 2)",
+        lambda x, t: (t + x.std()).sum() + (x * t - x.mean() ** 2).mean(),
+    ),
     "huber_mean": (
         "mean(where(abs(x - t) < 1, 0.5 * (x - t)**2, abs(x - t) - 0.5))",
         lambda x, t: torch.nn.functional.huber_loss(x, t.expand_as(x)),
