@@ -123,6 +123,42 @@ def test_per_sample_gradients_under_vmap(ops, name):
         torch.testing.assert_close(got, want)
 
 
+# name -> (formula over x: Tensor and p: Tensor?, the same in plain torch with p, without p)
+OPTIONAL = {
+    "shifted_mean": ("mean(x) + p", lambda x, p: x.mean() + p, lambda x: x.mean()),
+    "counted_with_p": (  # without p, its terms are dropped: (x - p)**2 is x**2
+        "mean((x - p)**2) + sum(x)",
+        lambda x, p: ((x - p) ** 2).mean() + x.sum(),
+        lambda x: (x**2).mean() + x.sum(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OPTIONAL)
+def test_whole_reduction_beside_an_absent_optional_input(tmp_path, name):
+    """A size counted at call time (`x.numel()`, `p.shape`) is not read from a `Tensor?` that is None."""
+    formula, with_p, without_p = OPTIONAL[name]
+    (tmp_path / "specs").mkdir()
+    spec = f"name: {name}\ninputs:\n  x: Tensor\n  p: Tensor?\noutputs:\n  y: {formula}\n"
+    (tmp_path / "specs" / f"{name}.yaml").write_text(spec)
+    package = f"optional_{name}"
+    assert main(["generate", str(tmp_path / "specs"), "-o", str(tmp_path / package), "-q", "--no-cache"]) == 0
+    sys.path.insert(0, str(tmp_path))
+    try:
+        op = getattr(importlib.import_module(package), name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    x, p = _inputs(name, ((3, 4), (4,)))
+    for args, reference in (((x, None), lambda: without_p(x)), ((x, p), lambda: with_p(x, p))):
+        ours, theirs = op(*args), reference()
+        torch.testing.assert_close(ours, theirs)
+        present = [a for a in args if a is not None]
+        got = torch.autograd.grad(ours.sum(), present)
+        want = torch.autograd.grad(theirs.sum(), present)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+
+
 def test_mse_equals_pytorchs_loss(ops):
     x, t = _inputs("mse", ((6, 5), (6, 5)))
     torch.testing.assert_close(ops.mse(x, t), torch.nn.functional.mse_loss(x, t))
