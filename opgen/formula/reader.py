@@ -283,7 +283,8 @@ class _Reader:
         if self.scope.shapes is not None:
             if not operand.free_symbols & self.scope.tensors:  # Note [numbers and tensors] in opgen.formula.kinds
                 text = short(ast.unparse(node.args[0]))
-                raise self.fail(node, f"{name}() of `{text}`, a number: a reduction takes a tensor; use the number")
+                what = f"the number {operand} once simplified" if operand.is_number else "a number"
+                raise self.fail(node, f"{name}() of `{text}`, {what}: a reduction takes a tensor; use the number")
             try:
                 shape = self.shape(node.args[0], operand)
                 found = tensor.reduce_dims(shape, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
