@@ -44,6 +44,12 @@ PLAIN = {
 BATCHED = {
     "scale_mean": ("mean(x * w)", lambda x, w: (x * w).mean()),
     "batch_var": ("var(x, correction=0) + sum(w)", lambda x, w: x.var(correction=0) + w.sum()),
+    # A whole reduction inside another over a batch: was refused ("a gradient constant along the batch ...").
+    "batch_centered": ("sum(x * w - mean(x))", lambda x, w: (x * w - x.mean()).sum()),
+    "batch_kept": (
+        "sum(x - amax(x, dim=-1, keepdim=true) - mean(x)) * sum(w)",
+        lambda x, w: (x - x.amax(-1, keepdim=True) - x.mean()).sum() * w.sum(),
+    ),
 }
 
 

@@ -46,11 +46,18 @@ def plain_leaves(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> set[sym
     return leaves
 
 
-def broadcast_count(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Expr:
-    """How many entries `expr`, elementwise in plain Tensors, has: the count of their broadcast, known at
-    call time (Note [counts of unknown shapes]). The gradient of a scalar part of `expr` (a whole
-    reduction, `mean(x)` in `sum(x - mean(x))`) is a constant gradient of `expr` times this count."""
-    return count_size(tuple(sorted(leaf.name for leaf in plain_leaves(expr, table))))
+def broadcast_count(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Expr | None:
+    """How many entries `expr` has when it is elementwise in the tensors it reaches: the count of their
+    broadcast, known at call time (Note [counts of unknown shapes]); None when it is not. The gradient
+    of a scalar part of `expr` (a whole reduction, `mean(x)` in `sum(x - mean(x))`) is a constant
+    gradient of `expr` times this count."""
+    leaves = plain_leaves(expr, table)
+    reached: Shape = ()
+    for leaf in leaves:
+        reached = broadcast(reached, table[leaf])
+    if not leaves or reached != shape_of(expr, table):
+        return None
+    return count_size(tuple(sorted(leaf.name for leaf in leaves)))
 
 
 def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Expr:
