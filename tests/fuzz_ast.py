@@ -65,14 +65,57 @@ def _py(node: Node) -> ast.expr:
     if op == "call":
         return ast.Call(ast.Name(node.value, ast.Load()), [_py(a) for a in args], [])
     if op == "reduce":
-        name, dim, keepdim = node.value
-        keywords = [ast.keyword("dim", _py(Node("num", value=dim)))]
+        name, dim, keepdim, *correction = node.value
+        keywords = [ast.keyword("dim", _dim(dim))]
         if keepdim is not None:
             keywords.append(ast.keyword("keepdim", ast.Name("true" if keepdim else "false", ast.Load())))
+        if correction and correction[0] is not None:
+            keywords.append(ast.keyword("correction", ast.Constant(correction[0])))
         return ast.Call(ast.Name(name, ast.Load()), [_py(args[0])], keywords)
     if op == "T":
         return ast.Attribute(_py(args[0]), "T", ast.Load())
+    if op == "alias":  # PyTorch's name of a function (`relu(u)`, `clip(u, lo, hi)`)
+        return ast.Call(ast.Name(node.value, ast.Load()), [_py(a) for a in args], [])
+    if op == "whole":  # a reduction over every dimension, `mean(u)`, `std(u, correction=0)`
+        name, correction = node.value
+        extra = [] if correction is None else [ast.keyword("correction", ast.Constant(correction))]
+        return ast.Call(ast.Name(name, ast.Load()), [_py(args[0])], extra)
+    if op == "softmax":
+        name, dim = node.value
+        return ast.Call(ast.Name(name, ast.Load()), [_py(args[0])], [ast.keyword("dim", _dim(dim))])
+    if op == "cut":
+        return _cut(node)
     raise AssertionError(op)
+
+
+def _dim(dim: int | tuple[int, ...]) -> ast.expr:
+    if isinstance(dim, tuple):
+        return ast.Tuple([_py(Node("num", value=d)) for d in dim], ast.Load())
+    return _py(Node("num", value=dim))
+
+
+def _cut(node: Node) -> ast.expr:
+    """Part `i` of `k` of one named dimension: `x[..., D // 3:2 * D // 3]` or `chunk(x, 3, dim=-1)[1]`."""
+    axis, k, i, chunk, rank, batched = node.value
+    operand = _py(node.args[0])
+    if chunk:
+        dim = axis - rank if batched or axis % 2 else axis
+        call = ast.Call(ast.Name("chunk", ast.Load()), [operand, ast.Constant(k)], [ast.keyword("dim", _dim(dim))])
+        return ast.Subscript(call, ast.Constant(i), ast.Load())
+    name = ast.Name(node.args[0].shape[axis], ast.Load())  # type: ignore[index]
+
+    def bound(j: int) -> ast.expr | None:
+        if j in (0, k):
+            return None
+        scaled = name if j == 1 else ast.BinOp(ast.Constant(j), ast.Mult(), name)
+        return ast.BinOp(scaled, ast.FloorDiv(), ast.Constant(k))
+
+    part = ast.Slice(bound(i), bound(i + 1))
+    everything = ast.Slice(None, None)
+    index: list[ast.expr] = [everything] * rank
+    index[axis] = part
+    index = [ast.Constant(...), *index[axis:]] if batched else index[: axis + 1]
+    return ast.Subscript(operand, ast.Tuple(index, ast.Load()) if len(index) > 1 else index[0], ast.Load())
 
 
 def render(node: Node) -> str:
@@ -113,7 +156,42 @@ UNARY = {
     "ceil": torch.ceil,
     "round": torch.round,
 }
-REDUCE = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "logsumexp": torch.logsumexp}
+REDUCE: dict[str, Any] = {
+    "sum": torch.sum,
+    "mean": torch.mean,
+    "amax": torch.amax,
+    "amin": torch.amin,
+    "logsumexp": torch.logsumexp,
+    "var": torch.var,
+    "std": torch.std,
+    "norm": torch.linalg.vector_norm,
+}
+# PyTorch's names of functions the formula language reads as its own formulas (opgen.formula.words),
+# computed by PyTorch's own function; `maximum`-like ones go through the max/min tie rule below.
+ALIASES: dict[str, Any] = {
+    "relu": torch.relu,
+    "relu6": lambda u: torch.clamp(u, 0, 6),
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "softsign": F.softsign,
+    "logsigmoid": F.logsigmoid,
+    "expit": torch.sigmoid,
+    "square": torch.square,
+    "cube": lambda u: u**3,
+    "neg": torch.neg,
+    "absolute": torch.abs,
+    "sgn": torch.sign,
+    "exp2": torch.exp2,
+    "reciprocal": torch.reciprocal,
+    "log2": torch.log2,
+    "log10": torch.log10,
+    "logit": torch.logit,
+    "arcsinh": torch.asinh,
+    "arctan": torch.atan,
+    "pow": torch.pow,
+    "clip": torch.clamp,
+}
+EXTREMA = {"maximum": "max", "fmax": "max", "minimum": "min", "fmin": "min"}
 KINK_FREE = {"floor": 1.0, "ceil": 1.0, "round": 0.5}  # step functions jump at multiples of this (round: odd ones)
 
 
@@ -184,8 +262,37 @@ class Evaluator:
         return self(node.args[0]).mT
 
     def _reduce(self, node: Node) -> torch.Tensor:
-        name, dim, keepdim = node.value
-        return REDUCE[name](self(node.args[0]), dim=dim, keepdim=bool(keepdim))
+        name, dim, keepdim, *correction = node.value
+        extra = {"correction": 1 if correction[0] is None else correction[0]} if name in ("var", "std") else {}
+        return REDUCE[name](self(node.args[0]), dim=dim, keepdim=bool(keepdim), **extra)  # type: ignore[operator]
+
+    def _whole(self, node: Node) -> torch.Tensor:
+        name, correction = node.value
+        u = self(node.args[0])
+        if name in ("var", "std"):
+            return REDUCE[name](u, correction=1 if correction is None else correction)  # type: ignore[no-any-return]
+        return REDUCE[name](u)  # type: ignore[no-any-return]
+
+    def _softmax(self, node: Node) -> torch.Tensor:
+        name, dim = node.value
+        return (torch.softmax if name == "softmax" else torch.log_softmax)(self(node.args[0]), dim=dim)
+
+    def _cut(self, node: Node) -> torch.Tensor:
+        axis, k, i, _, rank, _ = node.value
+        return torch.chunk(self(node.args[0]), k, dim=axis - rank)[i]
+
+    def _alias(self, node: Node) -> torch.Tensor:
+        if node.value in EXTREMA:
+            return self._extremum(Node("call", node.args, EXTREMA[node.value]), *map(self, node.args))
+        if node.value == "clip":
+            x, lo, hi = map(self, node.args)
+            self._watch(x - lo)
+            self._watch(x - hi)
+        elif node.value in ("relu", "relu6", "sgn", "absolute"):
+            u = self(node.args[0])
+            self._watch(u)
+            self._watch(u - 6)
+        return ALIASES[node.value](*map(self, node.args))  # type: ignore[no-any-return]
 
     def _call(self, node: Node) -> torch.Tensor:
         name, args = node.value, [self(a) for a in node.args]

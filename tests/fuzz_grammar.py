@@ -4,9 +4,10 @@
 every type, lets, outputs, named dimensions used as numbers, `+ - * / **`, unary minus,
 comparisons (also chained) with `& | ~`, conditions used as numbers, `where`, `max`,
 `min`, `clamp`, `heaviside`, every function of spec-format section 3, reductions with
-`dim`/`keepdim`, `@` and `.T`. Each node carries a bound on its values
-(`fuzz_intervals`); an argument that could leave a function's safe domain is wrapped in
-a random squashing formula (`within`), so every drawn formula is finite with finite
+`dim`/`keepdim`, `@` and `.T`, and the newer forms of `fuzz_newforms` (PyTorch's names of
+functions, whole and multi-dim reductions, var/std/norm, softmax, parts of a dimension). Each
+node carries a bound on its values (`fuzz_intervals`); an argument that could leave a function's
+safe domain is wrapped in a random squashing formula (`within`), so every drawn formula is finite with finite
 derivatives on its inputs' domains, and an op that disagrees with plain autograd there is
 wrong. With `target` shapes (named dimensions) the tree is shape-correct by construction.
 """
@@ -17,140 +18,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import fuzz_newforms
 from fuzz_ast import Node, Shape
-from fuzz_intervals import (
-    ANY,
-    SAFE_ARG,
-    UNARY_BOUNDS,
-    Interval,
-    add,
-    div,
-    extremum,
-    mul,
-    neg,
-    power,
-    reduction,
-    union,
-    within,
-)
+from fuzz_intervals import SAFE_ARG, Interval, within
+from fuzz_nodes import _broadcast, binop, call, const, fits, make, num
 from hypothesis import strategies as st
+
+__all__ = ["Builder", "_broadcast", "binop", "call", "const", "fits", "make", "num"]
 
 CAP = 1e4  # every node's values stay within +-CAP
 FREE_FUNCTIONS = ("sin", "cos", "tanh", "atan", "asinh", "sigmoid", "softplus", "erf", "erfc", "abs")
 STEP_FUNCTIONS = ("sign", "floor", "ceil", "round", "heaviside")
 DOMAIN_FUNCTIONS = tuple(SAFE_ARG)
-REDUCTIONS = ("sum", "mean", "amax", "logsumexp")
 NUMBERS = (0.5, 1, 2, 3, 0.25, 1.5, 0.1, 10, 1e-3, 2.5, 0.75, 4, 7, 100, 0)
-
-
-def _broadcast(a: Shape, b: Shape) -> Shape:
-    if a is None or b is None:
-        return None
-    out: list[str] = []
-    for i in range(1, max(len(a), len(b)) + 1):
-        x = a[-i] if i <= len(a) else "1"
-        y = b[-i] if i <= len(b) else "1"
-        if x != y and "1" not in (x, y):
-            raise ValueError(f"{a} and {b} do not broadcast")
-        out.append(y if x == "1" else x)
-    return tuple(reversed(out))
-
-
-def fits(shape: Shape, target: Shape, exact: bool) -> bool:
-    """Whether a value of `shape` may stand where `target` is wanted."""
-    if target is None:
-        return True
-    if exact:
-        return shape == target
-    try:
-        return _broadcast(shape, target) == target
-    except ValueError:
-        return False
-
-
-def make(op: str, args: tuple[Node, ...] = (), value: Any = None) -> Node:
-    """A node with its bound, shape and tensor flag worked out from its arguments."""
-    iv = _bounds(op, args, value)
-    tensor = any(a.tensor for a in args)
-    shapes = [a.shape for a in args]
-    shape: Shape = ()
-    if any(s is None for s in shapes):
-        shape = None
-    elif op == "bin" and value == "@":
-        shape = args[0].shape[:-1] + args[1].shape[-1:]  # type: ignore[index]
-    elif op == "T":
-        shape = args[0].shape[:-2] + args[0].shape[-2:][::-1]  # type: ignore[index]
-    elif op == "reduce":
-        name, dim, keepdim = value
-        s = list(args[0].shape)  # type: ignore[arg-type]
-        if keepdim:
-            s[dim] = "1"
-        else:
-            del s[dim]
-        shape = tuple(s)
-    else:
-        for s in shapes:
-            shape = _broadcast(shape, s)
-    return Node(op, args, value, lo=iv[0], hi=iv[1], shape=shape, tensor=tensor)
-
-
-def const(name: str) -> Node:
-    value = {"pi": math.pi, "inf": math.inf}.get(name, 1.0)
-    return Node("const", value=name, lo=value, hi=value, shape=())
-
-
-def _bounds(op: str, args: tuple[Node, ...], value: Any) -> Interval:
-    ivs = [(a.lo, a.hi) for a in args]
-    if op == "num":
-        return (float(value), float(value))
-    if op == "neg":
-        return neg(ivs[0])
-    if op == "ind":
-        return (0.0, 1.0)
-    if op == "bin":
-        a, b = ivs
-        if value == "+":
-            return add(a, b)
-        if value == "-":
-            return add(a, neg(b))
-        if value == "*":
-            return mul(a, b)
-        if value == "/":
-            return div(a, b)
-        if value == "**":
-            exponent = args[1].lo if args[1].lo == args[1].hi else None
-            return power(a, b, exponent)
-        if value == "@":
-            product = mul(a, b)
-            return reduction("sum", product)
-    if op == "T":
-        return ivs[0]
-    if op == "reduce":
-        return reduction(value[0], ivs[0])
-    if op == "call":
-        if value in UNARY_BOUNDS:
-            return UNARY_BOUNDS[value](ivs[0])
-        if value == "atan2":
-            return (-math.pi, math.pi)
-        if value == "where":
-            return union(ivs[1], ivs[2])
-        if value in ("max", "min"):
-            return extremum(ivs[0], ivs[1], value == "max")
-        if value == "clamp":
-            return extremum(extremum(ivs[0], ivs[1], True), ivs[2], False)
-    return ANY
-
-
-def num(value: float) -> Node:
-    return make("num", value=value)
-
-
-def call(name: str, *args: Node) -> Node:
-    return make("call", args, name)
-
-
-def binop(op: str, a: Node, b: Node) -> Node:
-    return make("bin", (a, b), op)
 
 
 class Builder:
@@ -169,6 +49,7 @@ class Builder:
         # Inputs `Tensor[..., A, B]`: reductions count from the end and keep their dimension, so that
         # every tensor keeps the batch dimensions in front of two named ones.
         self.batched = batched
+        self.cuts: dict[str, tuple[int, ...]] = {}  # named dimension -> the part counts its size divides into
 
     def pick(self, options: list[Any] | tuple[Any, ...]) -> Any:
         return self.draw(st.sampled_from(options))
@@ -256,10 +137,21 @@ class Builder:
                 return self.shaped(depth, target, exact)  # type: ignore[arg-type]
         kinds = ["unary", "unary", "domain", "binary", "binary", "binary", "pow", "where", "extremum"]
         kinds += ["clamp", "step", "atan2", "indicator"] + (["tensor", "tensor"] if target is not None else [])
+        kinds += ["alias", "alias"] + (["whole"] if fits((), target, exact) else [])
+        kinds += ["softmax"] if target else []
         kind = self.pick(kinds)
         if kind == "tensor":
             return self.capped(self.shaped(depth - 1, target, exact))  # type: ignore[arg-type]
+        if kind in ("alias", "whole", "softmax"):
+            return self.capped(self._newer(kind, depth - 1, target, exact))
         return self.capped(getattr(self, "_" + kind)(depth - 1, target, exact))
+
+    def _newer(self, kind: str, depth: int, target: Shape, exact: bool) -> Node:
+        if kind == "alias":
+            return fuzz_newforms.alias(self, depth, target, exact)
+        if kind == "whole":
+            return fuzz_newforms.whole(self, depth)
+        return fuzz_newforms.softmax(self, depth, target)  # type: ignore[arg-type]
 
     def _unary(self, depth: int, target: Shape, exact: bool) -> Node:
         u = self.expr(depth, target, exact)
@@ -395,6 +287,8 @@ class Builder:
             for d in dims:
                 if rank <= 1 and target[:axis] + (d,) + target[axis:] in known:
                     options.append(("reduce", (axis, d)))
+        if rank == 0 and not self.batched:
+            options += [("reduce2", s) for s in known if len(s) == 2]
         if not exact:
             for axis in range(rank):
                 for d in dims:
@@ -407,12 +301,13 @@ class Builder:
             return binop("@", self.sub(depth, target[:1] + (arg,)), self.sub(depth, (arg,) + target[1:]))
         if kind == "transpose":
             return make("T", (self.sub(depth, target[::-1]),))
+        if kind == "reduce2":
+            return fuzz_newforms.reduce_two(self, depth, arg)
         axis, d = arg
         keep = kind == "keepdim"
         full = target[:axis] + (d,) + (target[axis + 1 :] if keep else target[axis:])
-        dim = axis - len(full) if self.batched or self.chance(0.5) else axis
         keepdim = True if keep else self.pick([None, False])
-        return make("reduce", (self.sub(depth, full),), (self.pick(REDUCTIONS), dim, keepdim))
+        return fuzz_newforms.reduction(self, self.sub(depth, full), axis, keepdim)
 
     def sub(self, depth: int, target: tuple[str, ...]) -> Node:
         return self.expr(depth - 1, target, exact=True)

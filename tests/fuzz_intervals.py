@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 INF = math.inf
 MAX_SIZE = 5  # no dimension is larger when ops are evaluated: bounds sums and matmuls
+WHOLE_SIZE = 24  # no plain Tensor has more entries (fuzz_specs.PLAIN_SHAPES): bounds whole reductions
 
 Interval = tuple[float, float]
 ANY: Interval = (-INF, INF)
@@ -187,12 +188,73 @@ def union(a: Interval, b: Interval) -> Interval:
     return (min(a[0], b[0]), max(a[1], b[1]))
 
 
-def reduction(name: str, a: Interval) -> Interval:
+def reduction(name: str, a: Interval, count: int = MAX_SIZE) -> Interval:
+    """Bounds of a reduction of `count` entries at most, each in `a`."""
     if name == "sum":
-        return (min(a[0], MAX_SIZE * a[0]), max(a[1], MAX_SIZE * a[1]))
+        return (min(a[0], count * a[0]), max(a[1], count * a[1]))
     if name == "logsumexp":
-        return (a[0], a[1] + math.log(MAX_SIZE))
-    return a  # mean, amax
+        return (a[0], a[1] + math.log(count))
+    spread = a[1] - a[0]
+    if name == "var":  # at most (spread / 2)**2 * n / (n - 1), n >= 2
+        return (0.0, spread**2 / 2)
+    if name == "std":
+        return (0.0, spread / math.sqrt(2))
+    if name == "norm":
+        return (0.0, math.sqrt(count) * max(abs(a[0]), abs(a[1])))
+    return a  # mean, amax, amin
+
+
+def alias_bounds(name: str, ivs: list[Interval]) -> Interval:
+    """Bounds of PyTorch's name of a function (`fuzz_ast.ALIASES`), from those of its arguments."""
+    lo, hi = ivs[0]
+    if name == "relu":
+        return (max(lo, 0.0), max(hi, 0.0))
+    if name == "relu6":
+        return (min(max(lo, 0.0), 6.0), min(max(hi, 0.0), 6.0))
+    if name in ("silu", "gelu"):
+        return (-0.3, max(hi, 0.0))
+    if name == "softsign":
+        return (-1.0, 1.0)
+    if name == "logsigmoid":
+        return (min(lo, 0.0) - 0.7, 0.0)
+    if name == "expit":
+        return (0.0, 1.0)
+    if name in ("square", "cube"):
+        return power(ivs[0], (2.0, 2.0) if name == "square" else (3.0, 3.0), 2.0 if name == "square" else 3.0)
+    if name == "neg":
+        return neg(ivs[0])
+    if name == "absolute":
+        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+    if name == "sgn":
+        return (-1.0, 1.0)
+    if name in ("maximum", "fmax", "minimum", "fmin"):
+        return extremum(ivs[0], ivs[1], name in ("maximum", "fmax"))
+    if name == "clip":
+        return extremum(extremum(ivs[0], ivs[1], True), ivs[2], False)
+    if name in ("arcsinh", "arctan"):
+        return (-INF, INF) if name == "arcsinh" else (-math.pi / 2, math.pi / 2)
+    table: dict[str, Callable[[float], float]] = {
+        "exp2": lambda v: 2.0**v,
+        "reciprocal": lambda v: 1 / v,
+        "log2": math.log2,
+        "log10": math.log10,
+        "logit": lambda v: math.log(v / (1 - v)),
+    }
+    if name in table:
+        return _monotone(table[name], decreasing=name == "reciprocal")(ivs[0])
+    return ANY
+
+
+# Where each alias is safe, as SAFE_ARG (the aliases not listed are safe everywhere).
+ALIAS_ARG: dict[str, Interval] = {
+    "exp2": (-20.0, 20.0),
+    "reciprocal": (0.2, INF),
+    "log2": (0.05, INF),
+    "log10": (0.05, INF),
+    "logit": (0.05, 0.95),
+    "square": (-100.0, 100.0),
+    "cube": (-20.0, 20.0),
+}
 
 
 def within(a: Interval, box: Interval) -> bool:

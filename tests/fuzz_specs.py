@@ -196,6 +196,7 @@ def cases(draw: Any, pool: tuple[str, ...] | None = None, depth: int = 3, dims: 
     leaves = [_var(i, shape_of(i) if i.tensor else ()) for i in inputs if i.kind != "Tensor?"]
     size_nodes = [Node("var", value=d, lo=2.0, hi=4.0, shape=()) for d, _ in sizes] if draw(st.booleans()) else []
     builder = Builder(draw, leaves, size_nodes, batched=bool(batch))
+    builder.cuts = {d: tuple(k for k in (2, 3, 4) if size % k == 0) for d, size in sizes}
     targets = _targets(builder) if use_dims else [None]
 
     lets = []

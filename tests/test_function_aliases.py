@@ -156,3 +156,32 @@ def test_dim_and_keepdim_by_position_read_as_torch_does(tmp_path):
         (got,) = torch.autograd.grad((ours * weights).sum(), x)
         (want,) = torch.autograd.grad((theirs * weights).sum(), x)
         torch.testing.assert_close(got, want)
+
+
+# Over several dims softmax is not torch.softmax (one dim) but the formula as written: exp(x - logsumexp(x, dims)).
+SEVERAL_DIMS = {
+    "softmax_all": ("softmax(x, dim=(0, 1))", lambda x: torch.exp(x - torch.logsumexp(x, dim=(0, 1), keepdim=True))),
+    "log_softmax_all": ("log_softmax(x, dim=(-1, 0))", lambda x: x - torch.logsumexp(x, dim=(0, 1), keepdim=True)),
+}
+
+
+def test_softmax_over_several_dims_is_the_formula(tmp_path):
+    from opgen.cli import main
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name, (formula, _) in SEVERAL_DIMS.items():
+        (specs / f"{name}.yaml").write_text(f"name: {name}\ninputs:\n  x: Tensor[N, K]\noutputs:\n  y: {formula}\n")
+    assert main(["generate", str(specs), "-o", str(tmp_path / "several_dims_ops"), "-q", "--no-cache"]) == 0
+    sys.path.insert(0, str(tmp_path))
+    try:
+        ops = importlib.import_module("several_dims_ops")
+    finally:
+        sys.path.remove(str(tmp_path))
+    for name, (_, reference) in SEVERAL_DIMS.items():
+        x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        ours, theirs = getattr(ops, name)(x), reference(x)
+        torch.testing.assert_close(ours, theirs)
+        weights = torch.randn(3, 4, dtype=torch.float64)
+        got, want = (torch.autograd.grad((y * weights).sum(), x)[0] for y in (ours, theirs))
+        torch.testing.assert_close(got, want)

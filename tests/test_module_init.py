@@ -99,3 +99,33 @@ def test_plain_numbers_stay_numbers_and_arithmetic_stays_checked_text() -> None:
 def test_init_text_round_trips() -> None:
     init = Init("uniform", (-0.1, "1 / sqrt(in_features)"))
     assert str(init) == "uniform(-0.1, 1 / sqrt(in_features))"
+
+
+@pytest.mark.parametrize(
+    ("text", "argument"),
+    [
+        ("constant(1 / 0)", "1 / 0"),
+        ("constant(10 ** 400)", "10 ** 400"),
+        ("normal(0, 9 ** 9 ** 9)", "9 ** 9 ** 9"),
+        ("constant(log(0))", "log(0)"),
+        ("uniform(sqrt(-1), 1)", "sqrt(-1)"),
+    ],
+)
+def test_arithmetic_on_numbers_alone_must_be_finite(text: str, argument: str) -> None:
+    """`1 / 0` would raise ZeroDivisionError in reset_parameters(), `10 ** 400` OverflowError: located now."""
+    from opgen.errors import Loc, SpecError
+    from opgen.spec.load import RawScalar
+    from opgen.spec.parse_init import parse_init
+
+    with pytest.raises(SpecError, match="is not a finite number") as raised:
+        parse_init(RawScalar(text, Loc("s.yaml", 3, 5), False), "w", [])
+    assert (raised.value.loc.line, raised.value.loc.col) == (3, 5 + text.index(argument))
+
+
+def test_finite_arithmetic_on_numbers_stays_text() -> None:
+    from opgen.errors import Loc
+    from opgen.spec.load import RawScalar
+    from opgen.spec.parse_init import parse_init
+
+    found = parse_init(RawScalar("constant(2 ** 0.5 * pi)", Loc("s.yaml", 3, 5), False), "w", [])
+    assert found == Init("constant", ("2 ** 0.5 * pi",))

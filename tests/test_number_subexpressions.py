@@ -462,6 +462,19 @@ MORE = {
         lambda x, b: (x - int(b)) ** (2 - int(b)) + torch.sin(int(b) - x),
         lambda: [rand(3, 4), False],
     ),
+    # A side that SymPy folds to 0 from tensors (`x - x`) keeps torch.maximum against a tensor zero;
+    # the other side is printed whole, not as the receiver of `.new_tensor` (`2.5 - x.new_tensor(0)`).
+    "folded_zero_against_a_sum": Case(
+        """
+        inputs:
+          x: Tensor
+        outputs:
+          y: max(x - x, 2.5 - x)
+          z: min(0 * x, x + 1)
+        """,
+        lambda x: (torch.maximum(x - x, 2.5 - x), torch.minimum(0 * x, x + 1)),
+        lambda: [rand(3, 4, low=-3.0, high=4.0)],
+    ),
 }
 CASES = {**ISSUE, **MORE}
 # Override formulas evaluated on their own, for the gradients they replace.

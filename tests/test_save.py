@@ -87,3 +87,23 @@ def test_an_output_stands_in_for_a_call_only_where_it_holds_the_call_linearly(tm
     plain = x.detach().clone().requires_grad_()
     (want,) = torch.autograd.grad((torch.tanh(plain) + torch.floor(torch.tanh(plain))).sum(), plain)
     torch.testing.assert_close(got, want)
+
+
+def test_amax_tie_mask_never_compares_with_a_rounded_stand_in(tmp_path, run_cli):
+    # `amax(a) == o2 - sum(p) / 2` holds in the reals, not in floats: no entry would tie, and the gradient
+    # of amax (its mask over the count of ties) would be 0 / 0.
+    spec = tmp_path / "op.yaml"
+    spec.write_text(
+        "name: op\ninputs:\n  x: Tensor[N, K]\n  p: Tensor[M]?\n  t: Tensor[K]\noutputs:\n  o0: tanh(t)\n"
+        "  o2: amax(atan2(x, 1.5), dim=1, keepdim=true) + 0.5 * sum(p, dim=-1)\n"
+    )
+    assert run_cli("generate", str(spec), "-o", str(tmp_path / "amax_pkg"), "--policy", "balanced")[0] == 0
+    op = import_package(tmp_path, "amax_pkg").op
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        x = torch.randn(3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+        p, t = 10 * torch.randn(2, generator=generator, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+        (got,) = torch.autograd.grad(op(x, p, t)[1].sum(), x)
+        plain = x.detach().clone().requires_grad_()
+        (want,) = torch.autograd.grad(torch.atan2(plain, torch.tensor(1.5)).amax(1, keepdim=True).sum(), plain)
+        torch.testing.assert_close(got, want)

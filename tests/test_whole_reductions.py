@@ -29,6 +29,12 @@ PLAIN = {
     "std_all": ("std(x - t, correction=0)", lambda x, t: (x - t).std(correction=0)),
     "amax_all": ("amax(x + t)", lambda x, t: (x + t).amax()),
     "ratio": ("sum(x * t) / mean(t)", lambda x, t: (x * t).sum() / t.mean()),
+    # A whole reduction inside another: its gradient is constant over the outer operand, counted once per entry.
+    "centered_sum": ("sum(x - mean(x)) + mean(t)", lambda x, t: (x - x.mean()).sum() + t.mean()),
+    "inner_std": (
+        "sum(t + std(x)) + mean(x * t - mean(x) ** 2)",
+        lambda x, t: (t + x.std()).sum() + (x * t - x.mean() ** 2).mean(),
+    ),
     "huber_mean": (
         "mean(where(abs(x - t) < 1, 0.5 * (x - t)**2, abs(x - t) - 0.5))",
         lambda x, t: torch.nn.functional.huber_loss(x, t.expand_as(x)),
@@ -38,6 +44,12 @@ PLAIN = {
 BATCHED = {
     "scale_mean": ("mean(x * w)", lambda x, w: (x * w).mean()),
     "batch_var": ("var(x, correction=0) + sum(w)", lambda x, w: x.var(correction=0) + w.sum()),
+    # A whole reduction inside another over a batch: was refused ("a gradient constant along the batch ...").
+    "batch_centered": ("sum(x * w - mean(x))", lambda x, w: (x * w - x.mean()).sum()),
+    "batch_kept": (
+        "sum(x - amax(x, dim=-1, keepdim=true) - mean(x)) * sum(w)",
+        lambda x, w: (x - x.amax(-1, keepdim=True) - x.mean()).sum() * w.sum(),
+    ),
 }
 
 
@@ -115,6 +127,42 @@ def test_per_sample_gradients_under_vmap(ops, name):
     theirs = torch.func.vmap(torch.func.grad(reference, argnums=(0, 1)), in_dims=(0, None))(x, t)
     for got, want in zip(ours, theirs, strict=True):
         torch.testing.assert_close(got, want)
+
+
+# name -> (formula over x: Tensor and p: Tensor?, the same in plain torch with p, without p)
+OPTIONAL = {
+    "shifted_mean": ("mean(x) + p", lambda x, p: x.mean() + p, lambda x: x.mean()),
+    "counted_with_p": (  # without p, its terms are dropped: (x - p)**2 is x**2
+        "mean((x - p)**2) + sum(x)",
+        lambda x, p: ((x - p) ** 2).mean() + x.sum(),
+        lambda x: (x**2).mean() + x.sum(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OPTIONAL)
+def test_whole_reduction_beside_an_absent_optional_input(tmp_path, name):
+    """A size counted at call time (`x.numel()`, `p.shape`) is not read from a `Tensor?` that is None."""
+    formula, with_p, without_p = OPTIONAL[name]
+    (tmp_path / "specs").mkdir()
+    spec = f"name: {name}\ninputs:\n  x: Tensor\n  p: Tensor?\noutputs:\n  y: {formula}\n"
+    (tmp_path / "specs" / f"{name}.yaml").write_text(spec)
+    package = f"optional_{name}"
+    assert main(["generate", str(tmp_path / "specs"), "-o", str(tmp_path / package), "-q", "--no-cache"]) == 0
+    sys.path.insert(0, str(tmp_path))
+    try:
+        op = getattr(importlib.import_module(package), name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    x, p = _inputs(name, ((3, 4), (4,)))
+    for args, reference in (((x, None), lambda: without_p(x)), ((x, p), lambda: with_p(x, p))):
+        ours, theirs = op(*args), reference()
+        torch.testing.assert_close(ours, theirs)
+        present = [a for a in args if a is not None]
+        got = torch.autograd.grad(ours.sum(), present)
+        want = torch.autograd.grad(theirs.sum(), present)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
 
 
 def test_mse_equals_pytorchs_loss(ops):

@@ -67,7 +67,12 @@ from opgen.formula.tensor import (
     shape_of,
     split,
 )
-from opgen.formula.whole_reductions import reduction_count, spread_to_operand, whole_reduction_of_plain
+from opgen.formula.whole_reductions import (
+    broadcast_count,
+    reduction_count,
+    spread_to_operand,
+    whole_reduction_of_plain,
+)
 
 Clean = Callable[[Expr], Expr]
 
@@ -133,6 +138,11 @@ class _Vjp:
         """`grad`, the gradient of elementwise `expr`, as the gradient of its `part`: times the size of
         each dimension that `expr` has and both lack (Note [narrow gradients])."""
         have, full, want = self.shape(grad), self.shape(expr), self.shape(part)
+        if have == () and want == () and (full is None or split(full)[0]):
+            # A scalar part of a broadcast of plain Tensors or of a batch: counted once per entry.
+            count = broadcast_count(expr, self.table)
+            if count is not None:
+                return grad * count
         if have is None or full is None or want is None:
             return grad  # a plain Tensor: no tensor operation meets it
         (have_batch, have_dims), (full_batch, full_dims), (want_batch, want_dims) = (

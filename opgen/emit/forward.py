@@ -209,7 +209,8 @@ def size_inputs(source: str) -> tuple[str, ...]:
 
 def size_text(spec: Spec, source: str, index: int) -> str:
     """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks); for a
-    count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()`."""
+    count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()`, None when a `Tensor?` it
+    counts is None."""
     tensors = counted(source)
     if tensors is not None:
         shape = (
@@ -217,7 +218,9 @@ def size_text(spec: Spec, source: str, index: int) -> str:
             if len(tensors) == 1
             else f"torch.broadcast_shapes({', '.join(f'{t}.shape' for t in tensors)})"
         )
-        return f"{shape}.numel()" if source.startswith("#") else shape
+        text = f"{shape}.numel()" if source.startswith("#") else shape
+        absent = [t for t in tensors if (i := spec.input(t)) is not None and i.type.optional]
+        return f"None if {' or '.join(f'{t} is None' for t in absent)} else {text}" if absent else text
     inp = spec.input(source)
     text = f"{source}.shape[{index}]"
     return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text

@@ -363,9 +363,8 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             pa, pb = self._print(a), self._print(b)
             return f"({pa} if {pa} {op} {pb} else {pb})"
         tensor, bound = (a, b) if ta else (b, a)
-        if flag == 1:
-            value = self._print(tensor)
-            return f"{self.torch}.{both}({value}, {value}.new_tensor({self._print(bound)}))"
+        if flag == 1:  # the number as a tensor of the formula's dtype (`(2.5 - x).new_tensor` needs parentheses)
+            return f"{self.torch}.{both}({self._print(tensor)}, {self._as_tensor(bound, tensor)})"
         if bound == 0 and both == "maximum":
             return self._call(f"{self.torch}.relu", tensor)
         threshold = f"{self.functional}.threshold"

@@ -276,11 +276,15 @@ class _Reader:
                 raise self.fail(options["keepdim"], f"`keepdim` of {name}() must be true or false")
             keepdim = flag.expr is S.true
         correction = int_literal(options["correction"]) if "correction" in options else 1
-        if correction is None or correction < 0:
+        if correction is None or not 0 <= correction < 2**63:  # torch takes an int64
             raise self.fail(options["correction"], f"`correction` of {name}() must be a whole number >= 0, e.g. 0 or 1")
         operand = self.number(node.args[0])
         found: tuple[int, ...] = () if dims is None else dims  # type: ignore[assignment]
         if self.scope.shapes is not None:
+            if not operand.free_symbols & self.scope.tensors:  # Note [numbers and tensors] in opgen.formula.kinds
+                text = short(ast.unparse(node.args[0]))
+                what = f"the number {operand} once simplified" if operand.is_number else "a number"
+                raise self.fail(node, f"{name}() of `{text}`, {what}: a reduction takes a tensor; use the number")
             try:
                 shape = self.shape(node.args[0], operand)
                 found = tensor.reduce_dims(shape, dims, keepdim, f"{name}()")  # type: ignore[arg-type]

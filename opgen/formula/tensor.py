@@ -252,12 +252,17 @@ class LogSoftmaxBackward(TensorOp):
 
 
 def _log_softmax_parts(expr: Expr) -> tuple[Expr, sympy.Integer] | None:
-    """(a, dim) when `expr` is `a - logsumexp(a, dim, keepdim=true)`."""
+    """(a, dim) when `expr` is `a - logsumexp(a, dim, keepdim=true)` over one dim (torch.softmax takes one)."""
     if not isinstance(expr, sympy.Add):
         return None
     for term in expr.args:
         coeff, body = term.as_coeff_Mul()
-        if coeff == -1 and isinstance(body, ReduceLogSumExp) and body.keepdim:
+        if (
+            coeff == -1
+            and isinstance(body, ReduceLogSumExp)
+            and body.keepdim
+            and not isinstance(body.args[1], sympy.Tuple)
+        ):
             rest = sympy.Add(*[t for t in expr.args if t is not term])
             if rest == body.operand:
                 return body.operand, body.args[1]

@@ -21,14 +21,7 @@ def elementwise_leaves(node: ReductionBase, table: dict[sympy.Symbol, Shape]) ->
     without passing another tensor operation; its operand must have their broadcast shape (Note
     [counts of unknown shapes]), else a `ShapeError`."""
     shape = shape_of(node.operand, table)
-    leaves: set[sympy.Symbol] = set()
-    stack: list[sympy.Basic] = [node.operand]
-    while stack:
-        expr = stack.pop()
-        if isinstance(expr, sympy.Symbol) and table.get(expr, ()) != ():  # a tensor: numbers and scalars broadcast away
-            leaves.add(expr)
-        elif not isinstance(expr, TensorOp):
-            stack.extend(expr.args)
+    leaves = plain_leaves(node.operand, table)
     reached: Shape = ()
     for leaf in leaves:
         reached = broadcast(reached, table[leaf])
@@ -38,6 +31,33 @@ def elementwise_leaves(node: ReductionBase, table: dict[sympy.Symbol, Shape]) ->
             " tensor inputs, so how many entries it has is not known; name the dims (dim=(-2, -1))"
         )
     return tuple(sorted(leaf.name for leaf in leaves))
+
+
+def plain_leaves(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> set[sympy.Symbol]:
+    """The tensor inputs `expr` reaches without passing a tensor operation (numbers and scalars broadcast away)."""
+    leaves: set[sympy.Symbol] = set()
+    stack: list[sympy.Basic] = [expr]
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, sympy.Symbol) and table.get(sub, ()) != ():
+            leaves.add(sub)
+        elif not isinstance(sub, TensorOp):
+            stack.extend(sub.args)
+    return leaves
+
+
+def broadcast_count(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Expr | None:
+    """How many entries `expr` has when it is elementwise in the tensors it reaches: the count of their
+    broadcast, known at call time (Note [counts of unknown shapes]); None when it is not. The gradient
+    of a scalar part of `expr` (a whole reduction, `mean(x)` in `sum(x - mean(x))`) is a constant
+    gradient of `expr` times this count."""
+    leaves = plain_leaves(expr, table)
+    reached: Shape = ()
+    for leaf in leaves:
+        reached = broadcast(reached, table[leaf])
+    if not leaves or reached != shape_of(expr, table):
+        return None
+    return count_size(tuple(sorted(leaf.name for leaf in leaves)))
 
 
 def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Expr:

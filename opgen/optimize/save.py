@@ -117,6 +117,7 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
     """What in `factors` each differentiable output can stand in for (module docstring)."""
     swap: dict[Expr, Expr] = {}
     calls = _costly_calls(factors, symbols)
+    compared = _compared(factors)
     for name, expr in variant.inlined:
         if name not in symbols.grads:
             continue  # a non-differentiable output is a constant to double backward: never a stand-in
@@ -127,10 +128,29 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
         # finds them, so a deep chain of calls costs no rebuilding of the formula per call.
         for call in sorted(calls & _spine(expr), key=sympy.default_sort_key):
             parts = _linear(expr, call)
-            if parts is not None and parts[0] != 0:
+            if parts is not None and parts[0] != 0 and (call not in compared or parts == (1, 0)):
                 coeff, rest = parts
                 swap.setdefault(call, (output - rest) / coeff)
     return swap
+
+
+def _compared(factors: list[Expr]) -> set[Expr]:
+    """What the factors compare exactly (amax's tie mask `a == amax(a)`): a stand-in computed as
+    `(output - rest) / coeff` differs from it by rounding, and then no entry ties, so such a call
+    is replaced by an output only where the output is the call itself."""
+    seen: set[sympy.Basic] = set()
+    found: set[Expr] = set()
+    stack: list[tuple[sympy.Basic, bool]] = [(f, False) for f in factors]
+    while stack:  # each distinct node once: shared subexpressions are walked once, not once per use
+        node, inside = stack.pop()
+        if (node, inside) in seen:
+            continue
+        seen.add((node, inside))
+        inside = inside or isinstance(node, sympy.core.relational.Relational)
+        if inside:
+            found.add(node)
+        stack.extend((arg, inside) for arg in node.args)
+    return found
 
 
 def _spine(expr: Expr) -> set[Expr]:

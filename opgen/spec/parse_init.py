@@ -13,7 +13,8 @@ a number or arithmetic (`+ - * / **`, `sqrt exp log`, `pi`, parentheses) on numb
 kept as the checked text, which the module emitter prints in `reset_parameters()` with each arg read
 from the module (`self.alpha`), so `reset_parameters()` after a change of the attribute uses it. A
 name that is not such an arg (a `bool` arg, an input, a typo), any other syntax, and a non-finite
-constant are located errors.
+constant are located errors; so is arithmetic on numbers alone whose value, computed now in floats,
+is not finite (`1 / 0`, `10 ** 400`, `log(0)`), which would fail or give NaN in `reset_parameters()`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,37 @@ def _argument(tree: ast.expr, text: str, loc: Loc, args: list[Input]) -> float |
             raise SpecError(loc, f"init '{text}': arguments must be finite, else the parameter is NaN or infinite")
         return number
     _check(tree, text, at, args)
+    if not any(
+        isinstance(sub, ast.Name) and sub.id not in (*INIT_FUNCTIONS, *INIT_CONSTANTS) for sub in ast.walk(tree)
+    ):
+        try:  # arithmetic on numbers alone: its value is known now, and must be a finite float
+            value = _constant(tree)
+        except (ArithmeticError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):
+            what = f"`{ast.unparse(tree)}` is not a finite number (a division by zero, log(0), an overflow)"
+            raise SpecError(at, f"init '{text}': {what}, so the parameter would be NaN or infinite")
     return ast.unparse(tree)
+
+
+def _constant(tree: ast.expr) -> float:
+    """The value of checked arithmetic on numbers, in floats (`10 ** 400` overflows at once, never a huge int)."""
+    if isinstance(tree, ast.Constant):
+        return float(tree.value)  # type: ignore[arg-type]  # a checked number
+    if isinstance(tree, ast.Name):
+        return math.pi
+    if isinstance(tree, ast.UnaryOp):
+        inner = _constant(tree.operand)
+        return -inner if isinstance(tree.op, ast.USub) else inner
+    if isinstance(tree, ast.Call):
+        return float(getattr(math, tree.func.id)(_constant(tree.args[0])))  # type: ignore[attr-defined]
+    assert isinstance(tree, ast.BinOp)
+    a, b = _constant(tree.left), _constant(tree.right)
+    ops = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
+    result = a**b if isinstance(tree.op, ast.Pow) else ops[type(tree.op)](a, b)
+    if isinstance(result, complex):  # (-8) ** (1 / 3)
+        raise ValueError("not a real number")
+    return float(result)
 
 
 def _number(tree: ast.expr) -> float | None:
