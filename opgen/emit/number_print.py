@@ -15,6 +15,7 @@ Anything else that is a number (`log(2)`, `erf(1)`) prints as its float64 value.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import sympy
@@ -165,3 +166,30 @@ class NumberPrinting:
         *extra, arg = args
         scalar = f"{self.torch}.tensor({self._print(arg)}, dtype={self.torch}.float64)"
         return f"{self.torch}.{name}({''.join(self._print(e) + ', ' for e in extra)}{scalar}).item()"
+
+
+# Note [common factors]
+# ~~~~~~~~~~~~~~~~~~~~~
+# SymPy spreads a number over a sum (`2 * (x - t)` is `2*x - 2*t`), so a printed gradient
+# multiplies each tensor term by it: a pass over the tensors per term. Where two terms or more
+# of a tensor sum hold tensors times one number, the sum prints with the number taken out,
+# `2 * (x - t)`: one multiplication. Only where every term is a small whole multiple of the
+# number (at most MULTIPLE times it), so that no term grows on the way: `1e-20 * (1.2e36 * x
+# + ...)` would overflow float32 where `1.2e16 * x + 1e-20 * x**2` does not.
+MULTIPLE = 16
+
+
+def common_factor(expr: sympy.Add, is_tensor: Callable[[sympy.Basic], bool]) -> sympy.Rational | None:
+    """The number every term of the sum `expr` is a small multiple of, where it is worth taking out
+    (Note [common factors]); negative where every term is negative; None otherwise."""
+    coefficients = [term.as_coeff_Mul()[0] for term in expr.args]
+    if not all(c.is_Rational and c != 0 for c in coefficients):
+        return None
+    common = abs(coefficients[0])
+    for c in coefficients[1:]:
+        common = sympy.gcd(common, abs(c))
+    if common == 1 or any(not (c / common).is_Integer or abs(c / common) > MULTIPLE for c in coefficients):
+        return None
+    if sum(1 for t, c in zip(expr.args, coefficients, strict=True) if is_tensor(t) and abs(c) != 1) < 2:
+        return None
+    return -common if all(c < 0 for c in coefficients) else common

@@ -22,7 +22,7 @@ from sympy.printing.precedence import PRECEDENCE, precedence
 from opgen.emit.gate_print import GatePrinting
 from opgen.emit.kernel_print import KernelPrinting
 from opgen.emit.norm_print import NormPrinting
-from opgen.emit.number_print import NumberPrinting, decimal, is_exact_constant, power
+from opgen.emit.number_print import NumberPrinting, common_factor, decimal, is_exact_constant, power
 from opgen.emit.tensor_print import TensorPrinting
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
@@ -198,10 +198,8 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         return not special and (exp.is_Integer or self.is_tensor(expr))
 
     def _print_Add(self, expr: sympy.Add, order: Any = None) -> str:
-        """`a - b - (c + d)`: SymPy's `StrPrinter._print_Add`, with `_negate`'s leading minus; a factor
-        every term has, taken out (`2 * (x - t)` for `2*x - 2*t`: one multiplication, not two)."""
-        common = self._common_factor(expr)
-        if common is not None:
+        """`a - b - (c + d)`: SymPy's `StrPrinter._print_Add`, with `_negate`'s leading minus."""
+        if (common := common_factor(expr, self.is_tensor)) is not None:  # Note [common factors]: `2 * (x - t)`
             return f"{self._print(common)} * ({self._print_Add(sympy.Add(*(t / common for t in expr.args)))})"
         prec = precedence(expr)
         text = ""
@@ -213,20 +211,6 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             else:
                 text += f" {'-' if negative else '+'} {self.parenthesize(magnitude, prec, strict=not negative)}"
         return text
-
-    def _common_factor(self, expr: sympy.Add) -> sympy.Rational | None:
-        """The number every term of a tensor sum is a multiple of, where two terms or more hold tensors
-        multiplied by it (SymPy spreads `2 * (x - t)` over the sum); None where it is 1."""
-        coefficients = [term.as_coeff_Mul()[0] for term in expr.args]
-        if not all(c.is_Rational and c != 0 for c in coefficients):
-            return None
-        common = abs(coefficients[0])
-        for c in coefficients[1:]:
-            common = sympy.gcd(common, abs(c))
-        scaled = [t for t, c in zip(expr.args, coefficients, strict=True) if self.is_tensor(t) and abs(c) != 1]
-        if common == 1 or len(scaled) < 2:
-            return None
-        return -common if all(c < 0 for c in coefficients) else common
 
     def _product(self, expr: sympy.Mul) -> str:
         """`a * b / (c * d)`: SymPy's `CodePrinter._print_Mul`, spaced."""
