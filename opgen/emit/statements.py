@@ -60,7 +60,7 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
         inline: dict[sympy.Basic, sympy.Basic] = {}
         for symbol, part in replacements:
             part = part.xreplace(inline)
-            if _is_condition(part):
+            if _is_condition(part) or _folds_into_use(part):
                 inline[symbol] = part
                 continue
             lines += _short(symbol.name, part, printer, temporaries, width)
@@ -117,6 +117,20 @@ def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:
     tensors = with_definitions(printer.tensors, [(symbol, expr)]) - printer.tensors
     return printer.with_symbols({symbol: symbol.name}, tensors)
+
+
+def _folds_into_use(expr: sympy.Basic) -> bool:
+    """Note [shared parts of a statement]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A statement's part used twice is computed once (`abs(x)` in the stable form of `log(cosh(x))`,
+    `x @ W` in a gate), in forward as in backward, whatever printed the repeats (the formula as
+    written, Note [printed stable forms]). A number times one name (`-x`, `g / 2`) is no such part: a
+    temporary costs a pass over the tensor, where each use prints it into its own operation for
+    free (`hi - x`, `x - lo`), so it stays inline."""
+    if not isinstance(expr, sympy.Mul) or len(expr.args) != 2:
+        return False
+    number, other = sorted(expr.args, key=lambda a: not a.is_number)
+    return bool(number.is_number) and other.is_Atom
 
 
 def _is_condition(expr: sympy.Basic) -> bool:
