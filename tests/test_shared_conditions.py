@@ -1,7 +1,8 @@
 """A condition several gradients share has its operands computed once in backward (Note [conditions
-shared by gradients] in opgen/plan/backward.py): no aten call but the comparison itself repeats on
-the same tensors; values, gradients, second derivatives and forward-mode derivatives are plain
-autograd's of the formula, in float64."""
+shared by gradients] in opgen/plan/conditions.py), and a sum SymPy multiplied a number into reads the
+temporary it is a multiple of (Note [sums that are multiples of a temporary]): no aten call but the
+comparison itself repeats on the same tensors; values, gradients, second derivatives and forward-mode
+derivatives are plain autograd's of the formula, in float64."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ OPS = {
     ),
 }
 COMPARISONS = {"gt", "lt", "ge", "le", "eq", "ne"}
-# Left: `2 * (x - y)` beside `x - y` (band) and the incoming gradient times a shared part (squared)
-# still repeat a pass; they are checked for their values only.
-REPEAT_FREE = ["clipped", "hinge", "ranking"]
+# Left: the incoming gradient times a part two gradients share (squared) is computed for each; it is
+# checked for its values only.
+REPEAT_FREE = ["band", "clipped", "hinge", "ranking"]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
-"""Plan stage: the conditions CSE found among the formulas of backward or forward mode, put back
-inline, and the temporaries they leave (Note [conditions shared by gradients])."""
+"""Plan stage: what CSE leaves among the formulas of backward or forward mode, made right: the
+conditions it found, put back inline with the temporaries they leave (Note [conditions shared by
+gradients]), and sums that are multiples of a temporary (Note [sums that are multiples of a
+temporary])."""
 
 from __future__ import annotations
 
@@ -62,3 +64,32 @@ def _condition_sides(
                 temps.append(Temp(known[side], side))
             replace[side] = known[side]
     return temps, condition.xreplace(replace)
+
+
+def read_multiples(temps: list[Temp], exprs: list[Expr]) -> tuple[list[Temp], list[Expr]]:
+    """Note [sums that are multiples of a temporary]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    SymPy multiplies a number into a sum (`2*(x - y)` is `2*x - 2*y`), so CSE does not see the
+    temporary `x - y` in it, and the printer, which takes the number out again, computed `x - y`
+    a second time (the derivative of `(x - y)**2` beside `abs(x - y)`). A sum that is a number
+    times an earlier temporary's sum, or its negation, reads that temporary."""
+    sums: dict[sympy.Basic, sympy.Symbol] = {}
+
+    def multiple(node: sympy.Basic) -> sympy.Basic:
+        number, rest = node.primitive()
+        for sign in (1, -1):
+            if sign * rest in sums:
+                return sign * number * sums[sign * rest]
+        return node
+
+    def read(expr: sympy.Basic) -> sympy.Basic:
+        if not sums:
+            return expr
+        return expr.replace(lambda e: isinstance(e, sympy.Add), multiple)
+
+    done: list[Temp] = []
+    for temp in temps:
+        done.append(Temp(temp.symbol, read(temp.expr), temp.kernel))
+        if isinstance(temp.expr, sympy.Add):
+            sums.setdefault(temp.expr, temp.symbol)
+    return done, [read(e) for e in exprs]

@@ -19,7 +19,7 @@ from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tan
 from opgen.formula.tensor import is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.plan.backward import Plan, TempGroup
-from opgen.plan.conditions import Temp, inline_conditions
+from opgen.plan.conditions import Temp, inline_conditions, read_multiples
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ def _plan_variant(variant: VariantTangents) -> ForwardVariant:
     symbols = sympy.numbered_symbols("jvp:", cls=sympy.Symbol, real=True)
     replacements, reduced = sympy.cse(flat, symbols=symbols, order="canonical")
     temps, reduced = inline_conditions(replacements, reduced)
+    temps, reduced = read_multiples(temps, reduced)
     outputs: list[OutputTangent | None] = []
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
     position = 0
