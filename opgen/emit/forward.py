@@ -36,7 +36,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     for name, expr in variant.lets:
         found = let_statistics(name, expr, pending, printer)
         if found is None:
-            lines += assign(name, _read_back(expr, parts), printer, indent)
+            lines += assign(name, _read_back(expr, parts), printer, indent, shared=True)
             continue
         lines.append(found[0])
         given |= found[1]
@@ -57,7 +57,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
         if _as_let(residual.expr) in computed:  # a let forward has already computed (`r: rsqrt(...)`)
             lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
         else:
-            lines += assign(residual.name, residual.expr, printer, indent)
+            lines += assign(residual.name, residual.expr, printer, indent, shared=True)
     for name, expr in outputs:
         if name in done:
             continue
@@ -68,7 +68,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             text = printer.doprint_expr(expr)
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
-            lines += assign(name, expr, printer, indent)
+            lines += assign(name, expr, printer, indent, shared=True)
         if name in expand:
             lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
         if name not in differentiable and name not in aliases and (name in expand or _is_view(expr)):

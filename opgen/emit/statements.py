@@ -55,12 +55,12 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     width = LINE_LENGTH - indent
     expr = _stable_forms(expr)
     lines: list[str] = []
-    if shared:
+    if shared and _rebuilds_as_is(expr):
         replacements, (expr,) = sympy.cse([expr], symbols=temporaries, order="canonical")
         inline: dict[sympy.Basic, sympy.Basic] = {}
         for symbol, part in replacements:
             part = part.xreplace(inline)
-            if _is_condition(part):
+            if _is_condition(part) or _folds_into_use(part):
                 inline[symbol] = part
                 continue
             lines += _short(symbol.name, part, printer, temporaries, width)
@@ -117,6 +117,27 @@ def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:
     tensors = with_definitions(printer.tensors, [(symbol, expr)]) - printer.tensors
     return printer.with_symbols({symbol: symbol.name}, tensors)
+
+
+def _folds_into_use(expr: sympy.Basic) -> bool:
+    """Note [shared parts of a statement]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A statement's part used twice is computed once (`abs(x)` in the stable form of `log(cosh(x))`,
+    `x @ W` in a gate), in forward as in backward, whatever printed the repeats (the formula as
+    written, Note [printed stable forms]). A number times one name (`-x`, `g / 2`) is no such part: a
+    temporary costs a pass over the tensor, where each use prints it into its own operation for
+    free (`hi - x`, `x - lo`), so it stays inline. A formula the reader kept partly unevaluated is
+    printed unshared (`_rebuilds_as_is`)."""
+    if not isinstance(expr, sympy.Mul) or len(expr.args) != 2:
+        return False
+    number, other = sorted(expr.args, key=lambda a: not a.is_number)
+    return bool(number.is_number) and other.is_Atom
+
+
+def _rebuilds_as_is(expr: sympy.Basic) -> bool:
+    """Whether CSE, which rebuilds the formula, keeps it: not where the reader kept a node unevaluated
+    (`(a < a) * x` would lose `x` and its shape), which is then printed as it is, unshared."""
+    return all(node.func(*node.args) == node for node in sympy.postorder_traversal(expr) if node.args)
 
 
 def _is_condition(expr: sympy.Basic) -> bool:

@@ -50,16 +50,10 @@ from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
+from opgen.plan.conditions import Temp, inline_conditions, read_multiples
 
 if TYPE_CHECKING:
     from opgen.plan.forward import ForwardPlan
-
-
-@dataclass(frozen=True)
-class Temp:
-    symbol: sympy.Symbol
-    expr: sympy.Basic
-    kernel: bool = False  # `g * prime(u)` may print as a backward kernel (Note [gradients that negate another])
 
 
 @dataclass(frozen=True)
@@ -127,25 +121,6 @@ def _temp_symbols() -> sympy.utilities.iterables.numbered_symbols:
     return sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True)
 
 
-def _inline_conditions(
-    replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
-) -> tuple[list[Temp], list[Expr]]:
-    """Put boolean temporaries back where they are used.
-
-    A condition kept as its own variable would be a bool tensor; the printer takes the
-    dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
-    """
-    temps: list[Temp] = []
-    inline: dict[sympy.Symbol, sympy.Basic] = {}
-    for symbol, expr in replacements:
-        expr = expr.xreplace(inline)
-        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
-            inline[symbol] = expr
-        else:
-            temps.append(Temp(symbol, expr))
-    return temps, [e.xreplace(inline) for e in exprs]
-
-
 def _plan_variant(
     derived: Derived, variant: Variant, index_of: dict[str, int], residuals: tuple[Residual, ...]
 ) -> BackwardPlan:
@@ -162,7 +137,8 @@ def _plan_variant(
     if negations:
         factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
     replacements, reduced = sympy.cse([*factors, *(e for _, e in shared)], symbols=_temp_symbols(), order="canonical")
-    temps, reduced = _inline_conditions(replacements, reduced)
+    temps, reduced = inline_conditions(replacements, reduced)
+    temps, reduced = read_multiples(temps, reduced)
     temps, reduced = _named_shares(temps, reduced, shared)
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}

@@ -18,7 +18,8 @@ from opgen.derive.gradients import Variant
 from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
 from opgen.formula.tensor import is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
-from opgen.plan.backward import Plan, Temp, TempGroup, _inline_conditions
+from opgen.plan.backward import Plan, TempGroup
+from opgen.plan.conditions import Temp, inline_conditions, read_multiples
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def _plan_variant(variant: VariantTangents) -> ForwardVariant:
     flat: list[sympy.Basic] = [group[0] for group in kernel_factors([[v] for v in values])]
     symbols = sympy.numbered_symbols("jvp:", cls=sympy.Symbol, real=True)
     replacements, reduced = sympy.cse(flat, symbols=symbols, order="canonical")
-    temps, reduced = _inline_conditions(replacements, reduced)
+    temps, reduced = inline_conditions(replacements, reduced)
+    temps, reduced = read_multiples(temps, reduced)
     outputs: list[OutputTangent | None] = []
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
     position = 0

@@ -1,0 +1,95 @@
+"""Plan stage: what CSE leaves among the formulas of backward or forward mode, made right: the
+conditions it found, put back inline with the temporaries they leave (Note [conditions shared by
+gradients]), and sums that are multiples of a temporary (Note [sums that are multiples of a
+temporary])."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import sympy
+from sympy import Expr
+
+
+@dataclass(frozen=True)
+class Temp:
+    symbol: sympy.Symbol
+    expr: sympy.Basic
+    kernel: bool = False  # `g * prime(u)` may print as a backward kernel (Note [gradients that negate another])
+
+
+def inline_conditions(
+    replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
+) -> tuple[list[Temp], list[Expr]]:
+    """Put boolean temporaries back where they are used.
+
+    A condition kept as its own variable would be a bool tensor; the printer takes the
+    dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    """
+    temps: list[Temp] = []
+    inline: dict[sympy.Symbol, sympy.Basic] = {}
+    names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=len(replacements))
+    for symbol, expr in replacements:
+        expr = expr.xreplace(inline)
+        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+            sides, expr = _condition_sides(expr, {t.expr: t.symbol for t in temps}, names)
+            temps += sides
+            inline[symbol] = expr
+        else:
+            temps.append(Temp(symbol, expr))
+    return temps, [e.xreplace(inline) for e in exprs]
+
+
+def _condition_sides(
+    condition: sympy.Basic, known: dict[sympy.Basic, sympy.Symbol], names: Iterator[sympy.Symbol]
+) -> tuple[list[Temp], sympy.Basic]:
+    """Note [conditions shared by gradients]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A condition CSE found in several gradients (`margin - x*y > 0` of a hinge, in `grad_x` and
+    `grad_y`) is put back inline (a bool temporary would misprint `(cond).to(...)`), and with it
+    the arithmetic CSE had hidden inside it: each gradient computed `margin - x*y` again. The
+    operands of its comparisons that are computed (not a name, not a number) become temporaries
+    of their own, computed once; only the comparison repeats."""
+    temps: list[Temp] = []
+    replace: dict[sympy.Basic, sympy.Basic] = {}
+    for node in sympy.preorder_traversal(condition):
+        if not isinstance(node, sympy.core.relational.Relational):
+            continue
+        for side in node.args:
+            if side.is_Atom or side.is_number or side in replace:
+                continue
+            if side not in known:
+                known[side] = next(names)
+                temps.append(Temp(known[side], side))
+            replace[side] = known[side]
+    return temps, condition.xreplace(replace)
+
+
+def read_multiples(temps: list[Temp], exprs: list[Expr]) -> tuple[list[Temp], list[Expr]]:
+    """Note [sums that are multiples of a temporary]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    SymPy multiplies a number into a sum (`2*(x - y)` is `2*x - 2*y`), so CSE does not see the
+    temporary `x - y` in it, and the printer, which takes the number out again, computed `x - y`
+    a second time (the derivative of `(x - y)**2` beside `abs(x - y)`). A sum that is a number
+    times an earlier temporary's sum, or its negation, reads that temporary."""
+    sums: dict[sympy.Basic, sympy.Symbol] = {}
+
+    def multiple(node: sympy.Basic) -> sympy.Basic:
+        number, rest = node.primitive()
+        for sign in (1, -1):
+            if sign * rest in sums:
+                return sign * number * sums[sign * rest]
+        return node
+
+    def read(expr: sympy.Basic) -> sympy.Basic:
+        if not sums:
+            return expr
+        return expr.replace(lambda e: isinstance(e, sympy.Add), multiple)
+
+    done: list[Temp] = []
+    for temp in temps:
+        done.append(Temp(temp.symbol, read(temp.expr), temp.kernel))
+        if isinstance(temp.expr, sympy.Add):
+            sums.setdefault(temp.expr, temp.symbol)
+    return done, [read(e) for e in exprs]
