@@ -126,6 +126,12 @@ class _Attributes:
     arg_repr: dict[str, str]  # module arg -> the expression of its value in `extra_repr`
 
 
+def parameter_attributes(module: Module) -> dict[str, str]:
+    """The attribute each parameter is registered under: its name, or another where an nn.Module
+    attribute has it (a parameter `forward` is `forward_`)."""
+    return _attributes(module, "self").param_attr
+
+
 def _attributes(module: Module, self_: str) -> _Attributes:
     params = {p.name: p for p in module.parameters}
     attrs = Namer(MODULE_ATTRIBUTES)

@@ -21,6 +21,7 @@ from opgen.derive.gradients import dimension_names
 from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.forward import size_sources
+from opgen.emit.module import parameter_attributes
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
 from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error, with_cut_sizes
@@ -323,6 +324,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         residuals=[r.name for r in plan.residuals],
         input_names=[i.name for i in spec.inputs],
         module_params=[p.name for p in spec.module.parameters] if spec.module else [],
+        param_attrs=parameter_attributes(spec.module) if spec.module else {},
         custom_op=f"{spec.namespace}.{spec.name}" if spec.custom_op else None,
         small_call=native_op(plan) is not None,
         **numbers,

@@ -17,6 +17,7 @@ import sympy
 from sympy import Expr
 
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula import functions as fn
 from opgen.formula import shape_rules, tensor, written
 from opgen.formula.kinds import with_definitions
 from opgen.formula.reader import Scope, read_formula
@@ -87,7 +88,8 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
         names.setdefault(dim, Value(tensor.dim_size(dim), NUM))
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
     tensors = frozenset(names[n].expr for n in holds_tensors(spec))  # Note [tensor-valued lets]
-    return Scope(names, tensors, hint)
+    flags = frozenset(i.name for i in spec.inputs if i.type.kind == "bool")
+    return Scope(names, tensors, hint, conditions=flags)
 
 
 def dimension_names(spec: Spec) -> list[str]:
@@ -145,9 +147,11 @@ def _read_definitions(
 
     """
     scope = forward_scope(spec, symbols)
+    defined = {**symbols.lets, **symbols.outputs}
     if shapes is not None:
         scope = replace(scope, shapes=shapes)
-    defined = {**symbols.lets, **symbols.outputs}
+    else:  # a first reading, in spec order: any let or output may turn out to be a condition
+        scope = replace(scope, conditions=scope.conditions | frozenset(defined))
     problems = Problems()
     definitions: dict[str, Expr] = {}
     walk = walk_as_written(spec, symbols, shapes or {}, frozenset())
@@ -162,9 +166,39 @@ def _read_definitions(
                 pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formula))
                 as_written = written.broadcast_all(pieces or frozenset())
                 shapes[defined[name]] = shape_rules.broadcast(tensor.shape_of(definitions[name], shapes), as_written)
+                if name in definitions and _is_condition(definitions[name], scope):
+                    scope = replace(scope, conditions=scope.conditions | {name})
     if problems:
         raise _Many(problems)
     return definitions
+
+
+# Note [named conditions]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# A condition used as a number is 1 where it holds and 0 elsewhere, so a let or an output
+# whose formula is a condition (`small: abs(x - t) < delta`) holds 1/0, and so does a `bool`
+# input. Such a name may stand where a condition is wanted (`where(small, a, b)`, `~flag`,
+# `small & (x > 0)`) and reads as `name == 1`, what `where(small == true, a, b)` reads as. A
+# name holding any other number (a Tensor input, `x * 2`) stays an error there: which of its
+# values would count as true is not for opgen to guess. The first reading, in spec order,
+# lets every let and output pass (it only orders the formulas); the second, in the order they
+# depend on each other, knows which ones are conditions.
+
+
+def _is_condition(expr: Expr, scope: Scope) -> bool:
+    """Whether a let or output read as `expr` holds a condition as 1/0 (Note [named conditions])."""
+    if isinstance(expr, fn.where) and expr.args[1:] == (sympy.S.One, sympy.S.Zero):
+        return True
+    return any(expr == scope.names[name].expr for name in scope.conditions if name in scope.names)
+
+
+def condition_names(spec: Spec, symbols: Symbols, definitions: dict[str, Expr]) -> frozenset[str]:
+    """The names that hold a condition as 1/0, for `gradients:` formulas (Note [named conditions])."""
+    scope = forward_scope(spec, symbols)
+    for name, expr in definitions.items():  # in the order they depend on each other
+        if _is_condition(expr, scope):
+            scope = replace(scope, conditions=scope.conditions | {name})
+    return scope.conditions
 
 
 def walk_as_written(
@@ -235,6 +269,7 @@ def read(spec: Spec, problems: Problems) -> Formulas | None:
         if output.differentiable:
             shapes[symbols.grads[output.name]] = shapes[symbols.outputs[output.name]]
     scope = replace(gradient_scope(spec, symbols), shapes=shapes)
+    scope = replace(scope, conditions=condition_names(spec, symbols, definitions))
     overrides: dict[str, Expr] = {}
     before = len(problems.errors)
     for override in spec.gradients:

@@ -46,6 +46,9 @@ class Scope:
     # The static shape of each tensor symbol (`opgen.formula.tensor`); None: shapes are not checked
     # yet and reduction dims stay as written (a first reading, only to order the formulas).
     shapes: dict[sympy.Symbol, tensor.Shape] | None = None
+    # Names that hold a condition as 1/0: `bool` inputs, lets and outputs whose formula is a
+    # condition (Note [named conditions]).
+    conditions: frozenset[str] = frozenset()
 
 
 _COMPARE = {
@@ -100,9 +103,15 @@ class _Reader:
 
     def condition(self, node: ast.expr, what: str) -> sympy.Basic:
         value = self.read(node)
-        if value.kind != BOOL:
-            raise self.fail(node, f"{what} must be a condition such as `x > 0`, not a number")
-        return value.expr
+        if value.kind == BOOL:
+            return value.expr
+        if isinstance(node, ast.Name) and node.id in self.scope.conditions:
+            # Note [named conditions]: `flag == true`, as that would read.
+            return sympy.Eq(value.expr, S.One, evaluate=False)
+        hint = ""
+        if isinstance(node, ast.Name) and node.id in self.scope.names:
+            hint = f" ('{node.id}' holds a number; a `bool` input or a let that is a condition can stand here)"
+        raise self.fail(node, f"{what} must be a condition such as `x > 0`, not a number{hint}")
 
     def read(self, node: ast.expr) -> Value:
         method = getattr(self, "read_" + type(node).__name__, None)

@@ -102,11 +102,29 @@ class _Translate(ast.NodeTransformer):
     def _holds_tensor(self, node: ast.expr) -> bool:
         return any(isinstance(n, ast.Name) and n.id in self.tensors for n in ast.walk(node))
 
+    def _condition(self, node: ast.expr) -> ast.expr:
+        """A condition; a spec name standing for one holds it as 1/0 (Note [named conditions] in
+        opgen/formula/read.py): `name == 1`, a bool tensor whether the name holds 1/0 or True/False."""
+        visited = self.visit(node)
+        if isinstance(node, ast.Name) and node.id in self.names:
+            return ast.Compare(visited, [ast.Eq()], [ast.Constant(1)])
+        return visited
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:  # noqa: N802
+        if isinstance(node.op, ast.Invert):
+            return ast.UnaryOp(node.op, self._condition(node.operand))
+        return self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:  # noqa: N802
+        if isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+            return ast.BinOp(self._condition(node.left), node.op, self._condition(node.right))
+        return self.generic_visit(node)
+
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         assert isinstance(node.func, ast.Name)
         name = node.func.id
         holds = [self._holds_tensor(a) for a in node.args]
-        visited = [self.visit(a) for a in node.args]
+        visited = [self._condition(a) if name == "where" and k == 0 else self.visit(a) for k, a in enumerate(node.args)]
         args = [self._tensor(a) for a in visited]
         if name == "where" and args[0] is not visited[0]:
             # A condition of plain numbers (`0 > 1`): a bool tensor, not a float one.

@@ -26,6 +26,8 @@ def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -
     dims = {d for i in spec_inputs if i.type.dims for d in i.type.dims}
     domain = _each(mapping.get("domain"), "tests.domain", problems, lambda *entry: _domain(by_name, *entry))
     shapes = _each(mapping.get("shapes"), "tests.shapes", problems, lambda *entry: _shape(by_name, dims, *entry))
+    with problems.collect():
+        _one_size_each(mapping.get("shapes"), dict(shapes), by_name)
     values = _each(mapping.get("values"), "tests.values", problems, lambda *entry: _value(by_name, *entry))
     gradgrad = _flag(mapping.get("gradgrad"), "tests.gradgrad", problems)
     points = _parse_points(mapping.get("points"), by_name, problems)
@@ -80,8 +82,49 @@ def _shape(by_name: dict[str, Input], dims: set[str], name: str, loc: Loc, value
             raise SpecError(value.loc, f"tests.shapes.{name}: a dimension size must be a positive whole number")
         return (name, (value.value,))
     if name in by_name and by_name[name].is_tensor:
-        return (name, int_list(value, f"tests.shapes.{name}"))
+        shape = int_list(value, f"tests.shapes.{name}")
+        _fits_declared(by_name[name], shape, value.loc)
+        return (name, shape)
     raise SpecError(loc, f"tests.shapes: '{name}' is neither a Tensor input nor a named dimension")
+
+
+def _fits_declared(inp: Input, shape: tuple[int, ...], loc: Loc) -> None:
+    """A sample shape for an input with named dimensions has as many sizes as it declares (any more
+    in front for `...`); the generated tests would call the op with a shape it refuses."""
+    dims = inp.type.dims
+    if dims is None:
+        return
+    named = [d for d in dims if d != "..."]
+    batch = len(named) != len(dims)
+    if len(shape) == len(named) or (batch and len(shape) > len(named)):
+        return
+    count = f"{len(named)}{' or more' if batch else ''} size{'' if len(named) == 1 and not batch else 's'}"
+    count = count if named or batch else "[] (a tensor of no dimensions)"
+    hint = f", or size its named dimensions (`{named[0]}: 4`)" if named else ""
+    raise SpecError(
+        loc, f"tests.shapes.{inp.name}: {list(shape)} does not fit '{inp.name}: {inp.type}'; give {count}{hint}"
+    )
+
+
+def _one_size_each(node: Raw | None, shapes: dict[str, tuple[int, ...]], by_name: dict[str, Input]) -> None:
+    """A named dimension gets one size from all of `tests.shapes` (its own entry, and the input
+    shapes it is part of): one name is one size, and the op refuses samples that differ."""
+    if node is None:
+        return
+    entries = [(name, value.loc) for name, _, value in need_map(node, "tests.shapes").entries if name in shapes]
+    entries.sort(key=lambda entry: entry[0] in by_name)  # the dimensions' own entries first
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, loc in entries:
+        dims = by_name[name].type.dims if name in by_name else (name,)
+        named = [d for d in dims or () if d != "..."]
+        for dim, size in zip(reversed(named), reversed(shapes[name]), strict=False):
+            first = sizes.setdefault(dim, (size, name))
+            if first[0] != size:
+                raise SpecError(
+                    loc,
+                    f"tests.shapes.{name} makes {dim} = {size}, but tests.shapes.{first[1]} made it {first[0]}; "
+                    f"a named dimension has one size: make them agree",
+                )
 
 
 def _value(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple[str, Scalar]:
