@@ -97,7 +97,10 @@ class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
 
 def _formulas(expr: sympy.Basic) -> sympy.Basic:
     """`expr` with each kernel node as the formula it computes."""
-    expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, _Prime)), lambda e: e.elementary())
+    if expr.has(KernelBackward, OutputBackward, _Prime):  # `has` reads the tree; `replace` rebuilds it
+        expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, _Prime)), lambda e: e.elementary())
+    if not expr.has(_Primitive):
+        return expr
     return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary(*e.args))
 
 

@@ -10,6 +10,7 @@ into SymPy, node by node through a whitelist, by opgen.formula.reader.
 from __future__ import annotations
 
 import ast
+import functools
 
 from opgen import limits
 from opgen.errors import Loc, SpecError
@@ -82,6 +83,7 @@ def short(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+@functools.lru_cache(maxsize=8)  # asked for by every scope of a spec: read once per spec
 def holds_tensors(spec: Spec) -> frozenset[str]:
     """The names that hold tensors: the Tensor inputs, and the lets and outputs whose formula names one.
 

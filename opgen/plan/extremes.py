@@ -193,6 +193,13 @@ def _printer() -> _Printer:
     return _Printer({**settings, "user_functions": {name: name for name in _MPMATH}})
 
 
+@functools.cache
+def _namespace() -> dict[str, Any]:
+    """What `lambdify` makes of the modules `[_MPMATH, "mpmath"]` (mpmath's names, SymPy's names of
+    them, ours over both): its functions' globals. Merged once; each compiled formula copies it."""
+    return sympy.lambdify((), 0, modules=[_MPMATH, "mpmath"], printer=_printer(), docstring_limit=0).__globals__
+
+
 # Note [float32 constants]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # A float32 op meets the numbers a spec computes from constants and non-tensor inputs alone
@@ -257,7 +264,7 @@ class Oracle:
     def compile(self, expr: sympy.Expr, order: list[sympy.Symbol] | None = None) -> Callable[..., Any]:
         """`expr` as an mpmath function of `order` (the spec's inputs, by default)."""
         order = self.order if order is None else order
-        return sympy.lambdify(order, expr, modules=[_MPMATH, "mpmath"], printer=_printer(), docstring_limit=0)
+        return sympy.lambdify(order, expr, modules=[_namespace()], printer=_printer(), docstring_limit=0)
 
 
 # Note [slopes at ties]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import keyword
 import os
@@ -109,7 +108,9 @@ def after_build(out: Path, files: dict[str, str]) -> str | None:
         # No module of that name can be imported, or it is OUT (an editable install of the user's
         # own package): nothing to hide. Checked before the costly look at every distribution.
         return None
-    distributions = importlib.metadata.packages_distributions().get(name)
+    from importlib.metadata import packages_distributions  # here: the rare, costly case
+
+    distributions = packages_distributions().get(name)
     if not distributions:
         return None
     return (
