@@ -105,7 +105,8 @@ _MODULES = [
         (3 + x * fn.sigmoid(x), 3 + lw.silu(x)),
         (fn.where(x > 0, x, alpha * x), lw.leaky_relu(x, alpha)),
         (fn.maximum(fn.minimum(x, 6, 0), 0, 0), lw.hardtanh(x, 0, 6)),
-        (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), lw.hardtanh(x, alpha, beta)),
+        (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), lw.hardtanh(x, sympy.Min(alpha, beta), beta)),
+        (fn.maximum(fn.minimum(x, alpha, 0), 0, 0), lw.hardtanh(x, 0, sympy.Max(0, alpha))),
         (
             fn.where(sympy.Abs(x - y) < beta, (x - y) ** 2 / 2, beta * (sympy.Abs(x - y) - beta / 2)),
             lw.huber(x - y, beta),
@@ -223,3 +224,35 @@ def test_in_place_code_is_pytorchs_op(tmp_path, run_cli, formula, native):
         (want,) = torch.autograd.grad(native(x).sum(), x)
         torch.testing.assert_close(op(x), native(x))
         torch.testing.assert_close(got, want)
+
+
+CLIPS = (
+    "name: clips\ninputs:\n  x: Tensor\n  a: float\n  b: float\n"
+    "outputs:\n  low: max(0, min(x, a))\n  high: min(max(x, a), b)\n"
+)
+
+
+@pytest.mark.parametrize("a, b", [(-1.0, 2.0), (0.0, 0.0), (0.5, 0.5), (1.5, -0.5), (0.0, -1.0), (2.0, 3.0)])
+def test_clips_with_parameter_bounds_mean_the_formula_for_every_value(tmp_path, run_cli, a, b):
+    """F.hardtanh refuses min_val > max_val; bounds that are inputs may be either way round, where
+    the formula is a constant with a zero gradient (Note [parameters of lowered primitives])."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "clips.yaml").write_text(CLIPS)
+    assert run_cli("generate", str(specs), "-o", str(tmp_path / "clip_ops"))[0] == 0
+    op = import_package(tmp_path, "clip_ops").clips
+    x = torch.linspace(-3, 3, 25, dtype=torch.float64, requires_grad=True)
+    for k, want in enumerate((_clip(x, None, a, 0.0), _clip(x, a, b))):
+        got = op(x, a, b)[k]
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(*(torch.autograd.grad(v.sum(), x)[0] for v in (got, want)))
+
+
+def _clip(x, lo, hi, low=None):
+    """max(min(x, hi), low) or min(max(x, lo), hi) by torch's ops, with the formula's zero slope where
+    a value meets a bound (the tie goes to the number)."""
+    if lo is None:
+        inner = torch.where(x < hi, x, torch.full_like(x, hi))
+        return torch.where(inner > low, inner, torch.full_like(x, low))
+    inner = torch.where(x > lo, x, torch.full_like(x, lo))
+    return torch.where(inner < hi, inner, torch.full_like(x, hi))

@@ -89,6 +89,55 @@ CASES = {
         {"x": (3, 4), "w": (4, 5), "z": (2, 3, 5)},
         lambda x, w, z: (x @ w + z - z,),
     ),
+    # -- a reduction along a dim its simplified operand is constant along (Note [reductions of constant dimensions]) --
+    "sum_of_ones_times_mean": (
+        {"x": "Tensor[N, D]"},
+        {"y": "sum(where(x > 9, 1, 1) * mean(x, dim=-1, keepdim=true), dim=-1)"},
+        {"x": (3, 4)},
+        lambda x: ((torch.where(x > 9, 1.0, 1.0) * x.mean(-1, keepdim=True)).sum(-1),),
+    ),
+    "sum_of_zero_times_x_plus_mean": (
+        {"x": "Tensor[N, D]"},
+        {"y": "sum(x * 0 + mean(x, dim=-1, keepdim=true), dim=-1)"},
+        {"x": (3, 4)},
+        lambda x: ((x * 0 + x.mean(-1, keepdim=True)).sum(-1),),
+    ),
+    "mean_of_constant_dim": (
+        {"x": "Tensor[N, D]"},
+        {"y": "mean(where(x > 9, 1, 1) * mean(x, dim=-1, keepdim=true), dim=(0, 1))"},
+        {"x": (3, 4)},
+        lambda x: ((torch.where(x > 9, 1.0, 1.0) * x.mean(-1, keepdim=True)).mean((0, 1)),),
+    ),
+    "sum_over_a_lacking_dim": (
+        {"x": "Tensor[N, D]", "w": "Tensor[D]"},
+        {"y": "sum(where(x > 0, 2, 2) * w, dim=0)", "u": "sum(w * (x - x + 1), dim=0, keepdim=true)"},
+        {"x": (3, 4), "w": (4,)},
+        lambda x, w: ((torch.where(x > 0, 2.0, 2.0) * w).sum(0), (w * (x - x + 1)).sum(0, keepdim=True)),
+    ),
+    "other_reductions_of_constant_dims": (
+        {"x": "Tensor[N, D]"},
+        {
+            "a": "logsumexp(x * 0 + sum(x, dim=-1, keepdim=true), dim=-1)",
+            "b": "norm(x - x + mean(x, dim=-1, keepdim=true), dim=(0, 1))",
+            "c": "var(x - x + mean(x, dim=0, keepdim=true), dim=(0, 1))",
+            "d": "std(x - x + mean(x, dim=0, keepdim=true), dim=(0, 1), correction=0)",
+            "e": "amax(x - x + mean(x, dim=0, keepdim=true), dim=0, keepdim=true)",
+        },
+        {"x": (3, 4)},
+        lambda x: (
+            torch.logsumexp(x * 0 + x.sum(-1, keepdim=True), -1),
+            torch.linalg.vector_norm(x - x + x.mean(-1, keepdim=True), dim=(0, 1)),
+            torch.var(x - x + x.mean(0, keepdim=True), dim=(0, 1)),
+            torch.std(x - x + x.mean(0, keepdim=True), dim=(0, 1), correction=0),
+            torch.amax(x - x + x.mean(0, keepdim=True), dim=0, keepdim=True),
+        ),
+    ),
+    "where_same_number_times_vector": (
+        {"x": "Tensor[N, D]", "w": "Tensor[D]"},
+        {"y": "where(x > 0, 2, 2) * w"},
+        {"x": (3, 4), "w": (4,)},
+        lambda x, w: (torch.where(x > 0, 2.0, 2.0) * w,),
+    ),
     # -- keepdim reductions of tensor operations (N6) --
     "mean_matmul_keepdim": (
         {"a": "Tensor[N, K]", "b": "Tensor[K, M]"},

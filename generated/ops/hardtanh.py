@@ -25,7 +25,7 @@ class HardtanhFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
-        y = torch.nn.functional.hardtanh(x, min_val, max_val)
+        y = torch.nn.functional.hardtanh(x, min_val, max(max_val, min_val))
         return y
 
     @staticmethod
@@ -43,7 +43,7 @@ class HardtanhFunction(torch.autograd.Function):
         max_val = ctx.max_val
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max_val)
+            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max(max_val, min_val))
         return grad_x, None, None
 
     @staticmethod
@@ -51,7 +51,7 @@ class HardtanhFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         min_val = ctx.min_val
         max_val = ctx.max_val
-        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, min_val, max_val)
+        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, min_val, max(max_val, min_val))
         return tangent_y
 
 
@@ -66,10 +66,10 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
     the bounds themselves (max/min against a number; `clamp` would pass it there).
 
     Forward:
-        y = max(min(x, max_val), min_val)
+        y = max(min(x, max(max_val, min_val)), min_val)
 
     Gradients:
-        grad_x = grad*where(min(x, max_val) > min_val, (x < max_val), 0)
+        grad_x = grad*where(min(x, max(max_val, min_val)) > min_val, (x < max(max_val, min_val)), 0)
     """
     if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
         arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
@@ -83,6 +83,6 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
         )
     # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
     if not torch.compiler.is_compiling() and x.numel() < HardtanhFunction.native_below:
-        return torch.nn.functional.hardtanh(x, min_val, max_val)
+        return torch.nn.functional.hardtanh(x, min_val, max(max_val, min_val))
     function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction
     return function.apply(x, min_val, max_val)

@@ -55,6 +55,12 @@ class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
     def _print_minimum(self, expr: fn.minimum) -> str:
         return f"min({self._print(expr.args[0])}, {self._print(expr.args[1])})"
 
+    def _print_Max(self, expr: sympy.Max) -> str:
+        name = "max" if isinstance(expr, sympy.Max) else "min"
+        return f"{name}({', '.join(self._print(a) for a in expr.args)})"
+
+    _print_Min = _print_Max
+
     def _print_loggamma(self, expr: sympy.loggamma) -> str:
         return f"lgamma({self._print(expr.args[0])})"
 

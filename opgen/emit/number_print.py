@@ -86,6 +86,16 @@ class NumberPrinting:
         def _print(self, expr: Any, **kwargs: Any) -> str: ...
         def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str: ...  # noqa: N802
 
+    def _print_Max(self, expr: sympy.Max) -> str:  # noqa: N802
+        """Of exact constants the number; of parameters (Note [parameters of lowered primitives] in
+        opgen.optimize.lower) Python's own `max`/`min`: a number input is a Python float."""
+        if expr.is_number:
+            return self._print_number(expr)
+        name = "max" if isinstance(expr, sympy.Max) else "min"
+        return f"{name}({', '.join(self._print(a) for a in sorted(expr.args, key=sympy.default_sort_key))})"
+
+    _print_Min = _print_Max
+
     def _print_Integer(self, expr: sympy.Integer) -> str:  # noqa: N802
         return str(int(expr))
 

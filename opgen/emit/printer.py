@@ -357,11 +357,6 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         value, number = self._negate(tensor), self._negate(bound)
         return f"(-{threshold}({value}, {number}, {number}))"
 
-    def _print_Max(self, expr: sympy.Max) -> str:
-        return self._print_number(expr)
-
-    _print_Min = _print_Max
-
     def _print_clamp(self, expr: fn.clamp) -> str:
         x, lo, hi = expr.args
         if not self.is_tensor(expr):

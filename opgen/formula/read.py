@@ -148,13 +148,15 @@ def _read_definitions(
     """
     scope = forward_scope(spec, symbols)
     defined = {**symbols.lets, **symbols.outputs}
+    walk = walk_as_written(spec, symbols, shapes or {}, frozenset())
     if shapes is not None:
-        scope = replace(scope, shapes=shapes)
+        scope = replace(
+            scope, shapes=shapes, written=lambda node: written.broadcast_all(walk.pieces(node) or frozenset())
+        )
     else:  # a first reading, in spec order: any let or output may turn out to be a condition
         scope = replace(scope, conditions=scope.conditions | frozenset(defined))
     problems = Problems()
     definitions: dict[str, Expr] = {}
-    walk = walk_as_written(spec, symbols, shapes or {}, frozenset())
     formulas = {let.name: let.formula for let in spec.lets} | {o.name: o.formula for o in spec.outputs}
     for name in order or list(formulas):
         formula = formulas[name]

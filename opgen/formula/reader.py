@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
@@ -19,7 +20,7 @@ from sympy import Expr, S
 from opgen import limits
 from opgen.errors import Loc, SpecError
 from opgen.formula import functions as fn
-from opgen.formula import hints, slicing, tensor
+from opgen.formula import hints, slicing, tensor, written
 from opgen.formula.syntax import BAD_DIMS, int_literal, node_loc, parse_ast, reduction_dims, short
 from opgen.formula.vocabulary import (
     ALL_FUNCTIONS,
@@ -49,6 +50,8 @@ class Scope:
     # Names that hold a condition as 1/0: `bool` inputs, lets and outputs whose formula is a
     # condition (Note [named conditions]).
     conditions: frozenset[str] = frozenset()
+    # The shape a part of the formula broadcasts to as written (Note [shapes as written]); None: SymPy's.
+    written: Callable[[ast.expr], tensor.Shape] | None = None
 
 
 _COMPARE = {
@@ -289,19 +292,25 @@ class _Reader:
             raise self.fail(options["correction"], f"`correction` of {name}() must be a whole number >= 0, e.g. 0 or 1")
         operand = self.number(node.args[0])
         found: tuple[int, ...] = () if dims is None else dims  # type: ignore[assignment]
+        kind = "var" if name == "std" else name
         if self.scope.shapes is not None:
-            if not operand.free_symbols & self.scope.tensors:  # Note [numbers and tensors] in opgen.formula.kinds
+            shape = self.shape(node.args[0], operand)
+            full = written.widened(shape, self.scope.written, node.args[0])
+            if (
+                not operand.free_symbols & self.scope.tensors and not full
+            ):  # Note [numbers and tensors] in opgen.formula.kinds
                 text = short(ast.unparse(node.args[0]))
                 what = f"the number {operand} once simplified" if operand.is_number else "a number"
                 raise self.fail(node, f"{name}() of `{text}`, {what}: a reduction takes a tensor; use the number")
             try:
-                shape = self.shape(node.args[0], operand)
-                found = tensor.reduce_dims(shape, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
+                found = tensor.reduce_dims(full, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
                 if name in ("mean", "var", "std") and found:  # they divide by how many entries they reduce
-                    tensor.dims_count(shape, found, f"{name}()")
+                    tensor.dims_count(full, found, f"{name}()")
+                if full != shape:  # Note [reductions of constant dimensions] in opgen.formula.written
+                    reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
+                    return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None
-        kind = "var" if name == "std" else name
         reduced = tensor.reduction(kind, operand, found, keepdim, correction)
         return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
 

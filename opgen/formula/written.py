@@ -26,11 +26,13 @@ stages read (the output's, its incoming gradient's) is the shape as written.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
 
 from opgen.formula import shape_rules, slicing, tensor
+from opgen.formula.dims import dim_size, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
@@ -182,3 +184,58 @@ def uncovered(expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shap
                 pass
         missing.append(piece)
     return tuple(missing)
+
+
+def widened(shape: Shape, as_written: Callable[[ast.expr], Shape] | None, node: ast.expr) -> Shape:
+    """`shape`, SymPy's of `node`, broadcast with the shape `node` has as written (by `as_written`)."""
+    try:
+        return shape if as_written is None else shape_rules.broadcast(shape, as_written(node))
+    except ShapeError:  # SymPy's shape decides (as for the pieces of dropped terms)
+        return shape
+
+
+# Note [reductions of constant dimensions]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `sum(where(x > 9, 1, 1) * mean(x, dim=-1, keepdim=true), dim=-1)` sums D equal terms: SymPy
+# simplifies the operand to `mean(x, dim=-1, keepdim=true)`, of shape [N, 1], and a sum over its
+# last dimension would be the mean itself. The reader reduces over the dims of the operand's shape
+# as written (Note [shapes as written]); along a dim the simplified operand has as 1, or lacks, it
+# is constant, so the reduction is the one over the operand's own dims with that constant's
+# count: `n * sum`, `mean` and `amax` as they are, `logsumexp + log(n)`, `sqrt(n) * norm`, and the
+# variance of the own dims' entries taken n times, `var(.., correction=0) * m / (m - correction)`
+# with m all the entries (0 when no own dim is left: every entry the same). With `keepdim` a
+# dim the operand lacks comes back as a leading 1. The count's sizes are the dims as written,
+# taken at call time as every named dimension's.
+
+
+def constant_reduction(
+    kind: str, operand: sympy.Expr, shape: Shape, full: Shape, found: tuple[int, ...], keepdim: bool, correction: int
+) -> sympy.Expr:
+    """The reduction `kind` over `found` of `operand`, of shape `shape`, as if it had the shape
+    `full` it has as written (Note [reductions of constant dimensions])."""
+    assert full is not None
+    rank = 0 if not shape else len(split(shape)[1]) + (BATCH in shape)
+    if not found and BATCH in full:
+        raise ShapeError("a reduction over every dimension of a term constant along the batch dimensions `...`")
+    dims = found or tuple(range(-len(full), 0))
+    own = tuple(d for d in dims if -d <= rank and shape[d] == full[d])  # type: ignore[index]
+    kept = tuple(d for d in dims if -d <= rank)  # the operand's dims: own, and those it has as 1
+    count: sympy.Expr = sympy.Mul(*(dim_size(str(full[d])) for d in dims if d not in own and full[d] != 1))
+    base = tensor.reduction(kind, operand, kept, keepdim, 0 if kind == "var" else correction) if kept else operand
+    if kind == "sum":
+        result = count * base
+    elif kind == "logsumexp":
+        result = base + sympy.log(count)
+    elif kind == "norm":
+        result = sympy.sqrt(count) * base
+    elif kind == "var":
+        entries = count * sympy.Mul(*(dim_size(str(full[d])) for d in own if full[d] != 1))
+        result = base * entries / (entries - correction) if own else sympy.S.Zero
+    else:  # mean, amax
+        result = base
+    lacking = [d for d in dims if -d > rank]  # leading dims the operand lacks
+    if keepdim and lacking and base.free_symbols and len(lacking) == len(full) - rank:
+        for _ in lacking:  # they come back as leading ones, as the reduction as written has them
+            result = tensor.Unsqueeze(result, sympy.Integer(-rank - 1))
+            rank += 1
+    return result

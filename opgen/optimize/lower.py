@@ -67,6 +67,16 @@ __all__ = [
 # gradient is -1/2 at -3 and 3/2 at 3, is not; `where(|d| <= delta, ...)` is huber as `<` is,
 # because its branches meet at |d| = delta with the same value and slope.
 
+# Note [parameters of lowered primitives]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A primitive whose kernel refuses some values of its parameters is lowered only where the call
+# means the formula for every value a parameter input may take. `max(min(u, hi), lo)` is the
+# constant lo where lo > hi, which F.hardtanh refuses (min_val > max_val): with bounds given as
+# inputs it becomes hardtanh(u, lo, max(lo, hi)), the formula for every lo and hi, and
+# `min(max(u, lo), hi)` hardtanh(u, min(lo, hi), hi); value and zero slope agree at lo = hi too.
+# F.huber_loss refuses delta <= 0 and F.smooth_l1_loss beta < 0, where the formulas are their
+# linear branch: with the bound an input, they stay formulas.
+
 # -- matching ------------------------------------------------------------------------------------
 
 
@@ -176,6 +186,8 @@ def _match_hardtanh(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None
             lo, hi = (found[1], inside[1]) if outer is fn.maximum else (inside[1], found[1])
             if (lo - hi).is_number and not (lo - hi).is_negative:
                 return None  # constant bounds the wrong way round: keep the formula's meaning
+            if not (lo - hi).is_number:  # Note [parameters of lowered primitives]
+                lo, hi = (lo, sympy.Max(lo, hi)) if outer is fn.maximum else (sympy.Min(lo, hi), hi)
             return hardtanh(inside[0], lo, hi)
     return None
 
