@@ -19,15 +19,18 @@ as a serial run would, with the same output and the same located messages. A pro
 other threads never forks (one of them may hold a lock the child would wait on for ever), nor
 one where the pool cannot be made (no working semaphores): the calls run here. A `spawn` start
 method would import opgen and SymPy again in every worker, which costs more than it saves;
-without `fork` (Windows) the calls run here.
+without `fork` (Windows) the calls run here. The objects the workers inherit are frozen
+(`gc.freeze`) before the fork: a worker's garbage collection would otherwise visit every one of
+them, the whole of SymPy, and so copy every page of the parent's memory it shares.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -68,6 +71,14 @@ def _call(index: int) -> Any:
     return _task(index)
 
 
+@contextlib.contextmanager
+def _unfrozen() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> list[T]:
     """`[task(i) for i in range(count)]`, shared among up to `jobs` forked workers (Note [forked workers]).
 
@@ -85,7 +96,8 @@ def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> li
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start, initargs=(task,))
     except (OSError, ImportError, NotImplementedError):  # no working semaphores (some containers): serially
         return [task(i) for i in range(count)]
-    with pool:
+    gc.freeze()  # Note [forked workers]: the workers' collections leave the inherited objects alone
+    with pool, _unfrozen():
         futures: list[Future[T]] = [pool.submit(_call, i) for i in range(count)]
         try:
             for index, future in enumerate(futures):

@@ -235,6 +235,13 @@ class _Job:
     at: int  # len(problems.errors) when the spec was parsed: a serial run reports its problems there
 
 
+def _size(spec: Spec) -> int:
+    """About how long generating `spec` takes, in no unit: its formulas' length, once per Tensor input
+    and once more (each Tensor input has its gradient and its rows of extreme inputs)."""
+    length = sum(len(let.formula.text) for let in spec.lets) + sum(len(o.formula.text) for o in spec.outputs)
+    return length * (1 + len(spec.tensor_inputs))
+
+
 def _generate_job(job: _Job, renderer: Renderer) -> tuple[Entry | None, list[tuple[Loc, str]]]:
     """`generate` one spec under its budget, in a worker or here (`opgen.parallel`); its problems as
     (location, message) pairs, which pickle where a `SpecError` does not."""
@@ -279,7 +286,10 @@ def build(
     if todo:
         import_stages()  # before the workers fork: they start with the stages imported
         workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
-        done = run_all(lambda i: _generate_job(todo[i], renderer), len(todo), max(workers, 1))
+        # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
+        order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
+        results = run_all(lambda i: _generate_job(todo[order[i]], renderer), len(todo), max(workers, 1))
+        done = [results[order.index(j)] for j in range(len(todo))]
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
             entries[job.index] = entry

@@ -9,6 +9,7 @@ numbers), every function is PyTorch's own op, and autograd differentiates it.
 from __future__ import annotations
 
 import ast
+import copy
 
 from opgen.formula.syntax import parse_ast
 from opgen.spec.model import Formula
@@ -233,7 +234,7 @@ def reference_tree(
     `tensors` the names that hold tensors (`opgen.formula.syntax.holds_tensors`), which decide the tie rule of
     `max` and `min`. `opgen.formula.python_source` prints it.
     """
-    tree = parse_ast(formula)
+    tree = copy.deepcopy(parse_ast(formula))  # the translators below change it in place
     if absent:
         dropped = drop_names(tree, absent)
         if dropped is None:

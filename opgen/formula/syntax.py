@@ -38,8 +38,10 @@ def _text_loc(formula: Formula, index: int) -> Loc:
     return Loc(base.file, base.line + before.count("\n"), len(before) - before.rfind("\n"))
 
 
+@functools.lru_cache(maxsize=1024)  # each stage reads the same formulas: parsed and checked once
 def parse_ast(formula: Formula) -> ast.expr:
-    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`."""
+    """The Python syntax tree of a formula; a syntax error or a formula over a limit is a located `SpecError`.
+    The tree is shared by every caller that parses the same formula: copy it before changing it."""
     text = formula.text
     for start, length in limits.digit_runs(text):
         raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
