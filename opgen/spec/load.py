@@ -17,6 +17,8 @@ the tree it stands for has no end. An alias is located where it is written, not 
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,9 @@ class _Composer(yaml.SafeLoader):
 
     def __init__(self, text: str, file: str) -> None:
         super().__init__(text)
+        self._limits(file)
+
+    def _limits(self, file: str) -> None:
         self.file = file
         self.depth = 0
         self.open_anchors: set[str] = set()
@@ -140,6 +145,62 @@ class _Composer(yaml.SafeLoader):
             what = "this YAML value with its aliases (*name) expanded"
             raise limits.YAML_NODES.refuse(loc, what, size, "use fewer aliases, or split the spec")
         self.sizes[id(node)] = size
+
+
+# Note [libyaml events]
+# ~~~~~~~~~~~~~~~~~~~~~
+# PyYAML reads YAML text in Python: 30 ms for the fifty specs of specs/, which every run reads,
+# before any worker starts (opgen.parallel). libyaml, where PyYAML has it, reads the same text into
+# the same events with the same marks in a quarter of the time. So `_FastComposer` takes its events from libyaml and builds the nodes with `_Composer`'s
+# own Python code (the limits, aliases located where they are used). Only text both read alike
+# goes that way: text with a character PyYAML refuses, or that libyaml cannot read, is read again
+# by PyYAML alone, whose errors (in plain words, `_PLAIN_WORDS`) are the ones users see.
+try:
+    from yaml.cyaml import CParser as _CParser
+except ImportError:  # PyYAML built without libyaml
+    _CParser = None
+if _CParser is not None:
+
+    class _FastComposer(_Composer, _CParser):
+        """`_Composer` over libyaml's events (Note [libyaml events])."""
+
+        get_event = _CParser.get_event
+        peek_event = _CParser.peek_event
+        check_event = _CParser.check_event
+
+        def __init__(self, text: str, file: str) -> None:
+            _CParser.__init__(self, text)
+            yaml.composer.Composer.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._limits(file)
+
+        def compose_scalar_node(self, anchor: str | None) -> yaml.ScalarNode:
+            node = super().compose_scalar_node(anchor)
+            if node.style == "":  # libyaml's plain style; PyYAML's is None
+                node.style = None
+            return node
+
+
+# Where libyaml and PyYAML read alike text differently (found by reading mutated specs both ways):
+# tabs (libyaml takes them inside plain scalars), carriage returns and the other line breaks of
+# YAML 1.1, byte order marks past the start (columns), tags, `?` inside flow collections and as
+# complex keys, block scalar headers, empty flow entries, and the characters PyYAML refuses.
+_DIFFERENT = re.compile(
+    "[\t\r\x85\u2028\u2029\ufeff!]"  # tabs, other line breaks, marks past the start, tags
+    "|[?](?![ ]*(?:#.*)?$)|(?:^|[\\s\\[{,])[?]"  # a `?` but for a word's last character (`Tensor?`)
+    "|[|>][-+0-9]*[^-+0-9\\s]"  # a block scalar's header with more than its indicators
+    "|[:,\\[{][ ]*[,\\]}]"  # an empty entry of a flow collection (where its mark is)
+    "|" + yaml.reader.Reader.NON_PRINTABLE.pattern,
+    re.MULTILINE,
+)
+
+
+def _compose(text: str, file: str) -> yaml.Node | None:
+    """The node tree of `text` (Note [libyaml events])."""
+    if _CParser is not None and not _DIFFERENT.search(text):
+        with contextlib.suppress(yaml.YAMLError):
+            return _FastComposer(text, file).get_single_node()
+    return _Composer(text, file).get_single_node()
 
 
 def _scalar(node: yaml.ScalarNode, loc: Loc, scalars: _Scalars) -> object:
@@ -274,7 +335,7 @@ def _plain_words(error: yaml.MarkedYAMLError) -> tuple[yaml.Mark | None, str]:
 def load_text(text: str, file: str) -> Raw:
     """Parse one YAML document into a located raw tree."""
     try:
-        node = _Composer(text, file).get_single_node()
+        node = _compose(text, file)
     except yaml.MarkedYAMLError as error:
         mark, problem = _plain_words(error)
         raise SpecError(_loc(file, mark), f"invalid YAML: {problem}") from None
