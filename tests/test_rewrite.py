@@ -42,6 +42,12 @@ RULES = [
     (sympy.log(E(x) + E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1e-9", y: "-1e-9"}]),
     (sympy.log(2 * E(x) + 3 * E(y)), rw.logaddexp, [{x: "100", y: "100"}, {x: "-3", y: "200"}, {x: "1", y: "-1"}]),
     (sympy.log(E(x) / 4 + E(y) / 4), rw.logaddexp, [{x: "100", y: "90"}, {x: "-3", y: "200"}]),
+    (
+        sympy.log((1 + E(beta * x)) / (1 + E(beta * (x - 1)))),
+        fn.softplus,
+        [{x: v, beta: "5"} for v in ("-100", "0.5", "100")],
+    ),
+    (sympy.log(2 * fn.sigmoid(x) / (1 + E(y))), rw.logsigmoid, [{x: "-200", y: "150"}, {x: "1", y: "-2"}]),
     (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     ((1 - x) * sympy.log(1 - x), fn.xlog1py, [{x: v} for v in ("1e-30", "0.5", "-3", "0.999999")]),
