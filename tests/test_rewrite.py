@@ -48,6 +48,8 @@ RULES = [
         [{x: v, beta: "5"} for v in ("-100", "0.5", "100")],
     ),
     (sympy.log(2 * fn.sigmoid(x) / (1 + E(y))), rw.logsigmoid, [{x: "-200", y: "150"}, {x: "1", y: "-2"}]),
+    (x * E(x) * (1 - sympy.tanh(E(x)) ** 2), fn.sigmoid, [{x: v} for v in ("-30", "0.5", "3")]),
+    (E(x) * fn.sigmoid(-E(x)) ** 2, fn.sigmoid, [{x: v} for v in ("-30", "0.5", "3")]),
     (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     ((1 - x) * sympy.log(1 - x), fn.xlog1py, [{x: v} for v in ("1e-30", "0.5", "-3", "0.999999")]),

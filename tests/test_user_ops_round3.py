@@ -45,6 +45,25 @@ inputs:
 outputs:
   y: x * erf(log(1 + exp(x)))
 """,
+    # TanhExp and the Gumbel CDF: exp(x) overflows, and the formula takes it back (tanh(inf) = 1).
+    "tanhexp": """
+inputs:
+  x: Tensor
+outputs:
+  y: x * tanh(exp(x))
+""",
+    "gumbel_cdf": """
+inputs:
+  x: Tensor
+outputs:
+  y: exp(-exp(-x))
+""",
+    "sigmoid_of_exp": """
+inputs:
+  x: Tensor
+outputs:
+  y: x / (1 + exp(exp(x)))
+""",
     "logit_adjusted_ce": """
 inputs:
   logits: Tensor[..., C]
@@ -94,6 +113,9 @@ REFERENCE = {
     "lse_pool": lambda x, r: ((torch.logsumexp(r * x, -1) - math.log(x.shape[-1])) / r,),
     "soft_clip": lambda x, a: ((F.softplus(a * x) - F.softplus(a * (x - 1))) / a,),
     "serf": lambda x: (x * torch.erf(F.softplus(x)),),
+    "tanhexp": lambda x: (x * torch.tanh(torch.exp(x)),),
+    "gumbel_cdf": lambda x: (torch.exp(-torch.exp(-x)),),
+    "sigmoid_of_exp": lambda x: (x * torch.sigmoid(-torch.exp(x)),),
     "logit_adjusted_ce": lambda z, t, p, tau: (-(t * torch.log_softmax(z + tau * torch.log(p), -1)).sum(-1),),
     "mixture_of_softmaxes": lambda p, z: ((torch.softmax(p, -1).unsqueeze(-1) * torch.softmax(z, -1)).sum(-2),),
     "giou_1d": lambda *a: (_giou(*a),),
@@ -104,6 +126,9 @@ EXTREME = {
     "lse_pool": lambda: (torch.tensor([[100.0, 90.0, -1e4], [1e4, 1e4 - 1, 0.0]]), 5.0),
     "soft_clip": lambda: (torch.tensor([-1e4, -100.0, -10.0, 0.5, 10.0, 100.0, 1e4]), 5.0),
     "serf": lambda: (torch.tensor([-1e4, -100.0, -10.0, 10.0, 100.0, 1e4]),),
+    "tanhexp": lambda: (torch.tensor([-1e4, -100.0, -10.0, 10.0, 89.0, 100.0, 1e4]),),
+    "gumbel_cdf": lambda: (torch.tensor([-1e4, -100.0, -10.0, 10.0, 100.0, 1e4]),),
+    "sigmoid_of_exp": lambda: (torch.tensor([-1e4, -100.0, -10.0, 4.0, 10.0, 100.0, 1e4]),),
     "logit_adjusted_ce": lambda: (
         torch.tensor([[1e4, -1e4, 0.0], [100.0, 100.0, -100.0]]),
         torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]]),
@@ -185,4 +210,6 @@ def test_float32_at_extreme_inputs(ops, name):
     got_grads = torch.autograd.grad(got.sum(), x32)
     want_grads = torch.autograd.grad(want.sum(), x64)
     for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4)
+        assert torch.isfinite(g).all(), g
+        finite = torch.isfinite(w)  # plain autograd in float64 overflows too at 1e4 (exp(1e4) * 0)
+        torch.testing.assert_close(g.double()[finite], w[finite], rtol=1e-3, atol=1e-4)
