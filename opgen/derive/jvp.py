@@ -14,7 +14,8 @@ An override `x: grad * h` (linear in the incoming gradients: `sum_o grad_o * h_o
 Jacobian of each output `o` with respect to `x` is, as far as backward is concerned, `h_o`
 elementwise. Forward mode uses the same Jacobian: the tangent of `o` along `x` is
 `h_o * tangent_x` (broadcast as the forward broadcasts), so `jvp` and `vjp` are transposes of
-each other, as for any PyTorch op (for `sign_ste`: `(abs(x) <= 1) * tangent_x`). An override
+each other, as for any PyTorch op (for `sign_ste`: `(abs(x) <= 1) * tangent_x`). For a `Tensor[]`
+input, `sum(grad * h)` is the same override, the sum written out (PACT's clip). An override
 that is not linear in the incoming gradients (`clamp(grad, -c, c)`) or uses a tensor
 operation of it has no such Jacobian: forward mode along that input is refused at call time,
 naming the spec and the input.
@@ -286,6 +287,12 @@ def _override_terms(derived: Derived, gradient: Gradient, names: list[str]) -> d
     """Each output's `h_o` of an override `sum_o grad_o * h_o` (Note [jvp of an override])."""
     grads = {name: derived.symbols.grads[name] for name in names}
     expr = gradient.contributions[0].factor if gradient.contributions else S.Zero
+    if (
+        isinstance(expr, ReduceSum)
+        and expr.every_dim
+        and derived.shapes.get(derived.symbols.inputs[gradient.input]) == ()
+    ):
+        expr = expr.operand  # `sum(grad * h)` of a scalar input is `grad * h` summed to its shape (PACT's clip)
     linear = expr.atoms(TensorOp) == {op for op in expr.atoms(TensorOp) if not (op.free_symbols & set(grads.values()))}
     factors = {name: sympy.diff(expr, g) for name, g in grads.items()} if linear else {}
     rest = expr - sum((g * factors[name] for name, g in grads.items()), S.Zero) if linear else expr

@@ -220,7 +220,7 @@ class _Reader:
         if not isinstance(node.func, ast.Name):
             raise self.fail(node, "only the functions of the formula language can be called")
         name = node.func.id
-        if name in self.scope.names:
+        if name in self.scope.names and name not in ALL_FUNCTIONS:  # called, a name is the function: `var: var(x)`
             raise self.fail(node, f"'{name}' is an input or intermediate, not a function")
         if name in REDUCTIONS:
             return self.read_reduction(node, name)

@@ -1,6 +1,8 @@
 """Stable rewrites of products with sines and logarithms: Note [stable rewrites] in opgen/optimize/rewrite.py.
 
     2 sin(u) cos(u) q       -> sin(2u) q               (`double_angle`)
+    exp(v) (1 - tanh(u)**2) -> 4 exp(v - 2u) sigmoid(2u)**2  (`exp_decaying`, u > 0: no inf * 0;
+    exp(v) sigmoid(-u)      -> exp(v - u) sigmoid(u)          and the same for sigmoid(-u)**k)
     u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0)
     (1 + v) * log1p(v)      -> xlog1py(1 + v, v)       (the same, where `log(1 - p)` became `log1p(-p)`)
     sin(a) / a * q          -> sinc(a / pi) * q        (`to_sinc`; sinc(t) = sin(pi t) / (pi t))
@@ -68,6 +70,41 @@ def double_angle(factors: list[Expr]) -> Expr | None:
             u = factor.args[0]
             rest = [f for f in factors if f is not factor and f != sympy.cos(u)]
             return sympy.Mul(sympy.sin(2 * u), *rest) / 2
+    return None
+
+
+def _sech_squared(factor: Expr) -> Expr | None:
+    """`u` when `factor` is `1 - tanh(u)**2` (SymPy's derivative of tanh) with `u` known positive."""
+    if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
+        square = -(factor - 1)
+        if isinstance(square, sympy.Pow) and square.exp == 2 and isinstance(square.base, sympy.tanh):
+            u = square.base.args[0]
+            return u if u.is_positive else None
+    return None
+
+
+def _decaying(factor: Expr) -> Expr | None:
+    """`factor` as `exp(-w) * rest` with `rest` at most 1, where `factor` is `1 - tanh(u)**2` or `sigmoid(-u)**k`
+    with `u` known positive (they are 0 in float32 past u = 88 or so, exp(-w) not much sooner); else None."""
+    u = _sech_squared(factor)
+    if u is not None:
+        return 4 * sympy.exp(-2 * u) * fn.sigmoid(2 * u) ** 2
+    base, power = factor.as_base_exp()
+    if isinstance(base, fn.sigmoid) and power.is_Integer and power > 0 and (-base.args[0]).is_positive:
+        return sympy.exp(power * base.args[0]) * fn.sigmoid(-base.args[0]) ** power
+    return None
+
+
+def exp_decaying(factors: list[Expr]) -> Expr | None:
+    """exp(v) (1 - tanh(u)**2) q -> 4 exp(v - 2u) sigmoid(2u)**2 q and exp(v) sigmoid(-u) q -> exp(v - u)
+    sigmoid(u) q for u > 0: TanhExp's slope x exp(x) sech(exp(x))**2 is inf * 0 past x = 88 in float32,
+    where exp(x - 2 exp(x)) is 0 (SymPy joins the exponentials)."""
+    if not any(isinstance(f, sympy.exp) for f in factors):
+        return None
+    for factor in factors:
+        form = _decaying(factor)
+        if form is not None:
+            return form * sympy.Mul(*[f for f in factors if f is not factor])
     return None
 
 

@@ -13,6 +13,7 @@ size 1 at `d` such as `amax(u, d, keepdim=true)`: its static shape says so):
 
     log(sum(exp(u), d, k))                -> logsumexp(u, d, k)
     log(c * sum(exp(u), d, k))            -> log(c) + logsumexp(u, d, k)     (sum(exp) > 0)
+    log(c * mean(exp(u), d, k))           -> log(c / n) + logsumexp(u, d, k) (n: the size of d)
     sum(m * v, d, k)                      -> m * sum(v, d, k)                 (k, or m lacks d)
     logsumexp(u - m, d, k)                -> logsumexp(u, d, k) - m           (so `m + log(sum(exp(u - m)))`
                                                                                is logsumexp(u))
@@ -35,11 +36,13 @@ from sympy import Expr, S
 from opgen.formula.tensor import (
     LogSoftmax,
     ReduceLogSumExp,
+    ReduceMean,
     ReduceSum,
     ReductionBase,
     Shape,
     ShapeError,
     Softmax,
+    dims_count,
     shape_of,
     split,
 )
@@ -119,6 +122,16 @@ def _sum_of_exp(expr: sympy.Basic) -> tuple[Expr, sympy.Integer, sympy.Integer] 
     return None
 
 
+def _mean_count(expr: sympy.Basic, shapes: Shapes | None) -> Expr | None:
+    """The count of entries `expr` averages when it is a `mean` over one dim of a known shape; else None."""
+    if not isinstance(expr, ReduceMean) or _one_dim(expr) is None or shapes is None:
+        return None
+    try:
+        return dims_count(shape_of(expr.operand, shapes), expr.dims, "mean()")
+    except ShapeError:
+        return None
+
+
 def reduce_sum(node: ReduceSum, shapes: Shapes | None) -> Expr | None:
     """`sum(m * v, d)` -> `m * sum(v, d)` for factors `m` constant along `d` (keepdim, or `m` lacks `d`)."""
     operand, dim = node.operand, _one_dim(node)
@@ -142,9 +155,11 @@ def log_of(node: sympy.log, shapes: Shapes | None) -> Expr | None:
     if isinstance(arg, Softmax):
         return LogSoftmax(*arg.args)
     for factor in sympy.Mul.make_args(arg):
-        parts = _sum_of_exp(factor)
+        parts, count = _sum_of_exp(factor), _mean_count(factor, shapes)
+        if parts is None and count is not None:  # mean(exp(u)) = sum(exp(u)) / n: LogSumExp pooling
+            parts = _sum_of_exp(ReduceSum(*factor.args))
         if parts is not None:
-            rest = arg / factor
+            rest = arg / factor / (count or 1)
             lse = logsumexp(ReduceLogSumExp(*parts), shapes) or ReduceLogSumExp(*parts)
             return lse if rest == 1 else sympy.log(rest) + lse
     return None

@@ -18,6 +18,7 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     (1 + exp(-u))**-k       -> sigmoid(u)**k
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
+    log(a * b**k)           -> log(a) + k log(b)       (a, b > 0; where log(a) or log(b) has a stable form)
     log(sigmoid(u))         -> logsigmoid(u)
     log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
@@ -63,7 +64,7 @@ from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
-from opgen.optimize.product_rules import double_angle, to_sinc, unsinc, x_log_x
+from opgen.optimize.product_rules import double_angle, exp_decaying, to_sinc, unsinc, x_log_x
 from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
@@ -181,7 +182,21 @@ def _log(node: sympy.log) -> Expr | None:
         return logsigmoid(-(-rest).args[0])
     if rest is not None:
         return fn.softplus(_exp_arg(rest)) if _is_exp(rest) else fn.log1p(rest)
-    return None
+    return _log_of_product(arg)
+
+
+def _log_of_product(arg: Expr) -> Expr | None:
+    """`log(a * b**k)` -> `log(a) + k * log(b)` for positive factors, one of whose logs has a stable form:
+    soft clipping's `log((1 + exp(a x)) / (1 + exp(a (x - 1))))` is a difference of softplus, where the
+    quotient is inf / inf past x = 88 / a in float32."""
+    if not isinstance(arg, sympy.Mul):
+        return None
+    parts = [factor.as_base_exp() for factor in arg.args]
+    if not all((isinstance(b, fn.sigmoid) or b.is_positive) and k.is_number for b, k in parts):
+        return None
+    if not any(_log(sympy.log(b)) is not None for b, _ in parts if isinstance(b, (sympy.Add, fn.sigmoid, sympy.cosh))):
+        return None
+    return sympy.Add(*[k * sympy.log(b) for b, k in parts])
 
 
 def _scaled_exps(expr: sympy.Basic) -> tuple[tuple[Expr, Expr], tuple[Expr, Expr]] | None:
@@ -249,7 +264,7 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    double = double_angle(factors) or x_log_x(factors)
+    double = double_angle(factors) or x_log_x(factors) or exp_decaying(factors)
     if double is not None:
         return double
     return to_sinc(node)

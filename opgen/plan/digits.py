@@ -19,8 +19,9 @@ Float32 is modelled with mpmath at 24 significant bits: each function call of th
 hardswish, logsigmoid, ...) is one correctly rounded operation, computed at the oracle's
 50 digits from its 24-bit arguments and rounded to 24 bits; mpmath rounds each +, -, *, /
 and constant power to 24 bits itself. mpmath has no exponent range, so each call's value
-is held to float32's: past 3.4e38 it overflows (`exp(100) / exp(99)` has no float32 value
-although the result has), below 2**-150 it is 0. Products and powers of values in range
+is held to float32's: past 3.4e38 it overflows to ±inf as IEEE float32 does (`exp(100) / exp(99)`
+has no float32 value although the result has; `exp(-exp(100))` and `tanh(exp(100))` do, 0 and 1,
+as in float32), below 2**-150 it is 0. Products and powers of values in range
 are not held so (`exp(50)**2` overflowing goes unnoticed); the calls are where formulas
 overflow in practice. A node's exact value is its elementary form at 50 digits, so
 `log1p(u)` is `log(1 + u)` there: exact enough for any |u| over 1e-40.
@@ -35,6 +36,7 @@ everything, which no stable spec has: its cost is nearly nothing for them.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import types
@@ -54,8 +56,8 @@ FLOAT32_NORMAL = 2.0**-126  # the smallest normal float32: below it float32 hold
 FLOAT32_DIGITS = 7  # float32 holds 7.2 significant decimal digits
 
 
-class _Overflow(OverflowError):
-    """A function's value in the formula is past float32's range (Note [float32 digits])."""
+# Whether a function's value in the formula went past float32's range (Note [float32 digits]).
+_OVERFLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("overflowed", default=False)
 
 
 def _single(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,8 +70,9 @@ def _single(function: Callable[..., Any]) -> Callable[..., Any]:
             return value
         with mpmath.workprec(PRECISION):
             value = +value  # rounded to the working precision
-        if abs(value) > FLOAT32_MAX:
-            raise _Overflow
+        if abs(value) > FLOAT32_MAX:  # IEEE: ±inf, which later calls may take back (exp(-inf) = 0)
+            _OVERFLOWED.set(True)
+            return mpmath.inf if value > 0 else -mpmath.inf
         return value if abs(value) >= FLOAT32_TINY else mpmath.mpf(0)
 
     return call
@@ -125,15 +128,17 @@ class _Nodes:
 
 def _in_float32(function: Callable[..., Any], args: list[Any]) -> Any:
     """`function` in float32 at `args`: its value, or what keeps it from being a finite float32 number."""
+    token = _OVERFLOWED.set(False)
     try:
         with mpmath.workprec(PRECISION):
             value = function(*args)
-    except _Overflow:
-        return "overflows float32 inside the formula"
     except MPMATH_ERRORS:
-        return "is not a finite number in float32"
+        value = mpmath.nan
+    finally:
+        overflowed = _OVERFLOWED.get()
+        _OVERFLOWED.reset(token)
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
-        return "is not a finite number in float32"
+        return "overflows float32 inside the formula" if overflowed else "is not a finite number in float32"
     if abs(value) > FLOAT32_MAX:
         return "overflows float32"
     return value
