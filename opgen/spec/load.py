@@ -149,12 +149,13 @@ class _Composer(yaml.SafeLoader):
 
 # Note [libyaml events]
 # ~~~~~~~~~~~~~~~~~~~~~
-# PyYAML reads YAML text in Python: 30 ms for the fifty specs of specs/, which every run reads,
-# before any worker starts (opgen.parallel). libyaml, where PyYAML has it, reads the same text into
-# the same events with the same marks in a quarter of the time. So `_FastComposer` takes its events from libyaml and builds the nodes with `_Composer`'s
-# own Python code (the limits, aliases located where they are used). Only text both read alike
-# goes that way: text with a character PyYAML refuses, or that libyaml cannot read, is read again
-# by PyYAML alone, whose errors (in plain words, `_PLAIN_WORDS`) are the ones users see.
+# PyYAML reads YAML text in Python: 30 ms for the fifty specs of specs/, which every run reads
+# before any worker starts (opgen.parallel). libyaml, where PyYAML has it, reads the same text
+# into the same events with the same marks in a quarter of the time. So `_FastComposer` takes its
+# events from libyaml and builds the nodes with `_Composer`'s own Python code (the limits, aliases
+# located where they are used). Only text both read alike goes that way (`_DIFFERENT`); the rest,
+# and text libyaml cannot read, is read by PyYAML alone, whose errors (in plain words,
+# `_PLAIN_WORDS`) are the ones users see.
 try:
     from yaml.cyaml import CParser as _CParser
 except ImportError:  # PyYAML built without libyaml

@@ -78,7 +78,9 @@ def _may_import(text: str, name: str) -> bool:
     """Whether `text` has `import` or `from` followed by `name` with only names, dots, commas,
     `as` aliases, spaces and line continuations between: every statement that imports `name`
     does (`import a as b, name`, `from \\<newline> name.x import y`); a match may be no import."""
-    pattern = r"\b(?:import|from)\b[\s\\,\w.]*?(?<![\w.])" + re.escape(name) + r"\b"
+    if name not in text:
+        return False
+    pattern = r"\b(?:import|from)\b(?:[ \t,\w.]|\\\r?\n)*?(?<![\w.])" + re.escape(name) + r"\b"
     return re.search(pattern, text) is not None
 
 

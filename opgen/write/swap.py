@@ -176,13 +176,20 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _sync_all(paths: list[Path]) -> None:
-    """fsync every file of `paths`, together: one at a time, each waits for its own journal commit
-    (a tenth of a second for a package on a busy disk); from threads they share a few."""
+def _write_all(folder: Path, write: dict[str, str]) -> None:
+    """Write each file of `write` into `folder`, the manifest first (clean-up reads it), and fsync them
+    all, from threads while the next are written: one after the other, each fsync waits for its own
+    journal commit (a third of a second for a package on a busy disk); together they share a few."""
     from concurrent.futures import ThreadPoolExecutor  # here: most runs write nothing
 
-    with ThreadPoolExecutor(max_workers=min(16, len(paths) or 1)) as pool:
-        list(pool.map(_fsync, paths))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        synced = []
+        for rel in sorted(write, key=lambda rel: rel != MANIFEST):
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            _write_text(folder / rel, write[rel])
+            synced.append(pool.submit(_fsync, folder / rel))
+        for done in synced:
+            done.result()  # an fsync that failed fails the run, as a write does
 
 
 def _carry(source: Path, target: Path) -> None:
@@ -294,10 +301,7 @@ def replace(real: Path, write: dict[str, str], delete: tuple[str, ...]) -> Path 
         raise WriteError(f"{real.parent}: is not writable; opgen stages the new package there")
     staging = _new_folder(real.parent, real.name, "stage")
     try:
-        for rel in sorted(write, key=lambda rel: rel != MANIFEST):  # the manifest first (clean-up reads it)
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            _write_text(staging / rel, write[rel])
-        _sync_all([staging / rel for rel in write])
+        _write_all(staging, write)
         if not os.path.lexists(real):
             os.rename(staging, real)
             return None
