@@ -242,13 +242,16 @@ def _size(spec: Spec) -> int:
     return length * (1 + len(spec.tensor_inputs))
 
 
-def _generate_job(job: _Job, renderer: Renderer) -> tuple[Entry | None, list[tuple[Loc, str]]]:
-    """`generate` one spec under its budget, in a worker or here (`opgen.parallel`); its problems as
-    (location, message) pairs, which pickle where a `SpecError` does not."""
+def _generate_job(job: _Job, renderer: Renderer, cache: Cache | None) -> tuple[Entry | None, list[tuple[Loc, str]]]:
+    """`generate` one spec under its budget, in a worker or here (`opgen.parallel`), and store it in
+    `cache` (from the workers, side by side); its problems as (location, message) pairs, which pickle
+    where a `SpecError` does not."""
     problems = Problems()
     entry = None
     with problems.collect(), limits.budget(job.where, job.seconds):
         entry = generate(job.spec, renderer, problems)
+    if entry is not None and cache is not None:
+        cache.put(job.key, entry)
     return entry, [(error.loc, error.message) for error in problems.errors]
 
 
@@ -288,13 +291,11 @@ def build(
         workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
         # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
         order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
-        results = run_all(lambda i: _generate_job(todo[order[i]], renderer), len(todo), max(workers, 1))
+        results = run_all(lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1))
         done = [results[order.index(j)] for j in range(len(todo))]
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
             entries[job.index] = entry
-            if entry is not None and cache is not None:
-                cache.put(job.key, entry)
     shape_checked = False  # some op uses the package's `_shape_checks.py`
     for entry in entries:
         if entry is not None:

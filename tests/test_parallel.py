@@ -107,6 +107,10 @@ def test_the_work_runs_in_forked_workers_and_comes_back_in_order():
         assert [i for i, _ in results] == list(range(12))
         assert parent not in {pid for _, pid in results}
         assert run_all(lambda i: (i, os.getpid()), 3, jobs=1) == [(i, parent) for i in range(3)]
+        import gc
+        # the workers saw the inherited objects frozen; the caller has them back for its collections
+        assert run_all(lambda i: gc.get_freeze_count() > 0, 4, jobs=2) == [True] * 4
+        assert gc.get_freeze_count() == 0
     """
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, check=False)
