@@ -145,7 +145,7 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
         compiled = Oracle(written) if written is not None else None  # compiled once for rows and warnings
         rows = tuple(extreme_rows(spec, written, compiled))
         found = domain_warnings(spec, written, compiled, derived)
-        found += extreme_warnings(spec, rows, compiled, derived) if compiled is not None else []
+        found += extreme_warnings(spec, rows, compiled, derived, residuals) if compiled is not None else []
         warnings = tuple(f"{loc}: warning: {message}" for loc, message in found)
         return Planned(with_forward(plan(derived, residuals), tangents), rows, warnings)
     return None

@@ -64,6 +64,11 @@ class softplus(_Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sigmoid(self.args[0])
 
+    def _eval_is_positive(self) -> bool | None:
+        """log(1 + exp(u)) > 0 for real u: the stable rewrites of decaying factors need to know it
+        (Note [decaying factors] in opgen/optimize/product_rules.py)."""
+        return self.args[0].is_extended_real
+
     def _as_elementary(self) -> Expr:
         return sympy.log(1 + sympy.exp(self.args[0]))
 

@@ -1,8 +1,10 @@
 """Stable rewrites of products with sines and logarithms: Note [stable rewrites] in opgen/optimize/rewrite.py.
 
     2 sin(u) cos(u) q       -> sin(2u) q               (`double_angle`)
-    exp(v) (1 - tanh(u)**2) -> 4 exp(v - 2u) sigmoid(2u)**2  (`exp_decaying`, u > 0: no inf * 0;
-    exp(v) sigmoid(-u)      -> exp(v - u) sigmoid(u)          and the same for sigmoid(-u)**k)
+    exp(v) (1 - tanh(u)**2) -> 4 exp(v - 2u) sigmoid(2u)**2  (`exp_decaying`, u >= 0: no inf * 0;
+    exp(v) sigmoid(-u)      -> exp(v - u) sigmoid(u)          the same for (1 - sigmoid(u))**k,
+    exp(v) cosh(u)**-k      -> 2**k exp(v - k u) sigmoid(2u)**k   Note [decaying factors])
+    sinh(u) cosh(u)**-k     -> tanh(u) cosh(u)**(1 - k)  (`sinh_over_cosh`: no inf / inf)
     u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0)
     (1 + v) * log1p(v)      -> xlog1py(1 + v, v)       (the same, where `log(1 - p)` became `log1p(-p)`)
     sin(a) / a * q          -> sinc(a / pi) * q        (`to_sinc`; sinc(t) = sin(pi t) / (pi t))
@@ -74,37 +76,83 @@ def double_angle(factors: list[Expr]) -> Expr | None:
 
 
 def _sech_squared(factor: Expr) -> Expr | None:
-    """`u` when `factor` is `1 - tanh(u)**2` (SymPy's derivative of tanh) with `u` known positive."""
+    """`u` when `factor` is `1 - tanh(u)**2` (SymPy's derivative of tanh) with `u` known non-negative."""
     if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
         square = -(factor - 1)
         if isinstance(square, sympy.Pow) and square.exp == 2 and isinstance(square.base, sympy.tanh):
             u = square.base.args[0]
-            return u if u.is_positive else None
+            return u if u.is_nonnegative else None
+    return None
+
+
+def _sigmoid_complement(base: Expr) -> Expr | None:
+    """`u` when `base` is `1 - sigmoid(u)` (SymPy's derivative of sigmoid has it) with `u` known non-negative."""
+    if isinstance(base, sympy.Add) and len(base.args) == 2 and S.One in base.args:
+        rest = -(base - 1)
+        if isinstance(rest, fn.sigmoid) and rest.args[0].is_nonnegative:
+            return rest.args[0]
     return None
 
 
 def _decaying(factor: Expr) -> Expr | None:
-    """`factor` as `exp(-w) * rest` with `rest` at most 1, where `factor` is `1 - tanh(u)**2` or `sigmoid(-u)**k`
-    with `u` known positive (they are 0 in float32 past u = 88 or so, exp(-w) not much sooner); else None."""
+    """`factor` as `exp(-w) * rest` with `rest` at most 1 (Note [decaying factors]); else None."""
     u = _sech_squared(factor)
     if u is not None:
         return 4 * sympy.exp(-2 * u) * fn.sigmoid(2 * u) ** 2
     base, power = factor.as_base_exp()
-    if isinstance(base, fn.sigmoid) and power.is_Integer and power > 0 and (-base.args[0]).is_positive:
+    if not (power.is_Integer and power != 0):
+        return None
+    u = _sigmoid_complement(base)
+    if u is not None and power > 0:
+        return sympy.exp(-power * u) * fn.sigmoid(u) ** power
+    if isinstance(base, fn.sigmoid) and power > 0 and (-base.args[0]).is_nonnegative:
         return sympy.exp(power * base.args[0]) * fn.sigmoid(-base.args[0]) ** power
+    if isinstance(base, sympy.cosh) and power < 0 and base.args[0].is_nonnegative:
+        u = base.args[0]
+        return 2 ** (-power) * sympy.exp(power * u) * fn.sigmoid(2 * u) ** (-power)
     return None
 
 
 def exp_decaying(factors: list[Expr]) -> Expr | None:
-    """exp(v) (1 - tanh(u)**2) q -> 4 exp(v - 2u) sigmoid(2u)**2 q and exp(v) sigmoid(-u) q -> exp(v - u)
-    sigmoid(u) q for u > 0: TanhExp's slope x exp(x) sech(exp(x))**2 is inf * 0 past x = 88 in float32,
-    where exp(x - 2 exp(x)) is 0 (SymPy joins the exponentials)."""
+    """exp(v) q times a factor that decays like exp(-w) -> exp(v - w) q times what is left of it.
+
+    Note [decaying factors]
+    ~~~~~~~~~~~~~~~~~~~~~~~
+    For u >= 0, `1 - tanh(u)**2`, `1 - sigmoid(u)`, `sigmoid(-u)` and `1/cosh(u)` are 0 in float32
+    past u = 88 or so, and a growing `exp(v)` beside them is inf not much later: TanhExp's slope
+    `x exp(x) (1 - tanh(exp(x))**2)` is inf * 0 = NaN past x = 88, `sigmoid(exp(x))`'s
+    `exp(x) sigmoid(exp(x)) (1 - sigmoid(exp(x)))` too, and `1/cosh(exp(x))`'s. Each is exactly
+    `exp(-w) * rest` with `rest` between 0 and 1:
+
+        1 - tanh(u)**2   = 4 exp(-2u) sigmoid(2u)**2
+        (1 - sigmoid(u))**k = sigmoid(-u)**k = exp(-k u) sigmoid(u)**k
+        cosh(u)**-k      = 2**k exp(-k u) sigmoid(2u)**k
+
+    and SymPy joins `exp(v) exp(-w)` into `exp(v - w)`, which is 0 where the product is (TanhExp's
+    `exp(x - 2 exp(x))`). Only where SymPy knows u >= 0 (`exp(x)`, `x**2 + c`, `abs(x)`,
+    `softplus(x)`): for a negative u, exp(-w) is what overflows.
+    """
     if not any(isinstance(f, sympy.exp) for f in factors):
         return None
     for factor in factors:
         form = _decaying(factor)
         if form is not None:
             return form * sympy.Mul(*[f for f in factors if f is not factor])
+    return None
+
+
+def sinh_over_cosh(factors: list[Expr]) -> Expr | None:
+    """sinh(u) cosh(u)**-k q -> tanh(u) cosh(u)**(1 - k) q: the derivative of `1/cosh(u)**m` is inf / inf
+    in float32 past u = 89 (`sinh(x**2) / cosh(x**2)**3` at x = 10), where tanh(u) / cosh(u)**2 is 0."""
+    for factor in factors:
+        if not isinstance(factor, sympy.sinh):
+            continue
+        u = factor.args[0]
+        for other in factors:
+            base, power = other.as_base_exp()
+            if base == sympy.cosh(u) and power.is_Integer and power < 0:
+                rest = [f for f in factors if f is not factor and f is not other]
+                return sympy.Mul(sympy.tanh(u), sympy.cosh(u) ** (power + 1), *rest)
     return None
 
 

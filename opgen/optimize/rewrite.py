@@ -64,7 +64,7 @@ from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
-from opgen.optimize.product_rules import double_angle, exp_decaying, to_sinc, unsinc, x_log_x
+from opgen.optimize.product_rules import double_angle, exp_decaying, sinh_over_cosh, to_sinc, unsinc, x_log_x
 from opgen.optimize.reductions import Shapes
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
@@ -264,7 +264,7 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    double = double_angle(factors) or x_log_x(factors) or exp_decaying(factors)
+    double = double_angle(factors) or x_log_x(factors) or sinh_over_cosh(factors) or exp_decaying(factors)
     if double is not None:
         return double
     return to_sinc(node)

@@ -48,6 +48,7 @@ import mpmath
 import sympy
 
 from opgen.derive.gradients import Derived
+from opgen.optimize.kernels import _Prime
 from opgen.plan.extremes import DIGITS, FLOAT32_MAX, FLOAT32_TINY, MPMATH_ERRORS, Oracle
 
 PRECISION = 24  # float32's significand bits
@@ -90,10 +91,12 @@ def in_float32(function: Callable[..., Any], nodes: dict[str, Callable[..., Any]
     return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
 
 
-def _form(node: sympy.Basic, args: tuple[sympy.Symbol, ...]) -> sympy.Expr | None:
+def _form(node: sympy.Basic, args: tuple[sympy.Basic, ...]) -> sympy.Expr | None:
     """The elementary form of `node`'s function at `args`, where it is a node opgen defines; else None."""
     applied = node.func(*args)
     try:
+        if isinstance(applied, _Prime):  # a kernel's derivative: its name, then the kernel's arguments
+            return applied.elementary()
         if hasattr(applied, "_as_elementary"):
             return applied._as_elementary()
         if hasattr(node.func, "elementary"):
@@ -101,6 +104,11 @@ def _form(node: sympy.Basic, args: tuple[sympy.Symbol, ...]) -> sympy.Expr | Non
     except NotImplementedError:
         return None
     return None
+
+
+def node_form(node: sympy.Basic) -> sympy.Expr | None:
+    """The elementary form of `node`, where it is a node opgen defines (a kernel, softplus, ...); else None."""
+    return _form(node, node.args) if isinstance(node, sympy.Function) else None
 
 
 class _Nodes:
@@ -116,14 +124,23 @@ class _Nodes:
         args = tuple(self(a) for a in expr.args)
         if not isinstance(expr, sympy.Function):
             return expr.func(*args)
-        dummies = tuple(sympy.Dummy(f"a{k}", real=True) for k in range(len(args)))
-        form = _form(expr, dummies)
+        kept = args[:1] if isinstance(expr, _Prime) else ()  # a kernel's derivative: the kernel's name
+        dummies = tuple(sympy.Dummy(f"a{k}", real=True) for k in range(len(args) - len(kept)))
+        form = _form(expr, (*kept, *dummies))
         if form is None:
             return expr.func(*args)
-        name = f"_node_{expr.func.__name__}"
+        name = "_".join(("_node", expr.func.__name__, *map(str, kept)))
         if name not in self.functions:
             self.functions[name] = self.oracle.compile(self(form), list(dummies))
-        return sympy.Function(name)(*args)
+            for function in self.functions.values():  # a node's form may call other nodes, at its own precision
+                function.__globals__.update(self.functions)
+        return sympy.Function(name)(*args[len(kept) :])
+
+
+def float32_value(function: Callable[..., Any], args: list[Any]) -> str | None:
+    """What keeps `function` (from `Digits.in_float32`) at `args` from being a finite float32 number, or None."""
+    value = _in_float32(function, args)
+    return value if isinstance(value, str) else None
 
 
 def _in_float32(function: Callable[..., Any], args: list[Any]) -> Any:
@@ -162,18 +179,25 @@ class Digits:
         self.written = [in_float32(f) for f in oracle.outputs]
 
     @functools.cached_property
+    def nodes(self) -> _Nodes:
+        """The nodes opgen defines, each compiled once when first met."""
+        return _Nodes(self.oracle)
+
+    @functools.cached_property
     def computed(self) -> list[Callable[..., Any]] | None:
         """The optimized outputs in float32 (compiled when first read); None: not known."""
         if self.optimized is None:
             return None
-        nodes = _Nodes(self.oracle)
         full = self.optimized.full
-        inlined = tuple((name, nodes(expr)) for name, expr in full.inlined)
+        inlined = tuple((name, self.nodes(expr)) for name, expr in full.inlined)
         variants = (*self.optimized.variants[:-1], replace(full, inlined=inlined))
         compiled = Oracle(replace(self.optimized, variants=variants))
-        for function in nodes.functions.values():  # a node's form may call other nodes, at its own precision
-            function.__globals__.update(nodes.functions)
-        return [in_float32(f, nodes.functions) for f in compiled.outputs]
+        return [in_float32(f, self.nodes.functions) for f in compiled.outputs]
+
+    def in_float32(self, expr: sympy.Expr) -> Callable[..., Any]:
+        """`expr`, in terms of the spec's inputs, compiled in float32; `_hold(v)`: `v` rounded whole."""
+        function = self.oracle.compile(self.nodes(expr))
+        return in_float32(function, {**self.nodes.functions, "_hold": lambda value: value})
 
     def lost(self, k: int, args: list[Any], exact: Any) -> str | None:
         """How output `k` at `args` (exact value `exact`) keeps no float32 digit as written and as

@@ -13,13 +13,14 @@ Points: each Tensor input in turn at GRID interior points of its domain, the oth
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mpmath
 
 from opgen.derive.gradients import Derived
 from opgen.errors import Loc
+from opgen.optimize.save import Residual
 from opgen.plan.digits import Digits
 from opgen.plan.extremes import (
     DIGITS,
@@ -32,6 +33,7 @@ from opgen.plan.extremes import (
     mpf,
     places,
 )
+from opgen.plan.slopes import Slopes
 from opgen.spec.model import Spec
 
 GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
@@ -88,36 +90,46 @@ def domain_warnings(
 
 
 def extreme_warnings(
-    spec: Spec, rows: tuple[Row, ...], oracle: Oracle, optimized: Derived | None
+    spec: Spec, rows: tuple[Row, ...], oracle: Oracle, optimized: Derived | None, residuals: Sequence[Residual] = ()
 ) -> list[tuple[Loc, str]]:
     """A warning for each output that is no finite float32 number (it overflows, or is NaN) at a row of
     the generated float32 test at extreme inputs (`rows`, from `opgen.plan.extremes`), as written and
     as opgen computes it, where its exact value is finite: that test is bound to fail there, however
-    well the formula does inside its test domain (`log(1 + exp(x) + exp(-x))` at x = 100). One per
-    output and moving input."""
+    well the formula does inside its test domain (`log(1 + exp(x) + exp(-x))` at x = 100). The same
+    for each output's part of a gradient as backward computes it (`optimized`, after the save stage,
+    reading `residuals`), where the row's exact slope is finite (Note [float32 slopes] in
+    opgen/plan/slopes.py). One per output and moving input, of each kind."""
     digits = Digits(oracle, optimized)
+    slopes = Slopes(oracle, optimized, residuals, digits) if optimized is not None else None
     arguments = {place: input_arguments(spec, others) for place, others in places(spec).items()}
     index = {inp.name: k for k, inp in enumerate(spec.inputs)}
     found: list[tuple[Loc, str]] = []
-    warned: set[tuple[str, str]] = set()
-    for name, point, values, _, place in rows:
+    warned: set[tuple[str, str, bool]] = set()
+    for name, point, values, slope, place in rows:
         args = list(arguments[place])
         args[index[name]] = mpf(point)
         for o, (output, value) in enumerate(zip(spec.outputs, values, strict=True)):
-            if (output.name, name) in warned:
+            if (output.name, name, False) not in warned:
+                loss = digits.not_finite(o, args, mpf(value))
+                if loss is not None:
+                    warned.add((output.name, name, False))
+                    found.append((output.formula.loc, _not_finite(f"`{output.name}` {loss}", name, point)))
+            if slope is None or slopes is None or (output.name, name, True) in warned:
                 continue
-            loss = digits.not_finite(o, args, mpf(value))
-            if loss is not None:
-                warned.add((output.name, name))
-                found.append(
-                    (
-                        output.formula.loc,
-                        f"`{output.name}` {loss} at {name} = {point:g}, a row of the generated float32 test at"
-                        " extreme inputs, and opgen knows no exact form of the formula that is finite there:"
-                        " write it without the overflow, or set `tests: extremes: false`",
-                    )
-                )
+            problem = slopes.not_finite(o, name, args)
+            if problem is not None:
+                warned.add((output.name, name, True))
+                what = f"the gradient of `{output.name}` in `{name}` {problem} (its exact value is {slope:.6g})"
+                found.append((output.formula.loc, _not_finite(what, name, point)))
     return found
+
+
+def _not_finite(what: str, name: str, point: float) -> str:
+    return (
+        f"{what} at {name} = {point:g}, a row of the generated float32 test at extreme inputs, and opgen knows"
+        " no exact form of the formula that is finite there: write it without the overflow, or set"
+        " `tests: extremes: false`"
+    )
 
 
 def _point_warnings(spec: Spec, outputs: list[Callable[..., Any]], middle: dict[str, float]) -> list[tuple[Loc, str]]:
