@@ -118,6 +118,13 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             "affine(): argument 'bias' must be a real floating-point Tensor, got "
             f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        dtype = dtype if bias is None else torch.promote_types(dtype, bias.dtype)
+        x = x.to(dtype)
+        weight = weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
 

@@ -97,5 +97,10 @@ def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             "bce_with_logits(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != logits.dtype:
+        dtype = torch.promote_types(logits.dtype, target.dtype)
+        logits = logits.to(dtype)
+        target = target.to(dtype)
     function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction
     return function.apply(logits, target)

@@ -136,5 +136,10 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
             "cosine_similarity(): argument 'x2' must be a real floating-point Tensor, got "
             f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if x2.dtype != x1.dtype:
+        dtype = torch.promote_types(x1.dtype, x2.dtype)
+        x1 = x1.to(dtype)
+        x2 = x2.to(dtype)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)

@@ -121,5 +121,10 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             "cross_entropy(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != input.dtype:
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        input = input.to(dtype)
+        target = target.to(dtype)
     function = _CrossEntropyFunctionNoJvp if torch.compiler.is_compiling() else CrossEntropyFunction
     return function.apply(input, target)[0]

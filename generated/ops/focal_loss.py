@@ -141,5 +141,10 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
             "focal_loss(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != logits.dtype:
+        dtype = torch.promote_types(logits.dtype, target.dtype)
+        logits = logits.to(dtype)
+        target = target.to(dtype)
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
     return function.apply(logits, target, alpha, gamma)

@@ -110,5 +110,10 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
             "huber(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != input.dtype:
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        input = input.to(dtype)
+        target = target.to(dtype)
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
     return function.apply(input, target, delta)

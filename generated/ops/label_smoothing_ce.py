@@ -133,5 +133,10 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
             "label_smoothing_ce(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != input.dtype:
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        input = input.to(dtype)
+        target = target.to(dtype)
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction
     return function.apply(input, target, smoothing)[0]

@@ -114,6 +114,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
             "rms_norm(): argument 'weight' must be a real floating-point Tensor, got "
             f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if weight.dtype != x.dtype:
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        x = x.to(dtype)
+        weight = weight.to(dtype)
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction
     return function.apply(x, weight, eps)[0]
 

@@ -94,6 +94,11 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
             "scaled_weight(): argument 'weights' must be a real floating-point Tensor, got "
             f"{weights.dtype if torch.is_tensor(weights) else weights.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if weights.dtype != x.dtype:
+        dtype = torch.promote_types(x.dtype, weights.dtype)
+        x = x.to(dtype)
+        weights = weights.to(dtype)
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
     return function.apply(x, weights)
 

@@ -112,5 +112,10 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
             "smooth_l1(): argument 'target' must be a real floating-point Tensor, got "
             f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if target.dtype != input.dtype:
+        dtype = torch.promote_types(input.dtype, target.dtype)
+        input = input.to(dtype)
+        target = target.to(dtype)
     function = _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
     return function.apply(input, target, beta)

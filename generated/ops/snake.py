@@ -104,6 +104,11 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
             "snake(): argument 'a' must be a real floating-point Tensor, got "
             f"{a.dtype if torch.is_tensor(a) else a.__class__.__name__}"
         )
+    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
+    if a.dtype != x.dtype:
+        dtype = torch.promote_types(x.dtype, a.dtype)
+        x = x.to(dtype)
+        a = a.to(dtype)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction
     return function.apply(x, a)
 

@@ -120,6 +120,46 @@ def float_checks(op: str, inputs: list[tuple[str, bool]], torch: str) -> Lines:
     return lines
 
 
+def promotion(inputs: list[tuple[str, bool]], torch: str, dtype: str) -> Lines:
+    """The functional's cast of mixed floating inputs (input, optional) to their promoted dtype.
+
+    Note [mixed dtypes]
+    ~~~~~~~~~~~~~~~~~~~
+    PyTorch's elementwise ops promote mixed floating inputs (float32 `x`, float64 `w`: float64),
+    and so does the formula composed of them; the Function's backward kernels do not (
+    `_log_softmax_backward_data` or `huber_loss_backward` given a float64 gradient and a float32
+    saved tensor raise). When the dtypes of the Tensor inputs a gradient flows to differ, the
+    functional casts them to the promoted dtype, as recorded operations: the Function sees one
+    dtype, the outputs have the formula's, and autograd casts each gradient back to its input's
+    dtype. Equal dtypes, the common case, cost one comparison. Ops whose forward is a PyTorch op
+    with its own rule (`@`, the native layer norm: `opgen.plan.capture.promoted_inputs`) keep it.
+    """
+    required = [name for name, optional in inputs if not optional]
+    optional = [name for name, optional in inputs if optional]
+    if not required or len(inputs) < 2:
+        return []
+    first = required[0]
+    differs = [f"{name}.dtype != {first}.dtype" for name in required[1:]]
+    differs += [f"({name} is not None and {name}.dtype != {first}.dtype)" for name in optional]
+    lines = ["# mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])"]
+    test = f"if {' or '.join(differs)}:"
+    if len(test) + 4 <= 120:  # the functional's body is indented once
+        lines.append(test)
+    else:  # as ruff format splits it
+        lines += ["if (", f"    {differs[0]}", *(f"    or {d}" for d in differs[1:]), "):"]
+    start = f"{torch}.promote_types({first}.dtype, {required[1]}.dtype)" if len(required) > 1 else f"{first}.dtype"
+    lines.append(f"    {dtype} = {start}")
+    for name in required[2:]:
+        lines.append(f"    {dtype} = {torch}.promote_types({dtype}, {name}.dtype)")
+    for name in optional:
+        lines.append(f"    {dtype} = {dtype} if {name} is None else {torch}.promote_types({dtype}, {name}.dtype)")
+    for name in required:
+        lines.append(f"    {name} = {name}.to({dtype})")
+    for name in optional:
+        lines.append(f"    {name} = None if {name} is None else {name}.to({dtype})")
+    return lines
+
+
 def _message(text: str, name: str, torch: str) -> Lines:
     """`text` then the argument's dtype (or type), as ruff format leaves it: one f-string when it fits."""
     got = f"{{{name}.dtype if {torch}.is_tensor({name}) else {name}.__class__.__name__}}"

@@ -46,6 +46,7 @@ class OpNames:
     check_shapes: str  # the module-level helper that checks argument shapes at call time
     arg: str  # the functional's loop variable looking for an FX Proxy
     autocast: str  # the module-level helper a matrix op calls under autocast
+    dtype: str  # the functional's common dtype of mixed floating inputs (Note [mixed dtypes])
     types: TypeNames  # how annotations write torch.Tensor, Any and the builtins (Note [typed generated code])
 
 
@@ -83,6 +84,7 @@ def make_names(plan: Plan) -> OpNames:
     check_shapes = namer.fresh("check_shapes")
     arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")
     types = type_names(torch, namer, set(public_names(spec)) | {function_ref, functional_ref})
+    dtype = namer.fresh("dtype")
     return OpNames(
         torch=torch,
         math=math,
@@ -102,6 +104,7 @@ def make_names(plan: Plan) -> OpNames:
         check_shapes=check_shapes,
         arg=arg,
         autocast=autocast,
+        dtype=dtype,
         types=types,
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from opgen.emit import annotations as typed
 from opgen.emit.backward import backward_body
-from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks
+from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks, promotion
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
@@ -33,7 +33,7 @@ from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
-from opgen.plan.capture import autocasts, capture_loss, float_inputs
+from opgen.plan.capture import autocasts, capture_loss, float_inputs, promoted_inputs
 from opgen.spec import quote
 from opgen.spec.model import Spec
 
@@ -176,6 +176,7 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "call_tuple": call_tuple([i.name for i in spec.inputs]),
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),
+        "promotion": promotion(promoted_inputs(plan), names.torch, names.dtype),
         "export_refusal": export_refusal(spec.name, loss) if loss and not spec.custom_op else None,
     }
 

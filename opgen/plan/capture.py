@@ -2,7 +2,7 @@
 
 Used by `opgen.emit.op`: `capture_loss` (the functional's export refusal, Note [captured
 graphs keep the gradient] in `opgen.emit.capture`), `autocasts` (Note [autocast] there),
-`float_inputs` (Note [float inputs] there).
+`float_inputs` (Note [float inputs] there), `promoted_inputs` (Note [mixed dtypes] there).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sympy
 
 from opgen.derive.guard import guard_branches
 from opgen.formula.tensor import MatMul
+from opgen.optimize.norms import LayerNorm
 from opgen.plan.backward import Plan
 
 
@@ -37,3 +38,15 @@ def float_inputs(plan: Plan) -> list[tuple[str, bool]]:
     real floating-point tensors."""
     names = {g.input for bp in plan.backward for g in bp.grads if g.contributions or g.overridden}
     return [(i.name, i.type.optional) for i in plan.derived.spec.tensor_inputs if i.name in names]
+
+
+def promoted_inputs(plan: Plan) -> list[tuple[str, bool]]:
+    """The floating inputs the functional casts to their promoted dtype when theirs differ, each with
+    whether it is optional; none when the op's forward is a PyTorch op with its own rule for mixed
+    dtypes, which forward then applies: `@` (an error, as torch.matmul) and the native layer norm
+    (a low-precision input keeps its dtype beside float32 parameters; other mixes are an error)."""
+    inputs = float_inputs(plan)
+    exprs = [e for v in plan.derived.variants for _, e in (*v.lets, *v.outputs)]
+    if len(inputs) < 2 or autocasts(plan) or any(e.has(LayerNorm) for e in exprs):
+        return []
+    return inputs
