@@ -199,6 +199,19 @@ CASES = {
         {"a": (2, 3, 4), "b": (4, 5)},
         lambda a, b: ((a @ b).mean(-2, keepdim=True),),
     ),
+    # -- an output that SymPy reads as a number (Note [constant outputs] in opgen/emit/forward.py) --
+    "constant_output": (
+        {"x": "Tensor"},
+        {"o": "x - x + 1"},
+        {"x": (3, 4)},
+        lambda x: (x - x + 1,),
+    ),
+    "constant_broadcast": (
+        {"x": "Tensor", "z": "Tensor"},
+        {"o": "0 * x + where(z > 0, 2.5, 2.5)", "p": "x * z"},
+        {"x": (4,), "z": (3, 4)},
+        lambda x, z: (0 * x + torch.where(z > 0, 2.5, 2.5), x * z),
+    ),
     "softmax_summed_keepdim": (
         {"a": "Tensor[N, K]"},
         {"o": "sum(exp(a - logsumexp(a, dim=-1, keepdim=true)), dim=0, keepdim=true)"},

@@ -25,7 +25,7 @@ from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradi
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import tensor, written
 from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
-from opgen.formula.syntax import parse_ast
+from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.spec.model import Spec
 
 __all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]
@@ -219,7 +219,8 @@ def _forward(
     tensor_inputs = set(symbols.tensor_inputs)
     for output in spec.outputs:
         limits.check_inlined(inlined[symbols.outputs[output.name]], output.formula.loc, f"output '{output.name}'")
-        if not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs):
+        constant = not (inlined[symbols.outputs[output.name]].free_symbols & tensor_inputs)
+        if constant and output.name not in holds_tensors(spec):  # Note [constant outputs] in opgen.emit.forward
             raise SpecError(output.formula.loc, f"output '{output.name}' does not depend on any Tensor input")
     return forward, inlined
 

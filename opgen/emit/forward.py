@@ -58,8 +58,12 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
         else:
             lines += assign(residual.name, residual.expr, printer, indent, shared=True)
+    tensors = frozenset(plan.derived.symbols.tensor_inputs)
     for name, expr in outputs:
         if name in done:
+            continue
+        if name in expand and not expr.free_symbols & tensors:  # Note [constant outputs]
+            lines.append(f"{name} = {_filled(printer.doprint_expr(expr), expand[name], printer)}")
             continue
         if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
             lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
@@ -100,6 +104,22 @@ def _expanded(source: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> 
     """`source` expanded to its broadcast with the shapes of `pieces`."""
     shapes = ", ".join([f"{source}.shape", *(_piece_shape(piece, printer) for piece in pieces)])
     return f"{source}.expand({printer.torch}.broadcast_shapes({shapes}))"
+
+
+# Note [constant outputs]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# An output whose formula names a Tensor input may still be a number once SymPy has read it
+# (`x - x + 1`, `0 * x + t`). PyTorch computes such a formula into a tensor of the inputs'
+# broadcast shape, dtype and device, filled with the number, whose gradients are zeros; so does
+# the op: `torch.full` over the shapes the formula broadcasts as written (Note [shapes as
+# written] in opgen.formula.written), in the dtype and on the device of the first tensor there.
+# A formula that names no Tensor input at all is refused (opgen.derive.gradients).
+def _filled(value: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> str:
+    """A new tensor of the broadcast of `pieces`' shapes, filled with `value`."""
+    tensor = next(printer.doprint_expr(p.tensor) for p in pieces if p.tensor is not None)
+    shapes = ", ".join(_piece_shape(piece, printer) for piece in pieces)
+    broadcast = f"{printer.torch}.broadcast_shapes({shapes})"
+    return f"{printer.torch}.full({broadcast}, {value}, dtype={tensor}.dtype, device={tensor}.device)"
 
 
 def _piece_shape(piece: Piece, printer: TorchPrinter) -> str:
