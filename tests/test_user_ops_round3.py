@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import import_package
+import user_ops
 
 SPECS = {
     # Two outputs; the output `var` is named like the function it calls.
@@ -156,56 +156,15 @@ EXTREME = {
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    from opgen.cli import main
-
-    folder = tmp_path_factory.mktemp("round3")
-    for name, text in SPECS.items():
-        (folder / f"{name}.yaml").write_text(f"name: {name}{text}")
-    assert main(["generate", str(folder), "-o", str(folder / "round3_ops"), "--no-cache"]) == 0
-    return import_package(folder, "round3_ops")
-
-
-def _case(ops, name):
-    tests = getattr(__import__(f"round3_ops.tests.test_{name}").tests, f"test_{name}")
-    args = tests.sample_inputs()
-    tensors = [k for k in tests.OP.tensor_inputs if args[k] is not None]
-    return getattr(ops, name), args, tensors
-
-
-def _of(fn, args, tensors):
-    def call(*xs):
-        full = list(args)
-        for k, x in zip(tensors, xs, strict=True):
-            full[k] = x
-        out = fn(*full)
-        return out if isinstance(out, tuple) else (out,)
-
-    return call
-
-
-def _weighted(fn, weights):
-    return lambda *xs: sum((o * w).sum() for o, w in zip(fn(*xs), weights, strict=True))
+    return user_ops.generate(tmp_path_factory.mktemp("round3"), "round3_ops", SPECS)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
 def test_float64_against_plain_torch(ops, name):
-    op, args, tensors = _case(ops, name)
-    mine, theirs = _of(op, args, tensors), _of(REFERENCE[name], args, tensors)
+    op, args, tensors = user_ops.case(ops, name)
+    mine, theirs = user_ops.of(op, args, tensors), user_ops.of(REFERENCE[name], args, tensors)
     primals = tuple(args[k] for k in tensors)
-    want = theirs(*primals)
-    torch.testing.assert_close(mine(*primals), want)
-    generator = torch.Generator().manual_seed(0)
-    weights = [torch.rand(w.shape, generator=generator, dtype=w.dtype) for w in want]
-    xs = [p.clone().requires_grad_() for p in primals]
-    got = torch.autograd.grad(_weighted(mine, weights)(*xs), xs, allow_unused=True)
-    expected = torch.autograd.grad(_weighted(theirs, weights)(*xs), xs, allow_unused=True)
-    for g, e, x in zip(got, expected, xs, strict=True):
-        torch.testing.assert_close(
-            g if g is not None else torch.zeros_like(x), e if e is not None else torch.zeros_like(x)
-        )
-    assert torch.autograd.gradgradcheck(_weighted(mine, weights), xs)
-    tangents = tuple(torch.rand(p.shape, generator=generator, dtype=p.dtype) for p in primals)
-    torch.testing.assert_close(torch.func.jvp(mine, primals, tangents)[1], torch.func.jvp(theirs, primals, tangents)[1])
+    user_ops.check_float64(mine, theirs, primals)
     batch = tuple(torch.stack([p, 2 * p]) for p in primals)
     batched = torch.func.vmap(mine)(*batch)
     for k, one in enumerate(theirs(*(b[1] for b in batch))):
@@ -214,30 +173,16 @@ def test_float64_against_plain_torch(ops, name):
 
 @pytest.mark.parametrize("name", sorted(EXTREME))
 def test_float32_at_extreme_inputs(ops, name):
-    op = getattr(ops, name)
-    args = list(EXTREME[name]())
-    tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    x32 = [args[k].clone().requires_grad_() for k in tensors]
-    x64 = [args[k].double().requires_grad_() for k in tensors]
-    (got,) = _of(op, args, tensors)(*x32)
-    (want,) = _of(REFERENCE[name], args, tensors)(*x64)
-    assert torch.isfinite(want).all()
-    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
-    got_grads = torch.autograd.grad(got.sum(), x32)
-    want_grads = torch.autograd.grad(want.sum(), x64)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        assert torch.isfinite(g).all(), g
-        finite = torch.isfinite(w)  # plain autograd in float64 overflows too at 1e4 (exp(1e4) * 0)
-        torch.testing.assert_close(g.double()[finite], w[finite], rtol=1e-3, atol=1e-4)
+    user_ops.check_float32(getattr(ops, name), REFERENCE[name], list(EXTREME[name]()))
 
 
 def test_forward_mode_of_a_summed_override_of_a_scalar_input(ops):
     """`alpha: sum(grad * h)` of a `Tensor[]` input is `grad * h` summed to its shape: forward mode along
     `alpha` works (it was refused as not linear in the gradient), and jvp and vjp are transposes."""
-    op, args, tensors = _case(ops, "pact")
+    op, args, tensors = user_ops.case(ops, "pact")
     primals = tuple(args[k] for k in tensors)
-    forward = torch.func.jacfwd(_of(op, args, tensors), argnums=(0, 1))(*primals)
-    reverse = torch.func.jacrev(_of(op, args, tensors), argnums=(0, 1))(*primals)
+    forward = torch.func.jacfwd(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
+    reverse = torch.func.jacrev(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
     torch.testing.assert_close(forward, reverse)
     x, alpha = primals
     torch.testing.assert_close(forward[0][1], (x >= alpha).to(x.dtype))

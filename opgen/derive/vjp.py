@@ -27,7 +27,9 @@ Elementwise rules broadcast it as torch would. `@` cannot: its gradient `g @ b.T
 constant along N, `a.T @ g.expand(N, M) == a.sum(-2, keepdim=True).T @ g`: no expand, no
 sizes, and less work. What stays constant stays size 1 (`a`'s gradient [1, K] from a `g` of
 [1, M], `b`'s [K, 1] from [N, 1]) and broadcasts onward. PyTorch's softmax backward kernels
-want the full shape too, so a narrow gradient through a softmax takes its formula instead.
+want the full shape too, so a narrow gradient through a softmax takes its formula instead. A
+gradient with fewer than two dimensions (the scalar of `sum(a @ b)`) is first unsqueezed to size 1
+in front, so that `@` and `.T` see a matrix.
 """
 
 from __future__ import annotations
@@ -190,6 +192,8 @@ class _Vjp:
             for part, part_grad in node.vjp_pushes(grad, bool(self.narrow(grad, node))):
                 self.push(part, part_grad)
             return
+        if isinstance(node, (MatMul, Transpose)):
+            grad = self.as_matrix(grad, node)
         if isinstance(node, MatMul):
             a, b = node.args
             # Note [narrow gradients]: a gradient constant along M or N meets the other side summed.
@@ -268,6 +272,16 @@ class _Vjp:
 
     def count(self, a: Expr, node: ReductionBase) -> Expr:
         return reduction_count(node, self.table)
+
+    def as_matrix(self, grad: Expr, node: Expr) -> Expr:
+        """`grad` with leading dimensions of size 1 up to the rank of `node` (a matrix, or the vector of
+        `x @ w`): a gradient constant along its rows or along all of it (`sum(a @ b)` passes a scalar)
+        before `@` or `.T` (Note [narrow gradients])."""
+        have, want = self.shape(grad), self.shape(node)
+        named = len(split(have)[1]) if have is not None else 2
+        for k in range(named, min(2, len(split(want or ())[1]))):
+            grad = Unsqueeze(grad, sympy.Integer(-k - 1))
+        return grad
 
     def narrow(self, grad: Expr, node: Expr) -> tuple[int, ...]:
         """The trailing dims (from the end) where `grad` is 1 or missing and `node` is not (Note [narrow gradients])."""

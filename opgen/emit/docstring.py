@@ -16,7 +16,8 @@ DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
 
 def _size_doc(dim: str) -> str:
     """`numel(x, t)`: how a count of a reduction over plain Tensors reads (Note [counts of unknown shapes])."""
-    return f"numel({', '.join(counted(dim) or ())})"
+    what = "batch_numel" if dim.startswith("%") else "numel"  # the entries of their batches `...`
+    return f"{what}({', '.join(counted(dim) or ())})"
 
 
 def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:

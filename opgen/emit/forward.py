@@ -229,21 +229,25 @@ def size_inputs(source: str) -> tuple[str, ...]:
 
 def size_text(spec: Spec, source: str, index: int) -> str:
     """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks); for a
-    count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()`, None when a `Tensor?` it
-    counts is None."""
+    count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()` (of their batches
+    `x.shape[:-1]` for a batch count), None when a `Tensor?` it counts is None."""
     tensors = counted(source)
     if tensors is not None:
-        shape = (
-            f"{tensors[0]}.shape"
-            if len(tensors) == 1
-            else f"torch.broadcast_shapes({', '.join(f'{t}.shape' for t in tensors)})"
-        )
-        text = f"{shape}.numel()" if source.startswith("#") else shape
+        shapes = [_batch_shape(spec, t) if source.startswith("%") else f"{t}.shape" for t in tensors]
+        shape = shapes[0] if len(tensors) == 1 else f"torch.broadcast_shapes({', '.join(shapes)})"
+        text = shape if source.startswith("@") else f"{shape}.numel()"
         absent = [t for t in tensors if (i := spec.input(t)) is not None and i.type.optional]
         return f"None if {' or '.join(f'{t} is None' for t in absent)} else {text}" if absent else text
     inp = spec.input(source)
     text = f"{source}.shape[{index}]"
     return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text
+
+
+def _batch_shape(spec: Spec, tensor: str) -> str:
+    """`x.shape[:-2]`: the batch dimensions `...` of the input `tensor` (Note [counts of unknown shapes])."""
+    inp = spec.input(tensor)
+    named = len(inp.type.dims or ()) - 1 if inp is not None else 0
+    return f"{tensor}.shape[:-{named}]" if named > 0 else f"{tensor}.shape"
 
 
 def shape_checks(spec: Spec) -> list[tuple[str, tuple[str, ...] | None]]:

@@ -86,8 +86,19 @@ def count_size(tensors: tuple[str, ...]) -> sympy.Symbol:
     derivative does not span the broadcast (`sum(x**2 + t)`, `t` smaller than `x`: d/dt is 1), it
     is first expanded to that broadcast shape (`broadcast_shape`, `BroadcastTo`), so summing it to
     each input's shape at run time counts every entry it was broadcast to.
+
+    An operand over a batch that passes through tensor operations (`mean(relu(norm(a - p, dim=-1) -
+    norm(a - n, dim=-1) + m))`, a triplet loss of `Tensor[..., D]`s) has the batch of the inputs it
+    reaches, so its count is the size of their batches' broadcast (`size:%a,n,p`, taken as
+    `torch.broadcast_shapes(a.shape[:-1], ...).numel()`) times its named dimensions' sizes.
     """
     return sympy.Symbol("size:#" + ",".join(tensors), integer=True, positive=True)
+
+
+def batch_count_size(tensors: tuple[str, ...]) -> sympy.Symbol:
+    """How many entries the broadcast of the batch dimensions `...` of the tensor inputs `tensors` has,
+    known at call time (Note [counts of unknown shapes]): `torch.broadcast_shapes(a.shape[:-1], ...)`."""
+    return sympy.Symbol("size:%" + ",".join(tensors), integer=True, positive=True)
 
 
 def broadcast_shape(tensors: tuple[str, ...]) -> sympy.Symbol:
@@ -97,7 +108,7 @@ def broadcast_shape(tensors: tuple[str, ...]) -> sympy.Symbol:
 
 def counted(dim: str) -> tuple[str, ...] | None:
     """The tensors whose broadcast a `count_size` counts or a `broadcast_shape` is; None for a named dimension."""
-    return tuple(dim[1:].split(",")) if dim[:1] in ("#", "@") else None
+    return tuple(dim[1:].split(",")) if dim[:1] in ("#", "%", "@") else None
 
 
 def size_stem(dim: str) -> str:
@@ -105,7 +116,7 @@ def size_stem(dim: str) -> str:
     tensors = counted(dim)
     if tensors is None:
         return dim
-    stem = "count" if dim.startswith("#") else "shape"
+    stem = {"#": "count", "%": "batch_count"}.get(dim[:1], "shape")
     return f"{tensors[0]}_{stem}" if len(tensors) == 1 else stem
 
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
-from opgen.formula.dims import Shape, ShapeError, broadcast_shape, count_size, show
+from opgen.formula.dims import (
+    BATCH,
+    Dim,
+    Shape,
+    ShapeError,
+    batch_count_size,
+    broadcast_shape,
+    count_size,
+    dim_size,
+    show,
+)
 from opgen.formula.shape_rules import broadcast
 from opgen.formula.tensor import BroadcastTo, ReductionBase, TensorOp, dims_count, shape_of
 
@@ -66,7 +76,30 @@ def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Ex
     count of the broadcast of the inputs its operand is elementwise in (Note [counts of unknown shapes])."""
     if node.dims:
         return dims_count(shape_of(node.operand, table), node.dims, f"{node.spec_name}()")
+    shape = shape_of(node.operand, table)
+    if shape and shape[0] == BATCH and broadcast_count(node.operand, table) is None:
+        return _batch_count(node.operand, shape, table)
     return count_size(elementwise_leaves(node, table))
+
+
+def _batch_count(operand: Expr, shape: tuple[Dim, ...], table: dict[sympy.Symbol, Shape]) -> Expr:
+    """The count of an operand over a batch that is not elementwise in its inputs: the size of the
+    broadcast of the batches of the inputs it reaches, times its named dimensions (Note [counts of
+    unknown shapes])."""
+    leaves: set[sympy.Symbol] = set()
+    stack: list[sympy.Basic] = [operand]
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, ReductionBase) and sub.every_dim:
+            continue  # one number for the whole batch: the batch does not reach the operand through it
+        if isinstance(sub, sympy.Symbol) and (table.get(sub) or ())[:1] == (BATCH,):
+            leaves.add(sub)
+        stack.extend(sub.args)
+    count: Expr = batch_count_size(tuple(sorted(leaf.name for leaf in leaves)))
+    for dim in shape[1:]:
+        if dim != 1:
+            count *= dim_size(str(dim))
+    return count
 
 
 def whole_reduction_of_plain(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> bool:

@@ -141,11 +141,22 @@ def parse_type(text: object, loc: Loc, allow_tensor: bool = True) -> InputType:
             raise SpecError(loc, f"'{text}': dimension names must be non-empty, separated by commas")
         for n in names:
             if n != "..." and not n.isidentifier():
-                raise SpecError(loc, f"'{text}': dimension '{n}' is not a name")
+                raise SpecError(loc, f"'{text}': dimension '{n}' is not a name{_part_hint(n)}")
             if n != "..." and (problem := identifier_problem(n)) and "NFKC" in problem:
                 raise SpecError(loc, f"'{text}': dimension '{n}' {problem}")
         dims = tuple(names)
     return InputType(TENSOR, optional=bool(opt), dims=dims)
+
+
+def _part_hint(dim: str) -> str:
+    """Why `D//2` is no declared dimension, and what to write instead (Note [parts of a dimension])."""
+    if "//" not in dim:
+        return ""
+    return (
+        "; a part of a dimension only comes from a cut in a formula (x[..., :D // 2]): give the part a"
+        " dimension of its own and cut nothing (two inputs w1, w2: Tensor[D, H] instead of one of 2*H cut in"
+        " halves)"
+    )
 
 
 def formula(node: Raw, what: str) -> Formula:
