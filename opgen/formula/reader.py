@@ -308,11 +308,11 @@ class _Reader:
                     tensor.dims_count(full, found, f"{name}()")
                 if full != shape:  # Note [reductions of constant dimensions] in opgen.formula.written
                     reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
-                    return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
+                    return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None
         reduced = tensor.reduction(kind, operand, found, keepdim, correction)
-        return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
+        return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
 
     def read_unsqueeze(self, node: ast.Call) -> Value:
         """`unsqueeze(x, dim=-3)`: `x` with a new dimension of size 1 at `dim`, as torch.unsqueeze."""

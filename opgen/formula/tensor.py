@@ -306,12 +306,20 @@ class SumTo(TensorOp):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
+        return sympy.S.Zero if grad == 0 else None  # a gradient whose every term vanished
+
 
 class BroadcastTo(TensorOp):
     """`grad.expand(shape)`, `shape` a `broadcast_shape` symbol: a gradient spread over the shape of
     plain Tensors broadcast together (Note [counts of unknown shapes])."""
 
     nargs = 2
+
+    @classmethod
+    def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
+        return sympy.S.Zero if grad == 0 else None
 
 
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:

@@ -1,0 +1,68 @@
+"""Ops at degenerate points of their formulas: a std of equal entries (or of one entry), a gradient
+that SymPy proves zero through a whole reduction. Each op equals plain torch autograd of the same
+formula there: value, gradient, second derivative and forward mode (torch.func.jvp), wherever plain
+autograd is finite."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from spec_ops import build_ops
+
+Reference = Callable[[torch.Tensor], torch.Tensor]
+
+# name -> (formula over x: Tensor, the same in plain torch)
+OPS: dict[str, tuple[str, Reference]] = {
+    "exp_std": ("exp(std(x, correction=0))", lambda x: torch.exp(torch.std(x, correction=0))),
+    "std_cubed": ("std(x, correction=0) ** 3", lambda x: torch.std(x, correction=0) ** 3),
+    "std_rows": ("sin(std(x, dim=-1, keepdim=true)) * x", lambda x: torch.sin(torch.std(x, dim=-1, keepdim=True)) * x),
+    "std_plus": ("std(x) + sum(x)", lambda x: torch.std(x) + torch.sum(x)),
+    # min(...) is the number 0.5 (erf + 2 > 0.5): the gradient simplifies to 0; backward printed `(0).sum_to_size`.
+    "zero_through_std": (
+        "min(erf(exp(std(x, correction=0) ** 3)) + 2, 0.5)",
+        lambda x: torch.minimum(torch.erf(torch.exp(torch.std(x, correction=0) ** 3)) + 2, torch.tensor(0.5)),
+    ),
+}
+POINTS = {
+    "equal": lambda: torch.full((2, 3), 0.5, dtype=torch.float64),
+    "one": lambda: torch.full((1,), 0.5, dtype=torch.float64),
+    "scalar": lambda: torch.tensor(0.5, dtype=torch.float64),
+    "random": lambda: torch.rand((2, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64),
+}
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("degenerate")
+    specs = {
+        name: f"name: {name}\ninputs:\n  x: {'Tensor[..., D]' if 'dim=' in text else 'Tensor'}\noutputs:\n  y: {text}\n"
+        for name, (text, _) in OPS.items()
+    }
+    return build_ops(folder, "degenerate_ops", specs)
+
+
+def _derivatives(f: Reference, x0: torch.Tensor) -> list[torch.Tensor]:
+    x = x0.clone().requires_grad_()
+    y = f(x)
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True, materialize_grads=True)
+    v = torch.linspace(-1, 1, x.numel(), dtype=torch.float64).reshape(x.shape)
+    hvp = 0 * x
+    if g.requires_grad:
+        hvp = torch.autograd.grad((g * v).sum(), x, allow_unused=True, materialize_grads=True)[0]
+    _, tangent = torch.func.jvp(f, (x0,), (v,))
+    return [y.detach(), g.detach(), hvp, tangent]
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_degenerate_points_agree_with_autograd(ops, name: str, point: str) -> None:
+    x0 = POINTS[point]()
+    if name == "std_rows" and x0.dim() == 0:
+        pytest.skip("a row reduction needs a dimension")
+    got, want = _derivatives(getattr(ops, name), x0), _derivatives(OPS[name][1], x0)
+    for what, g, w in zip(("value", "gradient", "second derivative", "jvp"), got, want, strict=True):
+        w = w.to(g.dtype).expand_as(g)
+        known = torch.isfinite(w)  # torch.std's second derivative at 0 is NaN; the op's is finite there
+        torch.testing.assert_close(g[known], w[known], msg=lambda m, what=what: f"{name} {what}: {m}")
