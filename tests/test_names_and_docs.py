@@ -55,3 +55,23 @@ def test_doc_text_reaches_the_docstring_verbatim(tmp_path):
     package = build_ops(tmp_path, "pkg2", {"torch": HOSTILE})
     doc = package.torch.__doc__
     assert "Ends early? \"\"\" or ''' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t." in doc
+
+
+# Generated code that reads the torch module where a name of the spec may stand: a count of broadcast
+# inputs in setup_context, zeros for a None gradient of a residual in double backward (amax's, var's).
+NAMED_TORCH = {
+    "count": "name: count\ninputs:\n  t: Tensor\n  w: Tensor\noutputs:\n  torch: mean((t < -0.75) * w) + mean(t * w)\n",
+    "residuals": (
+        "name: residuals\ninputs:\n  torch: Tensor[..., D]\n"
+        "outputs:\n  y: amax(torch, dim=-1, keepdim=true) + var(torch, dim=-1, keepdim=true) * torch\n"
+    ),
+}
+
+
+def test_a_name_torch_does_not_hide_the_torch_module(tmp_path):
+    package = build_ops(tmp_path, "pkg3", NAMED_TORCH)
+    generator = torch.Generator().manual_seed(0)
+    t, w = (torch.randn(2, 3, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(2))
+    torch.testing.assert_close(package.count(t, w), ((t < -0.75) * w).mean() + (t * w).mean())
+    assert torch.autograd.gradcheck(package.count, [t, w])
+    assert torch.autograd.gradgradcheck(package.residuals, [t])
