@@ -66,3 +66,22 @@ def test_degenerate_points_agree_with_autograd(ops, name: str, point: str) -> No
         w = w.to(g.dtype).expand_as(g)
         known = torch.isfinite(w)  # torch.std's second derivative at 0 is NaN; the op's is finite there
         torch.testing.assert_close(g[known], w[known], msg=lambda m, what=what: f"{name} {what}: {m}")
+
+
+# Gradients SymPy proves zero only once CSE rebuilds them (`n > n` kept unevaluated by the reader for the
+# output's shape): a backward kernel or matrix product of that zero printed `_log_softmax_backward_data(0, ...)`
+# or `tmp0 = 0` then `tmp0 @ x`, and backward crashed.
+VANISHING = {
+    "kernel": "where(n > n, log_softmax(x @ x.T, dim=1), 1 - n) + x @ x.T",
+    "softmax": "where(n > n, softmax(x @ x.T, dim=0), 0) + x @ x.T",
+}
+
+
+@pytest.mark.parametrize("name", sorted(VANISHING))
+def test_gradients_that_vanish_once_rebuilt(tmp_path, name: str) -> None:
+    spec = f"name: {name}\ninputs:\n  x: Tensor[K, M]\n  n: int = 1\noutputs:\n  y: {VANISHING[name]}\n"
+    op = getattr(build_ops(tmp_path, f"vanishing_{name}", {name: spec}), name)
+    x = torch.rand((3, 4), generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(op(x, 1), x @ x.T)  # n > n is false, and 1 - n is 0
+    assert torch.autograd.gradcheck(lambda x: op(x, 1), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: op(x, 1), (x,))

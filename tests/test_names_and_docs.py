@@ -75,3 +75,19 @@ def test_a_name_torch_does_not_hide_the_torch_module(tmp_path):
     torch.testing.assert_close(package.count(t, w), ((t < -0.75) * w).mean() + (t * w).mean())
     assert torch.autograd.gradcheck(package.count, [t, w])
     assert torch.autograd.gradgradcheck(package.residuals, [t])
+
+
+# A bool input prints as `int(flag)` in formulas: not where a let hides `int`, nor the module's own `int`.
+NAMED_INT = {
+    "hidden": "name: hidden\ninputs:\n  x: Tensor[..., K, M]\n  b: bool\nlet:\n  int: K\noutputs:\n  y: b * int + x\n",
+    "int": "name: int\ninputs:\n  x: Tensor\n  b: bool\noutputs:\n  y: b * x + b\n",
+}
+
+
+def test_a_name_int_does_not_hide_the_bool_conversion(tmp_path):
+    package = build_ops(tmp_path, "pkg4", NAMED_INT)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    for flag in (True, False):
+        torch.testing.assert_close(package.hidden(x, flag), flag * 3 + x)
+        torch.testing.assert_close(package.int(x, flag), flag * x + flag)
+    assert torch.autograd.gradcheck(lambda x: package.hidden(x, True) * package.int(x, True), [x])

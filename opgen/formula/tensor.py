@@ -71,6 +71,15 @@ def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr
     return coeff * cls(body, *rest)
 
 
+def _zero_gradient(grad: Expr) -> Expr | None:
+    """Note [kernels of a zero gradient]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A node that is linear in an incoming gradient (a backward kernel, a fitting to a shape) is 0 when
+    that gradient is: SymPy may prove it zero only after the node was built (`where(n > n, g, 0)`),
+    and a kernel printed with a literal 0 (`_log_softmax_backward_data(0, ...)`) fails at run time."""
+    return S.Zero if grad == 0 else None
+
+
 class _Linear(TensorOp):
     """A node linear in its first argument: numeric factors move outside."""
 
@@ -108,6 +117,10 @@ class RowsOuter(TensorOp):
     in `a @ m` (Note [vector @ matrix]); the batch dimensions of `a` and `g` broadcast, then are summed."""
 
     nargs = 2
+
+    @classmethod
+    def eval(cls, a: Expr, g: Expr) -> Expr | None:
+        return _zero_gradient(a * g)
 
 
 class Transpose(_Linear):
@@ -236,6 +249,10 @@ class SoftmaxBackward(TensorOp):
 
     nargs = 3  # g, y, dim
 
+    @classmethod
+    def eval(cls, g: Expr, y: Expr, dim: sympy.Basic) -> Expr | None:
+        return _zero_gradient(g)
+
     def elementary(self) -> Expr:
         g, y, dim = self.args
         return y * (g - ReduceSum(g * y, dim, S.One))
@@ -245,6 +262,10 @@ class LogSoftmaxBackward(TensorOp):
     """`g - exp(y) * sum(g, dim, keepdim=true)`, the gradient through `y = log_softmax(a, dim)`."""
 
     nargs = 3  # g, y, dim
+
+    @classmethod
+    def eval(cls, g: Expr, y: Expr, dim: sympy.Basic) -> Expr | None:
+        return _zero_gradient(g)
 
     def elementary(self) -> Expr:
         g, y, dim = self.args
@@ -308,7 +329,7 @@ class SumTo(TensorOp):
 
     @classmethod
     def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
-        return sympy.S.Zero if grad == 0 else None  # a gradient whose every term vanished
+        return _zero_gradient(grad)
 
 
 class BroadcastTo(TensorOp):
@@ -319,7 +340,7 @@ class BroadcastTo(TensorOp):
 
     @classmethod
     def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
-        return sympy.S.Zero if grad == 0 else None
+        return _zero_gradient(grad)
 
 
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:

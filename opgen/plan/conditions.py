@@ -22,17 +22,22 @@ class Temp:
 def inline_conditions(
     replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
 ) -> tuple[list[Temp], list[Expr]]:
-    """Put boolean temporaries back where they are used.
+    """Put boolean temporaries back where they are used, and those that are a number.
 
     A condition kept as its own variable would be a bool tensor; the printer takes the
     dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    A number is one when CSE rebuilt a part the reader kept unevaluated (`grad * where(n > n, 1, 0)`
+    is 0): put back, the nodes that read it fold (Note [kernels of a zero gradient] in
+    opgen.formula.tensor) where `tmp0 = 0` would meet `tmp0 @ x` at run time.
     """
     temps: list[Temp] = []
     inline: dict[sympy.Symbol, sympy.Basic] = {}
     names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=len(replacements))
     for symbol, expr in replacements:
         expr = expr.xreplace(inline)
-        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+        if expr.is_number:
+            inline[symbol] = expr
+        elif isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
             sides, expr = _condition_sides(expr, {t.expr: t.symbol for t in temps}, names)
             temps += sides
             inline[symbol] = expr
