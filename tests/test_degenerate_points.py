@@ -1,4 +1,4 @@
-"""Ops at degenerate points of their formulas: a std of equal entries (or of one entry), a gradient
+"""Ops at degenerate points of their formulas: a std of equal entries (or of one entry), a norm of zeros, a gradient
 that SymPy proves zero through a whole reduction. Each op equals plain torch autograd of the same
 formula there: value, gradient, second derivative and forward mode (torch.func.jvp), wherever plain
 autograd is finite."""
@@ -19,6 +19,12 @@ OPS: dict[str, tuple[str, Reference]] = {
     "std_cubed": ("std(x, correction=0) ** 3", lambda x: torch.std(x, correction=0) ** 3),
     "std_rows": ("sin(std(x, dim=-1, keepdim=true)) * x", lambda x: torch.sin(torch.std(x, dim=-1, keepdim=True)) * x),
     "std_plus": ("std(x) + sum(x)", lambda x: torch.std(x) + torch.sum(x)),
+    # relu masks every entry below 0, where the norm is 0: its second derivative was 0 / 0.
+    "norm_relu": ("norm(relu(x))", lambda x: torch.linalg.vector_norm(torch.relu(x))),
+    "norm_rows": (
+        "norm(relu(x), dim=-1) * sum(x, dim=-1)",
+        lambda x: torch.linalg.vector_norm(torch.relu(x), dim=-1) * x.sum(-1),
+    ),
     # min(...) is the number 0.5 (erf + 2 > 0.5): the gradient simplifies to 0; backward printed `(0).sum_to_size`.
     "zero_through_std": (
         "min(erf(exp(std(x, correction=0) ** 3)) + 2, 0.5)",
@@ -27,6 +33,7 @@ OPS: dict[str, tuple[str, Reference]] = {
 }
 POINTS = {
     "equal": lambda: torch.full((2, 3), 0.5, dtype=torch.float64),
+    "negative": lambda: torch.full((2, 3), -0.5, dtype=torch.float64),
     "one": lambda: torch.full((1,), 0.5, dtype=torch.float64),
     "scalar": lambda: torch.tensor(0.5, dtype=torch.float64),
     "random": lambda: torch.rand((2, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64),
@@ -59,7 +66,7 @@ def _derivatives(f: Reference, x0: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_degenerate_points_agree_with_autograd(ops, name: str, point: str) -> None:
     x0 = POINTS[point]()
-    if name == "std_rows" and x0.dim() == 0:
+    if name in ("std_rows", "norm_rows") and x0.dim() == 0:
         pytest.skip("a row reduction needs a dimension")
     got, want = _derivatives(getattr(ops, name), x0), _derivatives(OPS[name][1], x0)
     for what, g, w in zip(("value", "gradient", "second derivative", "jvp"), got, want, strict=True):

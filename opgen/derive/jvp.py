@@ -217,7 +217,7 @@ class _Jvp:
             weights = Softmax(a, dims) if len(node.dims) == 1 else sympy.exp(a - kept)
             return ReduceSum(ta * weights, dims, keep)
         if isinstance(node, ReduceNorm):
-            return fn.where(sympy.Eq(node, 0, evaluate=False), S.Zero, ReduceSum(a * ta, dims, keep) / node)
+            return _norm_tangent(node, ReduceSum(a * ta, dims, keep))
         if isinstance(node, ReduceVar):
             count = reduction_count(node, self.table)
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
@@ -379,3 +379,14 @@ def derive_jvp(
     tensors = [i.name for i in derived.spec.tensor_inputs]
     variants = tuple(_variant_tangents(derived, v, residuals, rewrite or (lambda e: e)) for v in derived.variants)
     return Tangents({n: tangent_symbol(n) for n in tensors}, variants)
+
+
+def _norm_tangent(node: ReduceNorm, inner: Expr) -> Expr:
+    """Note [norm at zero]
+    ~~~~~~~~~~~~~~~~~~~~~
+    The derivative of `norm(a)` is `a / norm(a)`, and 0 where the norm is 0, as PyTorch's. The
+    division reads `where(norm == 0, 1, norm)`: the branch not taken gets a zero gradient when
+    autograd differentiates our backward (or forward mode), and `0 / 0` there made the second
+    derivative NaN where PyTorch's is 0 (`norm(relu(x))` at x < 0, where relu already masks it)."""
+    zero = sympy.Eq(node, 0, evaluate=False)
+    return fn.where(zero, S.Zero, inner / fn.where(zero, S.One, node))

@@ -244,8 +244,9 @@ class _Vjp:
             mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
             self.push(a, full * mask / ReduceSum(mask, dims, S.Zero if node.every_dim else S.One))
         elif isinstance(node, ReduceNorm):
-            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0.
-            self.push(a, full * fn.where(sympy.Eq(kept, 0, evaluate=False), S.Zero, a / kept))
+            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0 (Note [norm at zero] in opgen.derive.jvp).
+            zero = sympy.Eq(kept, 0, evaluate=False)
+            self.push(a, full * fn.where(zero, S.Zero, a / fn.where(zero, S.One, kept)))
         elif isinstance(node, ReduceVar):
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
             self.push(a, full * 2 * centered / (self.count(a, node) - node.correction))
