@@ -309,6 +309,9 @@ class Evaluator:
             return torch.where(args[0] >= 0, 1.0, 0.0).to(torch.float64)
         if name == "atan2":
             return torch.atan2(args[0], args[1])
+        if name == "xlogy":
+            self._watch(args[0])
+            return torch.xlogy(args[0], args[1])
         if name == "where":
             return torch.where(*args)
         if name == "clamp":
