@@ -92,3 +92,21 @@ def test_gradients_that_vanish_once_rebuilt(tmp_path, name: str) -> None:
     torch.testing.assert_close(op(x, 1), x @ x.T)  # n > n is false, and 1 - n is 0
     assert torch.autograd.gradcheck(lambda x: op(x, 1), (x,))
     assert torch.autograd.gradgradcheck(lambda x: op(x, 1), (x,))
+
+
+def test_a_reduction_of_a_decided_condition_keeps_its_count(tmp_path) -> None:
+    """`x != x` is kept unevaluated for the shape of `where(x != x, 0.5, 0.25)`; the CSE of forward mode
+    decided it and printed `(0.25).sum(-1)`, which raised (Note [comparisons CSE would decide])."""
+    formula = "sum(where(v != v, 0.5, 0.25)) * sum(exp(w.T @ w), dim=-2)"
+    spec = f"name: decided\ninputs:\n  v: Tensor[K]\n  w: Tensor[K, M]\noutputs:\n  y: {formula}\n"
+    op = build_ops(tmp_path, "decided_ops", {"decided": spec}).decided
+    generator = torch.Generator().manual_seed(2)
+    v, w, t = (torch.rand(shape, generator=generator, dtype=torch.float64) for shape in ((3,), (3, 4), (3, 4)))
+
+    def plain(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.where(v != v, 0.5, 0.25).sum() * torch.exp(w.T @ w).sum(-2)
+
+    got = torch.func.jvp(lambda w: op(v, w), (w,), (t,))
+    want = torch.func.jvp(lambda w: plain(v, w), (w,), (t,))
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradgradcheck(lambda w: op(v, w), (w.requires_grad_(),))

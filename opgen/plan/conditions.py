@@ -98,3 +98,24 @@ def read_multiples(temps: list[Temp], exprs: list[Expr]) -> tuple[list[Temp], li
         if isinstance(temp.expr, sympy.Add):
             sums.setdefault(temp.expr, temp.symbol)
     return done, [read(e) for e in exprs]
+
+
+def cse_as_written(
+    exprs: list[sympy.Basic], symbols: Iterator[sympy.Symbol]
+) -> tuple[list[tuple[sympy.Symbol, sympy.Basic]], list[sympy.Basic]]:
+    """Note [comparisons CSE would decide]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `sympy.cse(order='canonical')` of `exprs`, with every comparison the reader kept unevaluated
+    (`x != x`, which keeps the shape of `where(x != x, 0.5, 0.25)`) held as it is: CSE rebuilds the
+    formulas and would decide it, and `sum(where(x != x, 0.5, 0.25))` became `sum(0.25)`, a reduction
+    of a number that lost the count it sums over (forward mode printed `(0.25).sum(-1)`)."""
+    decided = {
+        node
+        for e in exprs
+        for node in sympy.preorder_traversal(e)
+        if isinstance(node, sympy.core.relational.Relational) and node.func(*node.args) != node
+    }
+    held = {node: sympy.Dummy("held") for node in sorted(decided, key=sympy.default_sort_key)}
+    replacements, reduced = sympy.cse([e.xreplace(held) for e in exprs], symbols=symbols, order="canonical")
+    back = {d: node for node, d in held.items()}
+    return [(s, e.xreplace(back)) for s, e in replacements], [e.xreplace(back) for e in reduced]

@@ -19,7 +19,7 @@ from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tan
 from opgen.formula.tensor import is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.plan.backward import Plan, TempGroup
-from opgen.plan.conditions import Temp, inline_conditions, read_multiples
+from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _plan_variant(variant: VariantTangents) -> ForwardVariant:
     # `tangent * prime(u)` is a native backward kernel's `grad * prime(u)` (Note [native backward kernels]).
     flat: list[sympy.Basic] = [group[0] for group in kernel_factors([[v] for v in values])]
     symbols = sympy.numbered_symbols("jvp:", cls=sympy.Symbol, real=True)
-    replacements, reduced = sympy.cse(flat, symbols=symbols, order="canonical")
+    replacements, reduced = cse_as_written(flat, symbols)
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)
     outputs: list[OutputTangent | None] = []
