@@ -286,18 +286,18 @@ def _optional_term(draw: Any, builder: Builder, optional: InputDecl, main: Node)
     forms = [
         lambda: p,
         lambda: binop("*", num(2), p),
-        # inside a reduction: the whole term drops out with it
+        # inside a reduction, with no sum inside (opgen drops the innermost term that uses p: `x * (1 + p)` is x)
         lambda: make(
             "whole", (binop("*", p, _tensor_leaf(builder, p.shape)),), (draw(st.sampled_from(WHOLE_OF_P)), None)
         ),
-        lambda: make("whole", (call("tanh", binop("-", p, builder.pick(builder.leaves))),), ("amax", None)),
+        lambda: make("whole", (call("tanh", binop("*", p, builder.pick(builder.leaves))),), ("amax", None)),
         lambda: call("tanh", p),
         lambda: make("neg", (p,)),
         lambda: binop("*", p, builder.pick(builder.leaves)),
     ]
     try:
         term = draw(st.sampled_from(forms))()
-    except ValueError:  # shapes that do not broadcast
+    except (ValueError, AssertionError):  # shapes that do not broadcast, or no tree of the shape
         term = p
     if main.shape is not None and not fits(term.shape, main.shape, False):
         term = p if fits(p.shape, main.shape, False) else binop("*", num(0.5), _sum_all(p))
