@@ -318,7 +318,7 @@ class Evaluator:
             x, lo, hi = args
             self._watch(x - lo)
             self._watch(x - hi)
-            return torch.clamp(x, lo, hi)
+            return torch.clamp(*torch.broadcast_tensors(x, lo, hi))  # torch.clamp's backward fails for a smaller x
         if name in ("max", "min"):
             return self._extremum(node, args[0], args[1])
         raise AssertionError(name)

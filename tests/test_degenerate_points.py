@@ -110,3 +110,19 @@ def test_a_reduction_of_a_decided_condition_keeps_its_count(tmp_path) -> None:
     want = torch.func.jvp(lambda w: plain(v, w), (w,), (t,))
     torch.testing.assert_close(got, want)
     assert torch.autograd.gradgradcheck(lambda w: op(v, w), (w.requires_grad_(),))
+
+
+def test_a_clamp_of_a_smaller_tensor_between_tensor_bounds(tmp_path) -> None:
+    """torch.clamp's own backward fails where x is smaller than its tensor bounds ('output with shape [3]
+    doesn't match the broadcast shape [2, 3]'): the op's forward, and its backward that autograd
+    differentiates again, clamp the three broadcast together."""
+    spec = "name: clamped\ninputs:\n  x: Tensor\n  t: Tensor\noutputs:\n  y: clamp(x, 0.001, 0.001 + abs(t)) ** 2\n"
+    op = build_ops(tmp_path, "clamped_ops", {"clamped": spec}).clamped
+    generator = torch.Generator().manual_seed(3)
+    x, t = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in ((3,), (2, 3)))
+    x.requires_grad_()
+    t.requires_grad_()
+    want = torch.clamp(*torch.broadcast_tensors(x, torch.tensor(0.001, dtype=torch.float64), 0.001 + t.abs())) ** 2
+    torch.testing.assert_close(op(x, t), want)
+    assert torch.autograd.gradcheck(op, (x, t))
+    assert torch.autograd.gradgradcheck(op, (x, t))
