@@ -147,6 +147,9 @@ def _scalar(node: yaml.ScalarNode, loc: Loc, scalars: _Scalars) -> object:
     if node.tag not in _SCALAR_TAGS:
         if node.tag == _YAML + "timestamp":
             raise SpecError(loc, f"'{node.value}' reads as a YAML date; put it in quotes if it is text")
+        if node.tag == _YAML + "merge":  # YAML 1.1's `<<`, which the reader does not merge
+            hint = "write the keys out (`*name` may stand for a whole mapping)"
+            raise SpecError(loc, f"a `<<` merge key is not supported; {hint}")
         raise SpecError(
             loc, f"the YAML tag {_short_tag(node.tag)} is not allowed; a spec holds text, numbers, true/false and null"
         )
