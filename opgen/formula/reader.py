@@ -52,6 +52,7 @@ class Scope:
     conditions: frozenset[str] = frozenset()
     # The shape a part of the formula broadcasts to as written (Note [shapes as written]); None: SymPy's.
     written: Callable[[ast.expr], tensor.Shape] | None = None
+    values: dict[sympy.Symbol, Expr] | None = None  # the lets read so far, in terms of the inputs
 
 
 _COMPARE = {
@@ -311,7 +312,10 @@ class _Reader:
                     return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None
-        reduced = tensor.reduction(kind, operand, found, keepdim, correction)
+        try:  # Note [reductions of a number] in opgen.formula.written
+            reduced = written.reduce_or_number(kind, operand, (found, keepdim, correction), self.scope)
+        except tensor.ShapeError as error:
+            raise self.fail(node, f"{name}() of `{short(ast.unparse(node.args[0]))}`: {error}") from None
         return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
 
     def read_unsqueeze(self, node: ast.Call) -> Value:
