@@ -61,8 +61,9 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     for name, expr in outputs:
         if name in done:
             continue
-        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
-            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
+        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too,
+            # and where it broadcasts, forward mode writes the input's zero tangent through it and fails: a copy.
+            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}.contiguous()")
             continue
         if name in aliases:  # Note [outputs that alias]
             text = printer.doprint_expr(expr)
