@@ -89,7 +89,9 @@ def bounded_clamp(b: Builder, depth: int, target: Any, exact: bool) -> Node:
     hi = lo if b.chance(0.15) else b.expr(max(depth - 1, 0), target, False)  # equal bounds: a tie
     if b.chance(0.5):
         hi = binop("+", lo, call("abs", hi))  # ordered bounds, as hardtanh's
-    form = b.pick(["clamp", "minmax", "maxmin"])
+    # At lo == hi torch.clamp's backward passes the gradient to neither bound and its forward mode to
+    # `lo`; opgen's jvp follows its backward: equal bounds only in the min/max forms.
+    form = b.pick(["minmax", "maxmin"] if hi is lo else ["clamp", "minmax", "maxmin"])
     if form == "clamp":
         return call("clamp", u, lo, hi)
     if form == "minmax":
