@@ -126,3 +126,20 @@ def test_a_clamp_of_a_smaller_tensor_between_tensor_bounds(tmp_path) -> None:
     torch.testing.assert_close(op(x, t), want)
     assert torch.autograd.gradcheck(op, (x, t))
     assert torch.autograd.gradgradcheck(op, (x, t))
+
+
+def test_abs_of_a_value_sympy_cannot_prove_real_keeps_inner_abs(tmp_path) -> None:
+    """SymPy differentiates `abs(u)` of a `u` it cannot prove real (`lgamma`, `log`) through real and
+    imaginary parts and rewrote an `abs(y)` inside `u` as `y / sign(y)`: NaN at y = 0 (Note [real kinks])."""
+    formula = "abs(log(x + abs(y))) + abs(lgamma(x + abs(y)))"
+    spec = f"name: inner\ninputs:\n  x: Tensor\n  y: Tensor\noutputs:\n  z: {formula}\n"
+    op = build_ops(tmp_path, "inner_ops", {"inner": spec}).inner
+    x = torch.tensor([0.5, 1.5, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.0, 0.0, 0.5, -0.5], dtype=torch.float64, requires_grad=True)
+
+    def plain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.log(x + y.abs()).abs() + torch.lgamma(x + y.abs()).abs()
+
+    got = torch.autograd.grad(op(x, y).sum(), (x, y))
+    want = torch.autograd.grad(plain(x, y).sum(), (x, y))
+    torch.testing.assert_close(got, want)

@@ -138,9 +138,9 @@ class _Jvp:
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
-        total = self.clean(sympy.diff(flat, self.x)).xreplace(back) * self.t
+        total = self.clean(fn.real_diff(flat, self.x)).xreplace(back) * self.t
         for leaf, dummy in dummies.items():
-            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            factor = self.clean(fn.real_diff(flat, dummy)).xreplace(back)
             if factor != 0:
                 total += factor * self.tangent(leaf)
         return total
@@ -359,7 +359,7 @@ def _variant_tangents(
             if expr.has(TensorOp):
                 found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
                 continue
-            found[name] = _clean(settle_indicators(sympy.diff(expr, x)), spec.loc, "residual") * t
+            found[name] = _clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
             value = rewrite(value)
             if value != 0:

@@ -126,11 +126,11 @@ class _Vjp:
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
-        direct = self.clean(sympy.diff(flat, x)).xreplace(back)
+        direct = self.clean(fn.real_diff(flat, x)).xreplace(back)
         if direct != 0:
             self.total += self.fit(self.spread(grad * direct, expr, x), x)
         for leaf, dummy in dummies.items():
-            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            factor = self.clean(fn.real_diff(flat, dummy)).xreplace(back)
             if factor != 0:
                 self.push(leaf, self.spread(grad * factor, expr, leaf))
 

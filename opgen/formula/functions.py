@@ -319,3 +319,23 @@ def std_of(variance: Expr) -> Expr:
     if variance.is_number:
         return sympy.sqrt(variance)
     return where(sympy.Eq(variance, 0, evaluate=False), S.Zero, sympy.sqrt(variance))
+
+
+class _real_abs(Function):  # noqa: N801
+    """`abs(u)` while `real_diff` differentiates: its derivative is `sign(u) u'` (Note [real kinks])."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.sign(self.args[0])
+
+
+def real_diff(expr: sympy.Basic, x: sympy.Symbol) -> Expr:
+    """`sympy.diff(expr, x)` of a real formula. Every value of the formula language is real; SymPy takes
+    `abs(u)` of a `u` it cannot prove real (`lgamma(...)`, `log(...)`) through its real and imaginary
+    parts and rewrites the whole derivative with `sign`, so an `abs(v)` inside `u` became `v / sign(v)`,
+    NaN at v = 0 where the formula has a value (Note [real kinks])."""
+    if not expr.has(sympy.Abs):
+        return sympy.diff(expr, x)
+    return sympy.diff(expr.replace(sympy.Abs, _real_abs), x).replace(_real_abs, sympy.Abs)
