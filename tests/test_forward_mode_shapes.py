@@ -78,3 +78,19 @@ def test_the_reference_of_a_chain_of_comparisons_compares_elementwise(tmp_path):
     x1, x2, x0 = (torch.rand(3, 4, dtype=torch.float64) for _ in range(3))
     got = reference(x1, x2, x0)
     torch.testing.assert_close(got["o0"], x1)
+
+
+def test_an_output_that_is_an_input_only_when_an_optional_one_is_none(tmp_path):
+    """`o: x + 2 * p` is `x` itself when p is None; its tangent was never widened, and with p broadcasting
+    x up forward mode raised ('a forward gradient that has a different size')."""
+    spec = "name: maybe\ninputs:\n  x: Tensor\n  p: Tensor?\noutputs:\n  f: erfc(x) + 1 / x\n  o: x + 2 * p\n"
+    op = build_ops(tmp_path, "maybe_ops", {"maybe": spec}).maybe
+    for sx, sp in [((4,), (3, 4)), ((3, 4), (4,)), ((), (2, 3)), ((3, 4), (3, 4))]:
+        x, p = torch.rand(sx, dtype=torch.float64) + 1, torch.rand(sp, dtype=torch.float64)
+        outputs = op(x, p)
+        _, along_x = torch.func.jvp(lambda t, p=p: op(t, p), (x,), (torch.ones_like(x),))
+        _, along_p = torch.func.jvp(lambda t, x=x: op(x, t), (p,), (torch.ones_like(p),))
+        for tangents in (along_x, along_p):
+            assert [t.shape for t in tangents] == [o.shape for o in outputs], (sx, sp)
+        _, tangents = torch.func.jvp(lambda t: op(t, None), (x,), (torch.ones_like(x),))
+        torch.testing.assert_close(tangents[1], torch.ones_like(x))

@@ -149,7 +149,8 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     # Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
     # One the forward expands to its shape as written (`where(c, x, x)` over x and z) widens as any other.
     expanded = {name for v in plan.derived.variants for name, pieces in v.expand if pieces}
-    aliased = frozenset().union(*plan.aliases) - expanded
+    # Only an output that is an input as-is in every variant: `x + 2 * p` is `x` when p is None, and wider when not.
+    aliased = frozenset.intersection(*map(frozenset, plan.aliases)) - expanded if plan.aliases else frozenset()
     viewed = frozenset().union(*views)
     widen = frozenset(
         out.output
