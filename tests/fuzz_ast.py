@@ -318,7 +318,10 @@ class Evaluator:
             x, lo, hi = args
             self._watch(x - lo)
             self._watch(x - hi)
-            return torch.clamp(*torch.broadcast_tensors(x, lo, hi))  # torch.clamp's backward fails for a smaller x
+            # torch.clamp's backward fails for an x smaller than its bounds: the three broadcast first, in the
+            # dtype torch.clamp gives (broadcasting a 0-dim float64 bound would change it).
+            dtype = torch.clamp(x.detach(), lo.detach(), hi.detach()).dtype
+            return torch.clamp(*(t.to(dtype) for t in torch.broadcast_tensors(x, lo, hi)))
         if name in ("max", "min"):
             return self._extremum(node, args[0], args[1])
         raise AssertionError(name)
