@@ -143,3 +143,15 @@ def test_abs_of_a_value_sympy_cannot_prove_real_keeps_inner_abs(tmp_path) -> Non
     got = torch.autograd.grad(op(x, y).sum(), (x, y))
     want = torch.autograd.grad(plain(x, y).sum(), (x, y))
     torch.testing.assert_close(got, want)
+
+
+def test_backward_does_not_read_a_non_differentiable_output_for_its_formula(tmp_path) -> None:
+    """`o2` uses `o1: {differentiable: false}`; backward read the saved `o1` in place of `sum(x, dim=1)`,
+    a constant to double backward (marked non-differentiable): the second derivative missed its terms."""
+    spec = (
+        "name: reads\ninputs:\n  x: Tensor[K, M]\noutputs:\n"
+        "  o1: {formula: 'sum(x, dim=1)', differentiable: false}\n  o2: log_softmax(o1 * o1, dim=-1)\n"
+    )
+    op = build_ops(tmp_path, "reads_ops", {"reads": spec}).reads
+    x = torch.rand(3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: op(x)[1], (x,))

@@ -144,7 +144,8 @@ def _tensor_gradient(
             fit = leaf_fit(total, x, shapes, batch_inputs)
         except tensor.ShapeError as error:
             raise SpecError(loc, f"{what}: {error}") from None
-    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs]
+    # A non-differentiable output is a constant to double backward: never read in its formula's place.
+    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs if o.differentiable]
     total = substitute_outputs(total, outputs)
     contributions = (Contribution(None, total),) if total != 0 else ()
     return Gradient(name, contributions, False, fit)
