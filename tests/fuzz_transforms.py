@@ -116,8 +116,10 @@ def check_float32(
         if g.shape != e.shape or not torch.isfinite(e).all():
             continue
         scale = max(1.0, float(e.abs().max())) if e.numel() else 1.0
+        # Only gross errors: rounding in float32 of an ill-conditioned formula (sin of lgamma near 5000) is
+        # noise that float32 as written may escape by luck; a float32 path that loses the value is not.
         good = (p - e).abs() <= F32_TOL * scale / 10
-        bad = good & ~((g - e).abs() <= F32_TOL * scale)
+        bad = good & ~((g - e).abs() <= 25 * F32_TOL * scale)
         if bad.any():
             where = _first(bad, g, e)
             problems.append(f"{out.name} in float32 is far from float64: {where} (float32 as written fits){tag}")
