@@ -5,6 +5,7 @@ autograd is finite."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -155,3 +156,16 @@ def test_backward_does_not_read_a_non_differentiable_output_for_its_formula(tmp_
     op = build_ops(tmp_path, "reads_ops", {"reads": spec}).reads
     x = torch.rand(3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda x: op(x)[1], (x,))
+
+
+def test_a_formula_sympy_prints_inside_itself_reads(tmp_path) -> None:
+    """An assumption query made SymPy print the formula, and its printer took the op's `Transpose` for its
+    matrix transpose: 'internal error: Transpose object has no attribute arg'."""
+    inner = "x.T @ x @ x.T + -10 * n - atan2(exp(x.T) / sum(exp(x.T), dim=-2, keepdim=true), 1.25 + expit(n) ** 2)"
+    formula = f"27.0 * tanh({inner}) - log(sum(exp(27.0 * tanh({inner})), dim=1, keepdim=true))"
+    spec = f"name: printed\ninputs:\n  x: Tensor[K, M]\n  n: int = 1\noutputs:\n  y: {formula}\n"
+    op = build_ops(tmp_path, "printed_ops", {"printed": spec + "optimize: {rewrite: false}\n"}).printed
+    x = torch.rand(3, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64, requires_grad=True)
+    sig = 1 / (1 + math.exp(-1))
+    u = 27.0 * torch.tanh(x.T @ x @ x.T - 10 - torch.atan2(torch.softmax(x.T, dim=-2), torch.tensor(1.25 + sig**2)))
+    torch.testing.assert_close(op(x, 1), torch.log_softmax(u, dim=1))

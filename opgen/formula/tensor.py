@@ -128,6 +128,12 @@ class Transpose(_Linear):
 
     nargs = 1
 
+    @property
+    def arg(self) -> Expr:
+        """What SymPy's own printer reads of a transpose, taking this for its matrix one where SymPy prints a
+        formula inside itself (an assumption query on `tanh(a.T @ a + ...)`): it failed on `.arg` before."""
+        return self.args[0]
+
     @classmethod
     def eval(cls, a: Expr) -> Expr | None:
         if isinstance(a, Transpose):
