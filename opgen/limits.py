@@ -50,6 +50,8 @@ INLINED_DEPTH = Limit("inlined depth", 100, "levels deep")
 INPUTS = Limit("inputs", 64, "")
 LETS = Limit("lets", 64, "")
 OUTPUTS = Limit("outputs", 16, "")
+# An op's name names its files (`tests/test_NAME.py`, `docs/ops/NAME.md`): a file system takes 255 bytes.
+NAME_LENGTH = Limit("name length", 200, "characters")
 FLOAT64_BITS = 1024  # 'constant size': a constant power must stay below 2 ** 1024 in size (float64's range)
 BUDGET_SECONDS = 20.0  # 'time budget' per spec; `OPGEN_BUDGET` (seconds) changes it
 BUDGET_VARIABLE = "OPGEN_BUDGET"

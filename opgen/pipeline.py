@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -66,6 +67,10 @@ def find_spec_files(args: list[str], problems: Problems) -> list[tuple[Path, str
             found += [(p, str(Path(arg) / p.name)) for p in files]
         elif path.is_file():
             found.append((path, arg))
+        elif path.is_symlink() and not path.exists():
+            problems.add(SpecError(Loc(arg, 1, 1), f"a link to nothing ({os.readlink(path)}): no spec file or folder"))
+        elif path.exists():  # a pipe or a device: reading one could wait for ever
+            problems.add(SpecError(Loc(arg, 1, 1), "not a regular file or a folder; give a spec file or a folder"))
         else:
             problems.add(SpecError(Loc(arg, 1, 1), "no such spec file or folder"))
     return found

@@ -309,13 +309,19 @@ class Evaluator:
             return torch.where(args[0] >= 0, 1.0, 0.0).to(torch.float64)
         if name == "atan2":
             return torch.atan2(args[0], args[1])
+        if name == "xlogy":
+            self._watch(args[0])
+            return torch.xlogy(args[0], args[1])
         if name == "where":
             return torch.where(*args)
         if name == "clamp":
             x, lo, hi = args
             self._watch(x - lo)
             self._watch(x - hi)
-            return torch.clamp(x, lo, hi)
+            # torch.clamp's backward fails for an x smaller than its bounds: the three broadcast first, in the
+            # dtype torch.clamp gives (broadcasting a 0-dim float64 bound would change it).
+            dtype = torch.clamp(x.detach(), lo.detach(), hi.detach()).dtype
+            return torch.clamp(*(t.to(dtype) for t in torch.broadcast_tensors(x, lo, hi)))
         if name in ("max", "min"):
             return self._extremum(node, args[0], args[1])
         raise AssertionError(name)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from fuzz_ast import Evaluator
 from fuzz_specs import Case
+from fuzz_transforms import check_float32, check_jvp, check_vmap, on_kinks
 
 RTOL, ATOL = 1e-6, 1e-7
 NEAR = 1e-7  # a comparison this close to switching (but not tied) is a kink reached by rounding: draw again
@@ -126,6 +127,8 @@ def check_case(parent: str, package: str, case: Case) -> dict[str, Any]:
     for absent in [frozenset(), *(frozenset([n]) for n in optional)]:
         for attempt in range(4):
             values = _sample(case, case.seed + attempt, absent)
+            if case.seed % 2 == 0 and attempt < 2:  # half the cases first try points on the kinks
+                values = on_kinks(case, values, case.seed + attempt)
             ref_args = _leaves(case, values)
             want, ev = reference(case, ref_args, absent)
             if ev.near >= NEAR:
@@ -138,7 +141,23 @@ def check_case(parent: str, package: str, case: Case) -> dict[str, Any]:
             continue
         tag = f" (with {', '.join(sorted(absent))} None)" if absent else ""
         _compare(case, function, values, ref_args, want, absent, tag, problems)
+        if not problems:
+            _transforms(case, function, values, absent, tag, problems)
     return {"problems": problems, "notes": notes}
+
+
+def _transforms(
+    case: Case, function: Any, values: dict[str, Any], absent: frozenset[str], tag: str, problems: list[str]
+) -> None:
+    """Forward mode, vmap and float32 (`fuzz_transforms`), against the same trees."""
+    names = [d.name for d in case.inputs]
+
+    def plain(*args: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(reference(case, dict(zip(names, args, strict=True)), absent)[0])
+
+    problems += check_jvp(function, plain, case, values, tag)
+    problems += check_vmap(function, case, values, tag)
+    problems += check_float32(function, plain, case, values, tag)
 
 
 def _compare(

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import fuzz_combos
 import fuzz_newforms
 from fuzz_ast import Node, Shape
 from fuzz_intervals import SAFE_ARG, Interval, within
@@ -97,11 +98,12 @@ class Builder:
         forms: list[Callable[[], Node]] = [
             lambda: call("tanh", u),
             lambda: call("atan", u),
-            lambda: call("sin", u),
             lambda: binop("/", u, binop("+", num(1), call("abs", u))),
             lambda: call("clamp", u, num(-10), num(10)),
             lambda: call("erf", u),
         ]
+        if max(-u.lo, u.hi) <= 1e6:  # sin of a huge value is all rounding (sin(expm1(27))): not for those
+            forms.append(lambda: call("sin", u))
         return self.pick(forms)()  # type: ignore[no-any-return]
 
     def capped(self, node: Node) -> Node:
@@ -138,15 +140,22 @@ class Builder:
         kinds = ["unary", "unary", "domain", "binary", "binary", "binary", "pow", "where", "extremum"]
         kinds += ["clamp", "step", "atan2", "indicator"] + (["tensor", "tensor"] if target is not None else [])
         kinds += ["alias", "alias"] + (["whole"] if fits((), target, exact) else [])
-        kinds += ["softmax"] if target else []
+        kinds += ["softmax", "normalized"] if target else []
+        kinds += ["stable", "stable", "pclamp"]
         kind = self.pick(kinds)
         if kind == "tensor":
             return self.capped(self.shaped(depth - 1, target, exact))  # type: ignore[arg-type]
-        if kind in ("alias", "whole", "softmax"):
+        if kind in ("alias", "whole", "softmax", "stable", "pclamp", "normalized"):
             return self.capped(self._newer(kind, depth - 1, target, exact))
         return self.capped(getattr(self, "_" + kind)(depth - 1, target, exact))
 
     def _newer(self, kind: str, depth: int, target: Shape, exact: bool) -> Node:
+        if kind == "stable":
+            return fuzz_combos.stable(self, depth, target, exact)
+        if kind == "pclamp":
+            return fuzz_combos.bounded_clamp(self, depth, target, exact)
+        if kind == "normalized":
+            return fuzz_combos.normalized(self, depth, target) or self.expr(depth, target, exact)
         if kind == "alias":
             return fuzz_newforms.alias(self, depth, target, exact)
         if kind == "whole":

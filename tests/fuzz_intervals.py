@@ -66,12 +66,12 @@ def _exp(v: float) -> float:
     return math.exp(v) if v < 700 else INF
 
 
-def _safe(f: Callable[[float], float], low: float) -> Callable[[float], float]:
+def _safe(f: Callable[[float], float], low: float, high: float = INF) -> Callable[[float], float]:
     """`f` on finite values, with its limits at the infinities (for the unbounded ends of intervals)."""
 
     def g(v: float) -> float:
         if v == INF:
-            return INF
+            return high
         if v == -INF:
             return low
         return f(v)
@@ -113,10 +113,10 @@ UNARY_BOUNDS: dict[str, Callable[[Interval], Interval]] = {
     "tan": _tan,
     "asin": lambda iv: (-math.pi / 2, math.pi / 2),
     "acos": lambda iv: (0.0, math.pi),
-    "atan": _monotone(_safe(math.atan, -math.pi / 2)),
+    "atan": _monotone(_safe(math.atan, -math.pi / 2, math.pi / 2)),
     "sinh": _monotone(_safe(lambda v: math.sinh(v) if abs(v) < 700 else math.copysign(INF, v), -INF)),
     "cosh": _cosh,
-    "tanh": _monotone(_safe(math.tanh, -1.0)),
+    "tanh": _monotone(_safe(math.tanh, -1.0, 1.0)),
     "asinh": _monotone(_safe(math.asinh, -INF)),
     "acosh": lambda iv: (0.0, math.acosh(iv[1]) if iv[1] >= 1 else 0.0),
     "atanh": lambda iv: (math.atanh(max(iv[0], -0.999999)), math.atanh(min(iv[1], 0.999999))),

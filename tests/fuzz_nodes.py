@@ -135,6 +135,8 @@ def _bounds(op: str, args: tuple[Node, ...], value: Any) -> Interval:
             return UNARY_BOUNDS[value](ivs[0])
         if value == "atan2":
             return (-math.pi, math.pi)
+        if value == "xlogy":
+            return mul(ivs[0], UNARY_BOUNDS["log"](ivs[1]))
         if value == "where":
             return union(ivs[1], ivs[2])
         if value in ("max", "min"):

@@ -14,11 +14,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import fuzz_combos
 from fuzz_ast import Node, render
 from fuzz_grammar import Builder, binop, call, make, num
 from hypothesis import strategies as st
 
 PLAIN_SHAPES = ((3, 4), (4,), (3, 1), (1, 4), (), (2, 3, 4))
+WHOLE_OF_P = ("sum", "amax", "norm")  # reductions of a `Tensor?` term (no count: p may be batched)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ def cases(draw: Any, pool: tuple[str, ...] | None = None, depth: int = 3, dims: 
         for _ in range(draw(st.integers(1, 3))):
             inputs.append(InputDecl(names.fresh("tensor"), "Tensor", domain=draw(_domains())))
     inputs += _scalar_inputs(draw, names)
+    if draw(st.integers(0, 4)) == 0:  # a tensor of no dimensions, `Tensor[]`
+        inputs.append(InputDecl(names.fresh("tensor"), "Tensor", (), domain=draw(_domains())))
     optional = None
     if draw(st.integers(0, 4)) == 0:
         bias_dims = None if not use_dims else ("M",)
@@ -205,7 +209,7 @@ def cases(draw: Any, pool: tuple[str, ...] | None = None, depth: int = 3, dims: 
         name = names.fresh("let")
         lets.append((name, node))
         leaves.append(Node("var", value=name, lo=node.lo, hi=node.hi, shape=node.shape, tensor=node.tensor))
-    outputs = _outputs(draw, builder, names, targets, depth, optional)
+    outputs = _outputs(draw, builder, names, targets, depth, optional, bool(lets))
     overrides = _overrides(draw, builder, inputs, outputs)
     tensors = [i.name for i in inputs if i.tensor]
     requires = draw(st.lists(st.sampled_from(tensors), min_size=1, unique=True))
@@ -225,6 +229,7 @@ def cases(draw: Any, pool: tuple[str, ...] | None = None, depth: int = 3, dims: 
         requires=tuple(requires),
         seed=draw(st.integers(0, 2**31 - 1)),
         quoted=draw(st.booleans()),
+        extra=dict(draw(st.sampled_from(fuzz_combos.EXTRA))),
     )
 
 
@@ -240,13 +245,23 @@ def _tensor_leaf(builder: Builder, target: Any) -> Node:
 
 
 def _outputs(
-    draw: Any, builder: Builder, names: Names, targets: list[Any], depth: int, optional: InputDecl | None
+    draw: Any,
+    builder: Builder,
+    names: Names,
+    targets: list[Any],
+    depth: int,
+    optional: InputDecl | None,
+    lets: bool = False,
 ) -> list[OutputDecl]:
     outputs: list[OutputDecl] = []
     count = draw(st.integers(1, 3))
+    reductions: list[str] = []  # of a shared let, one per output (fuzz_combos.shared_let_outputs)
     for index in range(count):
         target = draw(st.sampled_from(targets))
         node = builder.expr(draw(st.integers(1, depth + 1)), target)
+        shared = fuzz_combos.shared_let_outputs(builder, target, reductions) if lets and draw(st.booleans()) else None
+        if shared is not None:
+            node = binop(draw(st.sampled_from(["+", "*"])), builder.capped(shared), node)
         if not node.tensor:  # an output depends on a Tensor input
             node = binop(draw(st.sampled_from(["+", "*"])), node, _tensor_leaf(builder, target))
         differentiable = index == 0 or draw(st.integers(0, 3)) > 0
@@ -271,13 +286,18 @@ def _optional_term(draw: Any, builder: Builder, optional: InputDecl, main: Node)
     forms = [
         lambda: p,
         lambda: binop("*", num(2), p),
+        # inside a reduction, with no sum inside (opgen drops the innermost term that uses p: `x * (1 + p)` is x)
+        lambda: make(
+            "whole", (binop("*", p, _tensor_leaf(builder, p.shape)),), (draw(st.sampled_from(WHOLE_OF_P)), None)
+        ),
+        lambda: make("whole", (call("tanh", binop("*", p, builder.pick(builder.leaves))),), ("amax", None)),
         lambda: call("tanh", p),
         lambda: make("neg", (p,)),
         lambda: binop("*", p, builder.pick(builder.leaves)),
     ]
     try:
         term = draw(st.sampled_from(forms))()
-    except ValueError:  # shapes that do not broadcast
+    except (ValueError, AssertionError):  # shapes that do not broadcast, or no tree of the shape
         term = p
     if main.shape is not None and not fits(term.shape, main.shape, False):
         term = p if fits(p.shape, main.shape, False) else binop("*", num(0.5), _sum_all(p))

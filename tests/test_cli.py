@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -126,6 +127,16 @@ def test_missing_spec_and_bad_out_are_clear_errors(run_cli, tmp_path):
     spec = write_spec(tmp_path / "specs")
     status, _, err = run_cli("generate", str(spec), "-o", str(tmp_path / "not-a-name"))
     assert status == 2 and "is not a Python identifier" in err
+
+
+def test_a_pipe_or_a_dangling_link_given_as_spec_is_named_for_what_it_is(run_cli, tmp_path):
+    """Reading a pipe would wait for ever; a link to nothing is not a missing file."""
+    os.mkfifo(tmp_path / "pipe.yaml")
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "gone.yaml")
+    status, _, err = run_cli("generate", str(tmp_path / "pipe.yaml"), str(tmp_path / "link.yaml"), "-o", "ops")
+    assert status == 2
+    assert f"{tmp_path / 'pipe.yaml'}:1:1: not a regular file or a folder" in err
+    assert f"{tmp_path / 'link.yaml'}:1:1: a link to nothing ({tmp_path / 'gone.yaml'})" in err
 
 
 def test_output_is_deterministic_across_hash_seeds(tmp_path):

@@ -362,3 +362,10 @@ def test_a_character_yaml_forbids_is_located_on_one_line():
     with pytest.raises(SpecError) as raised:
         load_text("name: a\ndoc: b\x00c\n", "f.yaml")
     assert str(raised.value) == "f.yaml:2:7: invalid YAML: the character U+0000 is not allowed in YAML text; remove it"
+
+
+def test_an_op_name_too_long_for_its_file_names_is_refused_at_the_name(tmp_path, existing):
+    """`tests/test_NAME.py` of a 250-character name is over the 255 bytes of a file name: a located
+    error at the name, where the write failed with `File name too long` before."""
+    text = f"name: {'a' * 250}\ninputs:\n  x: Tensor\noutputs:\n  y: x * 2\n"
+    refuse(tmp_path, existing, text, r":1:7: name 'a+' is 250 characters, over the 'name length' limit of 200")

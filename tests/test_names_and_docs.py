@@ -55,3 +55,39 @@ def test_doc_text_reaches_the_docstring_verbatim(tmp_path):
     package = build_ops(tmp_path, "pkg2", {"torch": HOSTILE})
     doc = package.torch.__doc__
     assert "Ends early? \"\"\" or ''' and a backslash \\ and {{ jinja }} {% if x %} and a tab\\t." in doc
+
+
+# Generated code that reads the torch module where a name of the spec may stand: a count of broadcast
+# inputs in setup_context, zeros for a None gradient of a residual in double backward (amax's, var's).
+NAMED_TORCH = {
+    "count": "name: count\ninputs:\n  t: Tensor\n  w: Tensor\noutputs:\n  torch: mean((t < -0.75) * w) + mean(t * w)\n",
+    "residuals": (
+        "name: residuals\ninputs:\n  torch: Tensor[..., D]\n"
+        "outputs:\n  y: amax(torch, dim=-1, keepdim=true) + var(torch, dim=-1, keepdim=true) * torch\n"
+    ),
+}
+
+
+def test_a_name_torch_does_not_hide_the_torch_module(tmp_path):
+    package = build_ops(tmp_path, "pkg3", NAMED_TORCH)
+    generator = torch.Generator().manual_seed(0)
+    t, w = (torch.randn(2, 3, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(2))
+    torch.testing.assert_close(package.count(t, w), ((t < -0.75) * w).mean() + (t * w).mean())
+    assert torch.autograd.gradcheck(package.count, [t, w])
+    assert torch.autograd.gradgradcheck(package.residuals, [t])
+
+
+# A bool input prints as `int(flag)` in formulas: not where a let hides `int`, nor the module's own `int`.
+NAMED_INT = {
+    "hidden": "name: hidden\ninputs:\n  x: Tensor[..., K, M]\n  b: bool\nlet:\n  int: K\noutputs:\n  y: b * int + x\n",
+    "int": "name: int\ninputs:\n  x: Tensor\n  b: bool\noutputs:\n  y: b * x + b\n",
+}
+
+
+def test_a_name_int_does_not_hide_the_bool_conversion(tmp_path):
+    package = build_ops(tmp_path, "pkg4", NAMED_INT)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    for flag in (True, False):
+        torch.testing.assert_close(package.hidden(x, flag), flag * 3 + x)
+        torch.testing.assert_close(package.int(x, flag), flag * x + flag)
+    assert torch.autograd.gradcheck(lambda x: package.hidden(x, True) * package.int(x, True), [x])

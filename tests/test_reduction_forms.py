@@ -6,9 +6,12 @@ reference) in value, gradient and forward-mode derivative, and pass gradcheck an
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import import_package
+from spec_ops import build_ops
 
 CASES = {
     # name: (inputs, formula, shapes, torch reference)
@@ -267,3 +270,14 @@ def test_entropy_of_a_softmax_is_finite_at_large_logits(tmp_path):
         (grad,) = torch.autograd.grad(y.sum(), u)
         assert torch.allclose(y.double(), reference.detach(), atol=1e-5)
         assert torch.isfinite(grad).all() and torch.allclose(grad.double(), expected, atol=1e-5)
+
+
+def test_xlogy_of_numbers_stands_as_one_term(tmp_path):
+    """`n / xlogy(K, n)` of numbers printed `n / K * math.log(n)`: the number form of xlogy (and of xlog1py, the
+    rewrite of `K * log1p(a)`) is a product, in parentheses where the call was."""
+    formula = "n / xlogy(K, n) + exp(a / xlogy(a, n)) + n / (K * log1p(a)) + sum(x)"
+    spec = f"name: numbers\ninputs:\n  x: Tensor[..., K]\n  n: int = 3\n  a: float = 0.5\noutputs:\n  y: {formula}\n"
+    op = build_ops(tmp_path, "xlogy_numbers", {"numbers": spec}).numbers
+    x = torch.rand(2, 4, dtype=torch.float64)
+    want = 3 / (4 * math.log(3)) + math.exp(0.5 / (0.5 * math.log(3))) + 3 / (4 * math.log1p(0.5)) + x.sum()
+    torch.testing.assert_close(op(x, 3, 0.5), want)

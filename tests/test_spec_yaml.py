@@ -101,3 +101,14 @@ def test_odd_names_and_values_round_trip(name):
 @pytest.mark.parametrize("text", ["", "on", "a\nb", '"', "\\", "\x00\x07\x85\u2028\ufeff\U0001f600", " x ", "#", "- a"])
 def test_quoted_text_reads_back_as_itself(text):
     assert load_text(f"k: {quoted(text)}\n", "t.yaml").get("k").value == text  # type: ignore[union-attr]
+
+
+def test_a_formula_yaml_reads_as_a_boolean_keeps_its_words():
+    """YAML 1.1 reads a plain `on`, `yes`, `off` as booleans: `t: on`, meaning the input `on`, was the
+    formula `true`, the number 1, with no word. `true` and `True` stay the boolean."""
+    text = "name: op\ninputs:\n  x: Tensor\n  on: float = 3.0\nlet:\n  t: on\noutputs:\n  y: t * x\n  z: True * x\n"
+    problems = Problems()
+    spec = parse_spec(load_text(text, "op.yaml"), "op.yaml", problems)
+    assert spec is not None and not problems.errors
+    assert spec.lets[0].formula.text == "on"
+    assert spec.outputs[1].formula.text == "True * x"

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from spec_ops import build_ops
 
 from opgen.cli import main
 from opgen.emit.render import Renderer
@@ -183,3 +184,20 @@ def test_a_whole_reduction_that_cannot_be_counted_is_located(tmp_path, inputs, f
     report = build([str(spec)], Renderer()).problems.report()
     assert len(report) == 1 and message in report[0], report
     assert report[0].startswith(str(spec) + ":"), report
+
+
+def test_a_reduction_of_a_let_that_simplified_to_a_number(tmp_path):
+    """`l: atanh(xlogy(sin(x), 1))` is 0: `std(a * l)` printed `(a * l).var()` on Python numbers and
+    raised. Mean, max, min and population variance of equal entries need no count; a sum does, and is
+    a located error (Note [reductions of a number] in opgen.formula.written)."""
+    text = "std(a * l, correction=0) + mean(a * l) + amax(l + 2) + amin(l - a) + t"
+    spec = "name: numbers\ninputs:\n  t: Tensor\n  x: Tensor\n  a: float = -1.5\nlet:\n  l: atanh(xlogy(sin(x), 1))\n"
+    op = build_ops(tmp_path, "number_ops", {"numbers": spec + f"outputs:\n  y: {text}\n"}).numbers
+    t, x = torch.randn(3, dtype=torch.float64, requires_grad=True), torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(op(t, x, -1.5), t + 3.5)
+    assert torch.autograd.gradcheck(lambda t: op(t, x, -1.5), (t,))
+    (tmp_path / "specs" / "numbers.yaml").write_text(spec + "outputs:\n  y: sum(l + 1) + t\n")
+    result = build([str(tmp_path / "specs")], Renderer())
+    assert "numbers.yaml:9:6: in `sum(l + 1) + t`: sum() of `l + 1`: the number l + 1 once simplified" in "\n".join(
+        result.problems.report()
+    )

@@ -23,6 +23,7 @@ from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.powers import combine_powers
 from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula import functions as fn
 from opgen.formula import tensor, written
 from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
 from opgen.formula.syntax import holds_tensors, parse_ast
@@ -143,7 +144,8 @@ def _tensor_gradient(
             fit = leaf_fit(total, x, shapes, batch_inputs)
         except tensor.ShapeError as error:
             raise SpecError(loc, f"{what}: {error}") from None
-    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs]
+    # A non-differentiable output is a constant to double backward: never read in its formula's place.
+    outputs = [(symbols.outputs[o.name], inlined[symbols.outputs[o.name]]) for o in spec.outputs if o.differentiable]
     total = substitute_outputs(total, outputs)
     contributions = (Contribution(None, total),) if total != 0 else ()
     return Gradient(name, contributions, False, fit)
@@ -249,7 +251,7 @@ def _elementwise_gradient(spec: Spec, symbols: Symbols, inlined: dict[sympy.Symb
         what = f"d {output.name} / d {name}"
         with located(output.formula.loc, what):
             guarded = guard_branches(inlined[symbols.outputs[output.name]], symbols.tensors)
-            factor = _clean(settle_indicators(sympy.diff(guarded, x)), output.formula.loc, what)
+            factor = _clean(settle_indicators(fn.real_diff(guarded, x)), output.formula.loc, what)
         if factor != 0:
             parts.append(Contribution(output.name, factor))
     return Gradient(name, tuple(parts), False)

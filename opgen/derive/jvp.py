@@ -139,9 +139,9 @@ class _Jvp:
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
-        total = self.clean(sympy.diff(flat, self.x)).xreplace(back) * self.t
+        total = self.clean(fn.real_diff(flat, self.x)).xreplace(back) * self.t
         for leaf, dummy in dummies.items():
-            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            factor = self.clean(fn.real_diff(flat, dummy)).xreplace(back)
             if factor != 0:
                 total += factor * self.tangent(leaf)
         return total
@@ -218,7 +218,7 @@ class _Jvp:
             weights = Softmax(a, dims) if len(node.dims) == 1 else sympy.exp(a - kept)
             return ReduceSum(ta * weights, dims, keep)
         if isinstance(node, ReduceNorm):
-            return fn.where(sympy.Eq(node, 0, evaluate=False), S.Zero, ReduceSum(a * ta, dims, keep) / node)
+            return _norm_tangent(node, ReduceSum(a * ta, dims, keep))
         if isinstance(node, ReduceVar):
             count = reduction_count(node, self.table)
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
@@ -366,7 +366,7 @@ def _variant_tangents(
             if expr.has(TensorOp):
                 found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
                 continue
-            found[name] = _clean(settle_indicators(sympy.diff(expr, x)), spec.loc, "residual") * t
+            found[name] = _clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
             value = rewrite(value)
             if value != 0:
@@ -386,3 +386,14 @@ def derive_jvp(
     tensors = [i.name for i in derived.spec.tensor_inputs]
     variants = tuple(_variant_tangents(derived, v, residuals, rewrite or (lambda e: e)) for v in derived.variants)
     return Tangents({n: tangent_symbol(n) for n in tensors}, variants)
+
+
+def _norm_tangent(node: ReduceNorm, inner: Expr) -> Expr:
+    """Note [norm at zero]
+    ~~~~~~~~~~~~~~~~~~~~~
+    The derivative of `norm(a)` is `a / norm(a)`, and 0 where the norm is 0, as PyTorch's. The
+    division reads `where(norm == 0, 1, norm)`: the branch not taken gets a zero gradient when
+    autograd differentiates our backward (or forward mode), and `0 / 0` there made the second
+    derivative NaN where PyTorch's is 0 (`norm(relu(x))` at x < 0, where relu already masks it)."""
+    zero = sympy.Eq(node, 0, evaluate=False)
+    return fn.where(zero, S.Zero, inner / fn.where(zero, S.One, node))

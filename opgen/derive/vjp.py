@@ -128,11 +128,11 @@ class _Vjp:
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
-        direct = self.clean(sympy.diff(flat, x)).xreplace(back)
+        direct = self.clean(fn.real_diff(flat, x)).xreplace(back)
         if direct != 0:
             self.total += self.fit(self.spread(grad * direct, expr, x), x)
         for leaf, dummy in dummies.items():
-            factor = self.clean(sympy.diff(flat, dummy)).xreplace(back)
+            factor = self.clean(fn.real_diff(flat, dummy)).xreplace(back)
             if factor != 0:
                 self.push(leaf, self.spread(grad * factor, expr, leaf))
 
@@ -248,8 +248,9 @@ class _Vjp:
             mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
             self.push(a, full * mask / ReduceSum(mask, dims, S.Zero if node.every_dim else S.One))
         elif isinstance(node, ReduceNorm):
-            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0.
-            self.push(a, full * fn.where(sympy.Eq(kept, 0, evaluate=False), S.Zero, a / kept))
+            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0 (Note [norm at zero] in opgen.derive.jvp).
+            zero = sympy.Eq(kept, 0, evaluate=False)
+            self.push(a, full * fn.where(zero, S.Zero, a / fn.where(zero, S.One, kept)))
         elif isinstance(node, ReduceVar):
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
             self.push(a, full * 2 * centered / (self.count(a, node) - node.correction))

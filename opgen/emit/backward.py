@@ -104,20 +104,22 @@ def _residual_terms(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPr
             continue
         incoming = [names.grads_in[g.name.split(":", 1)[1]] for g in grads]
         lines.append(f"if {' or '.join(f'{n} is not None' for n in incoming)}:")
-        lines += _zeros_for_none(plan, grads, incoming, printer) if len(grads) > 1 else []
+        lines += _zeros_for_none(plan, grads, incoming, printer, names) if len(grads) > 1 else []
         lines += indent_lines(body)
         total = f"{var} + {term}" if assigned else f"{term} if {var} is None else {var} + {term}"
         lines.append(f"    {var} = {total}")
     return lines
 
 
-def _zeros_for_none(plan: Plan, grads: list[sympy.Symbol], incoming: list[str], printer: TorchPrinter) -> Lines:
+def _zeros_for_none(
+    plan: Plan, grads: list[sympy.Symbol], incoming: list[str], printer: TorchPrinter, names: OpNames
+) -> Lines:
     """A term through several residuals runs when any of their incoming gradients is not None, the
     None ones as zeros: in double backward a residual read only by a comparison (`amax`'s) gets
     None while another (`var`'s) gets a gradient, whose term must not be dropped with it."""
     residual = {r.grad: r for r in plan.residuals}
     return [
-        f"    {n} = torch.zeros_like({printer.doprint_expr(residual[g].symbol)}) if {n} is None else {n}"
+        f"    {n} = {names.torch}.zeros_like({printer.doprint_expr(residual[g].symbol)}) if {n} is None else {n}"
         for g, n in zip(grads, incoming, strict=True)
     ]
 

@@ -65,8 +65,9 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
         if name in expand and not expr.free_symbols & tensors:  # Note [constant outputs]
             lines.append(f"{name} = {_filled(printer.doprint_expr(expr), expand[name], printer)}")
             continue
-        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too
-            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}")
+        if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too,
+            # and where it broadcasts, forward mode writes the input's zero tangent through it and fails: a copy.
+            lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}.contiguous()")
             continue
         if name in aliases:  # Note [outputs that alias]
             text = printer.doprint_expr(expr)
@@ -144,7 +145,7 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
     sizes = size_sources(derived.spec, tuple(names.size_locals))
-    lines = [f"{names.size_locals[d]} = {size_text(derived.spec, *where)}" for d, where in sizes.items()]
+    lines = [f"{names.size_locals[d]} = {size_text(derived.spec, *where, names.torch)}" for d, where in sizes.items()]
     printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
     bodies = {}
     for kind, kind_printer in (("plain", printer), ("in_place", forward_printer(printer))):  # Note [forward in place]
@@ -187,7 +188,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
     for dim, where in sizes.items():
-        lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where)}")
+        lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where, names.torch)}")
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
     lines += forward.lines if forward else ()
@@ -227,14 +228,15 @@ def size_inputs(source: str) -> tuple[str, ...]:
     return counted(source) or (source,)
 
 
-def size_text(spec: Spec, source: str, index: int) -> str:
+def size_text(spec: Spec, source: str, index: int, torch: str) -> str:
     """`x.shape[-1]`; for a `Tensor?`, None when it is None (a variant without it never asks); for a
     count, `x.numel()` or `torch.broadcast_shapes(x.shape, t.shape).numel()` (of their batches
-    `x.shape[:-1]` for a batch count), None when a `Tensor?` it counts is None."""
+    `x.shape[:-1]` for a batch count), None when a `Tensor?` it counts is None. `torch` is the name
+    the module imports torch under (an input may be `torch`)."""
     tensors = counted(source)
     if tensors is not None:
         shapes = [_batch_shape(spec, t) if source.startswith("%") else f"{t}.shape" for t in tensors]
-        shape = shapes[0] if len(tensors) == 1 else f"torch.broadcast_shapes({', '.join(shapes)})"
+        shape = shapes[0] if len(tensors) == 1 else f"{torch}.broadcast_shapes({', '.join(shapes)})"
         text = shape if source.startswith("@") else f"{shape}.numel()"
         absent = [t for t in tensors if (i := spec.input(t)) is not None and i.type.optional]
         return f"None if {' or '.join(f'{t} is None' for t in absent)} else {text}" if absent else text

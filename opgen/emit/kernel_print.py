@@ -48,16 +48,22 @@ class KernelPrinting:
     def _print_xlogy(self, expr: fn.xlogy) -> str:
         x, y = expr.args
         if not self.is_tensor(expr):  # numbers: 0 where x is 0, as torch.xlogy
-            return self._print(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * sympy.log(y)))
+            return self._number_form(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * sympy.log(y)))
         y_text = self._print(y) if self.is_tensor(y) else self._as_tensor(y, x)  # torch.xlogy takes no number second
         return f"{self.torch}.xlogy({self._print(x)}, {y_text})"
 
     def _print_xlog1py(self, expr: fn.xlog1py) -> str:
         x, y = expr.args
         if not self.is_tensor(expr):  # numbers: 0 where x is 0, as torch.special.xlog1py
-            return self._print(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * fn.log1p(y)))
+            return self._number_form(fn.where(sympy.Eq(x, 0), sympy.S.Zero, x * fn.log1p(y)))
         y_text = self._print(y) if self.is_tensor(y) else self._as_tensor(y, x)
         return f"{self.torch}.special.xlog1py({self._print(x)}, {y_text})"
+
+    def _number_form(self, form: sympy.Basic) -> str:
+        """`form` standing where the call was: in parentheses unless it is one name, number or call
+        (`n / xlogy(K, n)` is `n / (K * math.log(n))`, not `n / K * math.log(n)`)."""
+        text = self._print(form)
+        return text if form.is_Atom or (form.is_Function and not isinstance(form, fn.where)) else f"({text})"
 
     def _zeros_like(self, expr: sympy.Basic) -> str:
         """A zero tensor of `expr`'s shape that costs no memory (huber's target)."""

@@ -133,12 +133,14 @@ def make_printer(
     table |= names.temps
     table |= {dim_size(n): f"{names.ctx}.{attr}" for n, attr in names.size_attrs.items()}
     table |= extra or {}
-    # A bool input is a number in formulas; torch refuses `tensor - True`, so it prints as an int.
-    table |= {
-        symbols.inputs[i.name]: f"int({table[symbols.inputs[i.name]]})"
-        for i in derived.spec.inputs
-        if i.type.kind == "bool"
-    }
+    # A bool input is a number in formulas; torch refuses `tensor - True`, so it prints as an int
+    # (without the builtin `int` where a name of the spec hides it in the function's body).
+    hidden = "int" in spec_names(derived.spec)
+    for i in derived.spec.inputs:
+        if i.type.kind == "bool":
+            flag = table[symbols.inputs[i.name]]
+            as_int = f"(1 if {flag} else 0)" if hidden else f"{names.types.builtin['int']}({flag})"
+            table[symbols.inputs[i.name]] = as_int
     # A `let` or temporary holds a tensor when its formula uses one (in any variant), else a
     # plain number (Note [numbers and tensors]); conditions are never kept in them (plan).
     lets = [(symbols.lets[name], expr) for variant in derived.variants for name, expr in variant.lets]

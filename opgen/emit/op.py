@@ -192,7 +192,7 @@ def _forward_mode(
     attrs = {*names.ctx_attrs.values(), *names.shape_attrs.values(), *names.size_attrs.values()}
     jnames = jvp_names(plan, plan.forward, taken, (names.ctx_attrs, names.size_attrs), attrs)
     sources = size_sources(spec, plan.forward.dim_sizes).items()
-    sizes = {d: (size_text(spec, *where), size_inputs(where[0])) for d, where in sources}
+    sizes = {d: (size_text(spec, *where, names.torch), size_inputs(where[0])) for d, where in sources}
     setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)
     return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 

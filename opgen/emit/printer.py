@@ -367,6 +367,8 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             return self._call(f"{self.torch}.clamp", x, lo, hi)
         # torch.clamp takes its bounds both as numbers or both as tensors.
         args = [self._print(a) if self.is_tensor(a) else self._as_tensor(a, expr) for a in expr.args]
+        if (lo.free_symbols | hi.free_symbols) & self.tensors - x.free_symbols:  # torch.clamp's backward fails
+            return f"{self.torch}.clamp(*{self.torch}.broadcast_tensors({', '.join(args)}))"  # where x is smaller
         return f"{self.torch}.clamp({', '.join(args)})"
 
     # -- conditions ----------------------------------------------------------------------------

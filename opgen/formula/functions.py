@@ -310,3 +310,37 @@ class clamp(Function):  # noqa: N801
         below = sympy.And(sympy.StrictLessThan(x, lo), sympy.StrictLessThan(lo, hi))
         above = sympy.Or(sympy.StrictGreaterThan(x, hi), sympy.StrictLessThan(hi, lo))
         return where(inside, x.diff(s), S.Zero) + where(below, lo.diff(s), S.Zero) + where(above, hi.diff(s), S.Zero)
+
+
+def std_of(variance: Expr) -> Expr:
+    """Note [std at zero]
+    ~~~~~~~~~~~~~~~~~~~~
+    `std(x)` is `sqrt(var(x))` with `torch.std`'s gradient: 0 where the std is 0 (equal entries, or
+    one entry with `correction=0`), where `sqrt`'s derivative `1 / (2 sqrt(v))` is infinite and
+    times the zero derivative of the variance gives NaN. Written as `where(v == 0, 0, sqrt(v))`: the
+    same value, and each branch differentiated on its own (`where`'s rule), so first and second
+    derivatives are 0 there as PyTorch's. `sqrt(var(x))` written out keeps `sqrt`'s NaN, as plain
+    autograd of it does."""
+    if variance.is_number:
+        return sympy.sqrt(variance)
+    return where(sympy.Eq(variance, 0, evaluate=False), S.Zero, sympy.sqrt(variance))
+
+
+class _real_abs(Function):  # noqa: N801
+    """`abs(u)` while `real_diff` differentiates: its derivative is `sign(u) u'` (Note [real kinks])."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return sympy.sign(self.args[0])
+
+
+def real_diff(expr: sympy.Basic, x: sympy.Symbol) -> Expr:
+    """`sympy.diff(expr, x)` of a real formula. Every value of the formula language is real; SymPy takes
+    `abs(u)` of a `u` it cannot prove real (`lgamma(...)`, `log(...)`) through its real and imaginary
+    parts and rewrites the whole derivative with `sign`, so an `abs(v)` inside `u` became `v / sign(v)`,
+    NaN at v = 0 where the formula has a value (Note [real kinks])."""
+    if not expr.has(sympy.Abs):
+        return sympy.diff(expr, x)
+    return sympy.diff(expr.replace(sympy.Abs, _real_abs), x).replace(_real_abs, sympy.Abs)

@@ -162,6 +162,8 @@ def _read_definitions(
         formula = formulas[name]
         with problems.collect(), located(formula.loc, f"formula of '{name}'"):
             definitions[name] = read_formula(formula, scope, NUM)
+            values = {**(scope.values or {}), defined[name]: definitions[name].xreplace(scope.values or {})}
+            scope = replace(scope, values=values)
             if shapes is not None:
                 definitions[name] = tensor.fuse_softmax(definitions[name])
                 # The shape as written (Note [shapes as written]), which a simplified formula may lack.

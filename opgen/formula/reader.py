@@ -52,6 +52,7 @@ class Scope:
     conditions: frozenset[str] = frozenset()
     # The shape a part of the formula broadcasts to as written (Note [shapes as written]); None: SymPy's.
     written: Callable[[ast.expr], tensor.Shape] | None = None
+    values: dict[sympy.Symbol, Expr] | None = None  # the lets read so far, in terms of the inputs
 
 
 _COMPARE = {
@@ -308,11 +309,14 @@ class _Reader:
                     tensor.dims_count(full, found, f"{name}()")
                 if full != shape:  # Note [reductions of constant dimensions] in opgen.formula.written
                     reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
-                    return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
+                    return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None
-        reduced = tensor.reduction(kind, operand, found, keepdim, correction)
-        return self.checked(node, Value(sympy.sqrt(reduced) if name == "std" else reduced, NUM))
+        try:  # Note [reductions of a number] in opgen.formula.written
+            reduced = written.reduce_or_number(kind, operand, (found, keepdim, correction), self.scope)
+        except tensor.ShapeError as error:
+            raise self.fail(node, f"{name}() of `{short(ast.unparse(node.args[0]))}`: {error}") from None
+        return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
 
     def read_unsqueeze(self, node: ast.Call) -> Value:
         """`unsqueeze(x, dim=-3)`: `x` with a new dimension of size 1 at `dim`, as torch.unsqueeze."""

@@ -116,6 +116,19 @@ class _Translate(ast.NodeTransformer):
             return ast.UnaryOp(node.op, self._condition(node.operand))
         return self.generic_visit(node)
 
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:  # noqa: N802
+        """A chain `a != b >= c` is `(a != b) & (b >= c)`: Python's own chain `and`s them, which raises for
+        tensors of more than one entry."""
+        self.generic_visit(node)
+        sides = [node.left, *node.comparators]
+        parts: list[ast.expr] = [
+            ast.Compare(a, [op], [b]) for a, op, b in zip(sides, node.ops, sides[1:], strict=False)
+        ]
+        chained = parts[0]
+        for part in parts[1:]:
+            chained = ast.BinOp(chained, ast.BitAnd(), part)
+        return chained
+
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:  # noqa: N802
         if isinstance(node.op, (ast.BitAnd, ast.BitOr)):
             return ast.BinOp(self._condition(node.left), node.op, self._condition(node.right))

@@ -71,6 +71,15 @@ def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr
     return coeff * cls(body, *rest)
 
 
+def _zero_gradient(grad: Expr) -> Expr | None:
+    """Note [kernels of a zero gradient]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A node that is linear in an incoming gradient (a backward kernel, a fitting to a shape) is 0 when
+    that gradient is: SymPy may prove it zero only after the node was built (`where(n > n, g, 0)`),
+    and a kernel printed with a literal 0 (`_log_softmax_backward_data(0, ...)`) fails at run time."""
+    return S.Zero if grad == 0 else None
+
+
 class _Linear(TensorOp):
     """A node linear in its first argument: numeric factors move outside."""
 
@@ -109,11 +118,21 @@ class RowsOuter(TensorOp):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, a: Expr, g: Expr) -> Expr | None:
+        return _zero_gradient(a * g)
+
 
 class Transpose(_Linear):
     """`a.T`: swaps the last two dimensions."""
 
     nargs = 1
+
+    @property
+    def arg(self) -> Expr:
+        """What SymPy's own printer reads of a transpose, taking this for its matrix one where SymPy prints a
+        formula inside itself (an assumption query on `tanh(a.T @ a + ...)`): it failed on `.arg` before."""
+        return self.args[0]
 
     @classmethod
     def eval(cls, a: Expr) -> Expr | None:
@@ -236,6 +255,10 @@ class SoftmaxBackward(TensorOp):
 
     nargs = 3  # g, y, dim
 
+    @classmethod
+    def eval(cls, g: Expr, y: Expr, dim: sympy.Basic) -> Expr | None:
+        return _zero_gradient(g)
+
     def elementary(self) -> Expr:
         g, y, dim = self.args
         return y * (g - ReduceSum(g * y, dim, S.One))
@@ -245,6 +268,10 @@ class LogSoftmaxBackward(TensorOp):
     """`g - exp(y) * sum(g, dim, keepdim=true)`, the gradient through `y = log_softmax(a, dim)`."""
 
     nargs = 3  # g, y, dim
+
+    @classmethod
+    def eval(cls, g: Expr, y: Expr, dim: sympy.Basic) -> Expr | None:
+        return _zero_gradient(g)
 
     def elementary(self) -> Expr:
         g, y, dim = self.args
@@ -306,12 +333,20 @@ class SumTo(TensorOp):
 
     nargs = 2
 
+    @classmethod
+    def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
+        return _zero_gradient(grad)
+
 
 class BroadcastTo(TensorOp):
     """`grad.expand(shape)`, `shape` a `broadcast_shape` symbol: a gradient spread over the shape of
     plain Tensors broadcast together (Note [counts of unknown shapes])."""
 
     nargs = 2
+
+    @classmethod
+    def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
+        return _zero_gradient(grad)
 
 
 def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:

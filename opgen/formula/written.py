@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 
@@ -239,3 +240,25 @@ def constant_reduction(
             result = tensor.Unsqueeze(result, sympy.Integer(-rank - 1))
             rank += 1
     return result
+
+
+def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...], bool, int], scope: Any) -> sympy.Expr:
+    """Note [reductions of a number]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A reduction over plain Tensors whose operand SymPy simplified to a number (`std(a * l)` with
+    `l: atanh(xlogy(sin(x), 1))`, which is 0) reduces entries of a shape known only at call time, and
+    a tensor method on the number (`(a * l).var()`) fails. The mean and the maximum of equal entries
+    are the entry and their population variance is 0, whatever their count; a sum, a norm, a
+    logsumexp or a corrected variance needs the count, and is refused. A let counts by its value (`l`
+    above holds the number 0), not by its text (Note [tensor-valued lets])."""
+    found, keepdim, correction = how
+    if operand.xreplace(scope.values or {}).free_symbols & scope.tensors:
+        return tensor.reduction(kind, operand, found, keepdim, correction)
+    if kind in ("mean", "amax"):
+        return operand
+    if kind == "var" and correction == 0:
+        return sympy.S.Zero
+    raise ShapeError(
+        f"the number {operand} once simplified, over entries counted only at call time; write the number "
+        "times the count, or declare the dimensions of the inputs (Tensor[N, D])"
+    )

@@ -27,6 +27,10 @@ class KernelBackward(sympy.Function):
     is_real = True
     primitive: ClassVar[type[_Primitive]]
 
+    @classmethod
+    def eval(cls, g: Expr, *args: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
+
     def elementary(self) -> Expr:
         g, *args = self.args
         return g * _Prime(self.primitive.__name__, *args).elementary()
@@ -45,6 +49,10 @@ class OutputBackward(sympy.Function):
     """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
 
     is_real = True
+
+    @classmethod
+    def eval(cls, g: Expr, output: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
 
     def elementary(self) -> Expr:
         raise NotImplementedError

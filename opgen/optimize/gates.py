@@ -21,7 +21,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import sympy
-from sympy import Expr
+from sympy import Expr, S
 from sympy.core.symbol import Str
 
 from opgen.formula import functions as fn
@@ -88,6 +88,10 @@ class GluBackward(_GateOp):
     """`aten.glu_backward(g, u, dim)`, the gradient of `u`: args (g, u, dim, size, whole, carried)."""
 
     nargs = 6
+
+    @classmethod
+    def eval(cls, g: Expr, *args: sympy.Basic) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
 
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
         return shape_of(self.args[1], table)

@@ -50,7 +50,7 @@ from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
-from opgen.plan.conditions import Temp, inline_conditions, read_multiples
+from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
 
 if TYPE_CHECKING:
     from opgen.plan.forward import ForwardPlan
@@ -136,7 +136,7 @@ def _plan_variant(
     shared: list[tuple[sympy.Symbol, Expr]] = []
     if negations:
         factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
-    replacements, reduced = sympy.cse([*factors, *(e for _, e in shared)], symbols=_temp_symbols(), order="canonical")
+    replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)
     temps, reduced = _named_shares(temps, reduced, shared)

@@ -22,17 +22,22 @@ class Temp:
 def inline_conditions(
     replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
 ) -> tuple[list[Temp], list[Expr]]:
-    """Put boolean temporaries back where they are used.
+    """Put boolean temporaries back where they are used, and those that are a number.
 
     A condition kept as its own variable would be a bool tensor; the printer takes the
     dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    A number is one when CSE rebuilt a part the reader kept unevaluated (`grad * where(n > n, 1, 0)`
+    is 0): put back, the nodes that read it fold (Note [kernels of a zero gradient] in
+    opgen.formula.tensor) where `tmp0 = 0` would meet `tmp0 @ x` at run time.
     """
     temps: list[Temp] = []
     inline: dict[sympy.Symbol, sympy.Basic] = {}
     names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=len(replacements))
     for symbol, expr in replacements:
         expr = expr.xreplace(inline)
-        if isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+        if expr.is_number:
+            inline[symbol] = expr
+        elif isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
             sides, expr = _condition_sides(expr, {t.expr: t.symbol for t in temps}, names)
             temps += sides
             inline[symbol] = expr
@@ -93,3 +98,24 @@ def read_multiples(temps: list[Temp], exprs: list[Expr]) -> tuple[list[Temp], li
         if isinstance(temp.expr, sympy.Add):
             sums.setdefault(temp.expr, temp.symbol)
     return done, [read(e) for e in exprs]
+
+
+def cse_as_written(
+    exprs: list[sympy.Basic], symbols: Iterator[sympy.Symbol]
+) -> tuple[list[tuple[sympy.Symbol, sympy.Basic]], list[sympy.Basic]]:
+    """Note [comparisons CSE would decide]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `sympy.cse(order='canonical')` of `exprs`, with every comparison the reader kept unevaluated
+    (`x != x`, which keeps the shape of `where(x != x, 0.5, 0.25)`) held as it is: CSE rebuilds the
+    formulas and would decide it, and `sum(where(x != x, 0.5, 0.25))` became `sum(0.25)`, a reduction
+    of a number that lost the count it sums over (forward mode printed `(0.25).sum(-1)`)."""
+    decided = {
+        node
+        for e in exprs
+        for node in sympy.preorder_traversal(e)
+        if isinstance(node, sympy.core.relational.Relational) and node.func(*node.args) != node
+    }
+    held = {node: sympy.Dummy("held") for node in sorted(decided, key=sympy.default_sort_key)}
+    replacements, reduced = sympy.cse([e.xreplace(held) for e in exprs], symbols=symbols, order="canonical")
+    back = {d: node for node, d in held.items()}
+    return [(s, e.xreplace(back)) for s, e in replacements], [e.xreplace(back) for e in reduced]

@@ -16,10 +16,10 @@ import sympy
 
 from opgen.derive.gradients import Variant
 from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
-from opgen.formula.tensor import is_dim_size
+from opgen.formula.tensor import has_tensor_ops, is_dim_size, shape_of
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.plan.backward import Plan, TempGroup
-from opgen.plan.conditions import Temp, inline_conditions, read_multiples
+from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _plan_variant(variant: VariantTangents) -> ForwardVariant:
     # `tangent * prime(u)` is a native backward kernel's `grad * prime(u)` (Note [native backward kernels]).
     flat: list[sympy.Basic] = [group[0] for group in kernel_factors([[v] for v in values])]
     symbols = sympy.numbered_symbols("jvp:", cls=sympy.Symbol, real=True)
-    replacements, reduced = sympy.cse(flat, symbols=symbols, order="canonical")
+    replacements, reduced = cse_as_written(flat, symbols)
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)
     outputs: list[OutputTangent | None] = []
@@ -144,15 +144,21 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     chosen = variants if varies else variants[-1:]
     used = set().union(*(_used(v) for v in chosen))
     zeros = frozenset(out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(plan, out))
-    # A term may have fewer dimensions than its output (the tangent of `b` in `x * z + b`): torch wants the
-    # output's shape. Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
-    aliased = frozenset().union(*plan.aliases)
+    # A term may have fewer dimensions than its output (the tangent of `b` in `x * z + b`, or of a reduction
+    # in `sum(x) - (x / x) ** 2`, whose other term SymPy made a number): torch wants the output's shape.
+    # Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
+    # One the forward expands to its shape as written (`where(c, x, x)` over x and z) widens as any other.
+    expanded = {name for v in plan.derived.variants for name, pieces in v.expand if pieces}
+    # Only an output that is an input as-is in every variant: `x + 2 * p` is `x` when p is None, and wider when not.
+    aliased = frozenset.intersection(*map(frozenset, plan.aliases)) - expanded if plan.aliases else frozenset()
     viewed = frozenset().union(*views)
     widen = frozenset(
         out.output
-        for v in chosen
+        for v in checked  # before CSE: the terms as derived, whose shapes the plan knows
         for out in v.outputs
-        if out is not None and len(spec.tensor_inputs) > 1 and out.output not in aliased
+        if out is not None
+        and out.output not in aliased
+        and (len(spec.tensor_inputs) > 1 or any(_narrower(plan, out.output, t) for t in out.terms))
     )
     saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
     returned_symbols = {o: symbols.outputs[o] for o in symbols.outputs} | {r.name: r.symbol for r in plan.residuals}
@@ -161,6 +167,19 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     temps = frozenset(t.symbol for v in variants for g in v.groups for t in g.temps)
     return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed)
+
+
+def _narrower(plan: Plan, output: str, term: Term) -> bool:
+    """Whether a term of one input's tangent may have fewer dimensions than its output: through a
+    reduction, where another term SymPy made a number kept the output's shape as written."""
+    if not has_tensor_ops(term.value):
+        return False
+    derived = plan.derived
+    table = {**derived.shapes, tangent_symbol(term.input): derived.shapes[derived.symbols.inputs[term.input]]}
+    try:
+        return shape_of(term.value, table) != derived.shapes.get(derived.symbols.outputs[output])
+    except Exception:  # noqa: BLE001 - a shape this check cannot work out: expand, which is always right
+        return True
 
 
 def _without(outputs: tuple[OutputTangent | None, ...], absent: tuple[str, ...]) -> tuple[OutputTangent | None, ...]:

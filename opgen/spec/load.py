@@ -34,6 +34,7 @@ class RawScalar:
     value: object  # str, int, float, bool or None, as YAML's safe schema reads it
     loc: Loc
     quoted: bool  # written in quotes: formula columns start one later
+    text: str = ""  # as written (YAML 1.1 reads `on`, `yes`, `no` as booleans: a formula keeps the words)
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,9 @@ def _scalar(node: yaml.ScalarNode, loc: Loc, scalars: _Scalars) -> object:
     if node.tag not in _SCALAR_TAGS:
         if node.tag == _YAML + "timestamp":
             raise SpecError(loc, f"'{node.value}' reads as a YAML date; put it in quotes if it is text")
+        if node.tag == _YAML + "merge":  # YAML 1.1's `<<`, which the reader does not merge
+            hint = "write the keys out (`*name` may stand for a whole mapping)"
+            raise SpecError(loc, f"a `<<` merge key is not supported; {hint}")
         raise SpecError(
             loc, f"the YAML tag {_short_tag(node.tag)} is not allowed; a spec holds text, numbers, true/false and null"
         )
@@ -257,7 +261,7 @@ def _convert(node: yaml.Node, file: str, scalars: _Scalars, source: str) -> Raw:
         value = _scalar(node, loc, scalars)
         if not isinstance(value, (str, int, float, bool, type(None))):
             raise SpecError(loc, f"unsupported YAML value of type {type(value).__name__}")
-        return RawScalar(value, loc, quoted=node.style in ("'", '"'))
+        return RawScalar(value, loc, quoted=node.style in ("'", '"'), text=node.value)
     if _COLLECTION_TAGS.get(type(node), node.tag) != node.tag:
         raise SpecError(
             loc, f"the YAML tag {_short_tag(node.tag)} is not allowed; a spec holds plain mappings and lists"

@@ -106,6 +106,9 @@ def name_problem(name: str) -> str | None:
     """Why `name` cannot be an op's `name:`, or None (also `opgen new NAME`)."""
     if not _SNAKE_RE.match(name) or keyword.iskeyword(name) or (name.startswith("__") and name.endswith("__")):
         return "must be a snake_case Python identifier, e.g. my_op"
+    if len(name) > limits.NAME_LENGTH.value:  # it names files: tests/test_NAME.py must fit 255 bytes
+        limit = limits.NAME_LENGTH
+        return f"is {len(name)} {limit.unit}, over the '{limit.name}' limit of {limit.value}; choose a shorter name"
     return identifier_problem(name) or op_name_problem(name)
 
 

@@ -162,7 +162,9 @@ def _part_hint(dim: str) -> str:
 def formula(node: Raw, what: str) -> Formula:
     if not isinstance(node, RawScalar) or node.value is None or isinstance(node.value, bool):
         if isinstance(node, RawScalar) and isinstance(node.value, bool):
-            return Formula("true" if node.value else "false", node.loc)
+            if node.text.lower() in ("true", "false"):
+                return Formula("true" if node.value else "false", node.loc)
+            return Formula(node.text, node.loc)  # `on`, `yes`, `no`: a name, as a formula reads it
         raise SpecError(node.loc, f"{what} must be a formula (one line of text)")
     value = node.value
     text = value if isinstance(value, str) else repr(value)

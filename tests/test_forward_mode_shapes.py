@@ -1,0 +1,96 @@
+"""Forward mode (torch.func.jvp) where a tangent is smaller than its output, and where an output is an
+input broadcast to its shape as written; and the generated tests' plain-torch reference of a chain of
+comparisons. Each op against torch.func.jvp of the same formula in plain torch."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import torch
+from spec_ops import build_ops
+
+ONE_INPUT = """\
+name: narrow
+inputs:
+  x: Tensor
+  b: bool = false
+outputs:
+  o: 2.5 * x
+  p: b * b * x
+  q: sum(digamma(10 * (p / (1 + abs(p))) + 50)) - (p / o) ** 2
+"""
+# `where(c, x1, x1)` is x1 broadcast with x0 and x2 as written: forward returned an expanded view of x1.
+ALIASED = """\
+name: aliased
+inputs:
+  x1: Tensor
+  x2: Tensor
+  x0: Tensor
+outputs:
+  o0: where(x1 != max(max(x0, abs(x2)), max(x1, x0)) >= round(x1), x1, x1)
+  o1: relu6(o0)
+  o2: clamp(o1 * x0 + clamp(x2, 0, 1), x0, x0 + abs(x0))
+"""
+
+
+def test_a_tangent_through_a_reduction_is_widened_to_its_output(tmp_path):
+    """`q`'s second term is a number once simplified (p / o is b * b / 2.5) but has x's shape as written; its
+    tangent, the sum's, is a scalar: torch refused it ('a forward gradient that has a different size')."""
+    op = build_ops(tmp_path, "narrow_ops", {"narrow": ONE_INPUT}).narrow
+    x, t = torch.rand(4, dtype=torch.float64) + 0.5, torch.rand(4, dtype=torch.float64)
+
+    def plain(x: torch.Tensor, b: bool) -> tuple[torch.Tensor, ...]:
+        o, p = 2.5 * x, int(b) * int(b) * x
+        return o, p, torch.digamma(10 * (p / (1 + p.abs())) + 50).sum() - (p / o) ** 2
+
+    for b in (False, True):
+        got = torch.func.jvp(lambda x, b=b: op(x, b), (x,), (t,))
+        want = torch.func.jvp(lambda x, b=b: plain(x, b), (x,), (t,))
+        torch.testing.assert_close(got, want)
+
+
+def test_an_input_broadcast_to_its_output_under_forward_mode(tmp_path):
+    """Every tangent, every broadcast of the three inputs: forward mode raised ('more than one element of
+    the written-to tensor refers to a single memory location', or a tangent of the input's own shape)."""
+    op = build_ops(tmp_path, "aliased_ops", {"aliased": ALIASED}).aliased
+    shapes = [(3, 4), (4,), (), (2, 3, 4)]
+    generator = torch.Generator().manual_seed(5)
+    for chosen in itertools.product(shapes, repeat=3):
+        xs = [torch.rand(s, generator=generator, dtype=torch.float64) * 2 - 0.5 for s in chosen]
+        for k in range(3):
+
+            def moved(t: torch.Tensor, k: int = k, xs: list[torch.Tensor] = xs) -> tuple[torch.Tensor, ...]:
+                return op(*[t if i == k else x for i, x in enumerate(xs)])
+
+            _, tangents = torch.func.jvp(moved, (xs[k],), (torch.ones_like(xs[k]),))
+            outputs = moved(xs[k])
+            assert [t.shape for t in tangents] == [o.shape for o in outputs], (chosen, k)
+    x1, x2, x0 = (torch.rand(s, dtype=torch.float64, requires_grad=True) for s in ((4,), (2, 3, 4), (3, 4)))
+    assert torch.autograd.gradcheck(op, (x1, x2, x0))
+
+
+def test_the_reference_of_a_chain_of_comparisons_compares_elementwise(tmp_path):
+    """The generated tests' reference wrote `x1 != m >= round(x1)` as Python's chain, whose `and` raised
+    'Boolean value of Tensor with more than one value is ambiguous': the op was right, its tests failed."""
+    build_ops(tmp_path, "chain_ops", {"aliased": ALIASED})
+    reference = importlib.import_module("chain_ops.tests.test_aliased").reference
+    x1, x2, x0 = (torch.rand(3, 4, dtype=torch.float64) for _ in range(3))
+    got = reference(x1, x2, x0)
+    torch.testing.assert_close(got["o0"], x1)
+
+
+def test_an_output_that_is_an_input_only_when_an_optional_one_is_none(tmp_path):
+    """`o: x + 2 * p` is `x` itself when p is None; its tangent was never widened, and with p broadcasting
+    x up forward mode raised ('a forward gradient that has a different size')."""
+    spec = "name: maybe\ninputs:\n  x: Tensor\n  p: Tensor?\noutputs:\n  f: erfc(x) + 1 / x\n  o: x + 2 * p\n"
+    op = build_ops(tmp_path, "maybe_ops", {"maybe": spec}).maybe
+    for sx, sp in [((4,), (3, 4)), ((3, 4), (4,)), ((), (2, 3)), ((3, 4), (3, 4))]:
+        x, p = torch.rand(sx, dtype=torch.float64) + 1, torch.rand(sp, dtype=torch.float64)
+        outputs = op(x, p)
+        _, along_x = torch.func.jvp(lambda t, p=p: op(t, p), (x,), (torch.ones_like(x),))
+        _, along_p = torch.func.jvp(lambda t, x=x: op(x, t), (p,), (torch.ones_like(p),))
+        for tangents in (along_x, along_p):
+            assert [t.shape for t in tangents] == [o.shape for o in outputs], (sx, sp)
+        _, tangents = torch.func.jvp(lambda t: op(t, None), (x,), (torch.ones_like(x),))
+        torch.testing.assert_close(tangents[1], torch.ones_like(x))
