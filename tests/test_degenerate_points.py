@@ -63,12 +63,18 @@ def _derivatives(f: Reference, x0: torch.Tensor) -> list[torch.Tensor]:
     return [y.detach(), g.detach(), hvp, tangent]
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
-@pytest.mark.parametrize("name", sorted(OPS))
+# Every op at every point, but the row reductions at a 0-dim point (a row needs a dimension).
+CASES = [
+    (name, point)
+    for name in sorted(OPS)
+    for point in sorted(POINTS)
+    if not (name in ("std_rows", "norm_rows") and POINTS[point]().dim() == 0)
+]
+
+
+@pytest.mark.parametrize(("name", "point"), CASES)
 def test_degenerate_points_agree_with_autograd(ops, name: str, point: str) -> None:
     x0 = POINTS[point]()
-    if name in ("std_rows", "norm_rows") and x0.dim() == 0:
-        pytest.skip("a row reduction needs a dimension")
     got, want = _derivatives(getattr(ops, name), x0), _derivatives(OPS[name][1], x0)
     for what, g, w in zip(("value", "gradient", "second derivative", "jvp"), got, want, strict=True):
         w = w.to(g.dtype).expand_as(g)

@@ -142,15 +142,22 @@ def test_dtypes_and_layouts_match_the_formula(ops, side, name):
             raise AssertionError(f"{name}, {label}, {side}: {error}") from None
 
 
-@pytest.mark.parametrize("name", NAMES)
+def _floating(name: str) -> list[int]:
+    """The positions of the floating inputs a gradient flows to, in the op's sample call."""
+    tests = _tests(name)
+    return [k for k in tests.OP.present(tests.sample_inputs()) if k in tests.OP.checked]
+
+
+MIXED = [name for name in NAMES if len(_floating(name)) >= 2]  # the ops that take two floating tensors
+
+
+@pytest.mark.parametrize("name", MIXED)
 def test_mixed_dtypes_promote_as_pytorch(ops, side, name):
     """float32 beside float64: the promoted dtype and the formula's values, each gradient in its input's
     dtype; or, where PyTorch's own op refuses the mix, its error."""
     tests = _tests(name)
     args = tests.sample_inputs()
-    floats = [k for k in tests.OP.present(args) if k in tests.OP.checked]
-    if len(floats) < 2:
-        pytest.skip("one floating input")
+    floats = _floating(name)
     for which in ({floats[0]}, set(floats[1:])):
         mixed = _as(args, lambda a: a.float(), which)
         if name in REFUSE_MIXED:
