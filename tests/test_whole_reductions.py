@@ -201,3 +201,25 @@ def test_a_reduction_of_a_let_that_simplified_to_a_number(tmp_path):
     assert "numbers.yaml:9:6: in `sum(l + 1) + t`: sum() of `l + 1`: the number l + 1 once simplified" in "\n".join(
         result.problems.report()
     )
+
+
+def test_the_generated_tests_of_a_reduction_over_the_batch_sample_a_batch(tmp_path):
+    """`var(norm(x, dim=-1))` of `x: Tensor[..., D]` is a variance over the batch: sampled without
+    one, it is the variance of one number, NaN, and the generated tests failed on a correct op."""
+    import subprocess
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "spread.yaml").write_text(
+        "name: spread\ninputs:\n  x: Tensor[..., D]\noutputs:\n  y: var(norm(x, dim=-1)) + std(sum(x, dim=-1))\n"
+    )
+    assert main(["generate", str(specs), "-o", str(tmp_path / "spread_ops"), "-q"]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", "spread_ops/tests"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]

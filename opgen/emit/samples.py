@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from opgen.formula.syntax import reduces_every_dim
 from opgen.formula.tensor import BATCH
 from opgen.spec import quote
 from opgen.spec.model import Spec
@@ -98,7 +99,11 @@ def dim_sizes(spec: Spec) -> dict[str, int]:
 
 
 def sample_shapes(spec: Spec, broadcast: bool, batch: tuple[int, ...] = ()) -> dict[str, tuple[int, ...]]:
-    """Sample shapes; inputs with batch dimensions `...` get `batch` in front."""
+    """Sample shapes; inputs with batch dimensions `...` get `batch` in front, and `BATCH_SHAPE` when
+    a formula reduces over every dimension: `var(norm(x, dim=-1))` of an `x` without a batch is the
+    variance of one number, NaN, though the op is right."""
+    if not batch and reduces_every_dim(spec):
+        batch = BATCH_SHAPE
     shapes = dict(spec.tests.shapes)
     result = {}
     dims = dim_sizes(spec)

@@ -125,6 +125,16 @@ def is_elementwise(spec: Spec) -> bool:
     return not any(isinstance(c.func, ast.Name) and c.func.id in REDUCTIONS for c in calls)
 
 
+def reduces_every_dim(spec: Spec) -> bool:
+    """Whether a let or output reduces over every dimension (`var(norm(x, dim=-1))`: no `dim`)."""
+    formulas = [let.formula for let in spec.lets] + [o.formula for o in spec.outputs]
+    for call in (n for f in formulas for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Call)):
+        named = isinstance(call.func, ast.Name) and call.func.id in REDUCTIONS
+        if named and len(call.args) < 2 and all(kw.arg != "dim" for kw in call.keywords):
+            return True
+    return False
+
+
 BAD_DIMS = object()
 
 
