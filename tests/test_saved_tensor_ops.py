@@ -161,3 +161,36 @@ def test_a_term_through_several_residuals_survives_a_none_gradient(tmp_path):
     hessian = torch.func.hessian(lambda x: op(x).sum())(x.detach())
     torch.testing.assert_close(hessian, torch.func.hessian(lambda x: plain(x).sum())(x.detach()))
     assert torch.autograd.gradgradcheck(op, (x,))
+
+
+SHARED_THROUGH_RESIDUAL = """
+    name: shared_residual
+    inputs:
+      x: Tensor[N, K]
+    let:
+      u: 3.0 * tanh(x @ x.T)
+    outputs:
+      o: u - log(sum(exp(u), dim=1, keepdim=true))
+    optimize: {rewrite: false}
+"""
+
+
+def test_a_part_shared_through_a_residual_runs_only_where_its_gradient_is_not_none(tmp_path):
+    """The saved sum's incoming gradient appears twice in the term through it (`g @ x + g.T @ x`);
+    CSE named the shared part `tmp = grad_saved_sum * ...` before the `is not None` guard, and the
+    first backward, where that gradient is None, multiplied None."""
+    op = build_ops(tmp_path, "shared_residual", {"shared_residual": SHARED_THROUGH_RESIDUAL}).shared_residual
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        u = 3.0 * torch.tanh(x @ x.T)
+        return u - torch.log(torch.exp(u).sum(1, keepdim=True))
+
+    x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4).requires_grad_()
+    weights = torch.linspace(-1, 2, 9, dtype=x.dtype).reshape(3, 3)
+    (got,) = torch.autograd.grad((op(x) * weights).sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad((plain(x) * weights).sum(), x, create_graph=True)
+    torch.testing.assert_close(got, want)
+    (second,) = torch.autograd.grad(got.sin().sum(), x)
+    (expected,) = torch.autograd.grad(want.sin().sum(), x)
+    torch.testing.assert_close(second, expected)
+    assert torch.autograd.gradgradcheck(op, (x,))

@@ -38,6 +38,7 @@ records this Function for it, and saving the input stays legal), `src.detach()` 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +141,7 @@ def _plan_variant(
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)
     temps, reduced = _named_shares(temps, reduced, shared)
+    temps, reduced = _gated_inline(temps, reduced, {r.grad for r in residuals if r.differentiable})
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
     for expr, owner in zip(reduced, owners, strict=True):
@@ -172,6 +174,22 @@ def _plan_variant(
         grad = _grad_plan(derived, variant, gradient, tuple(contributions), index_of, may_broadcast, residuals)
         grads.append(grad)
     return BackwardPlan(variant.absent, tuple(groups), tuple(grads))
+
+
+def _gated_inline(temps: list[Temp], reduced: list[Expr], gated: set[sympy.Symbol]) -> tuple[list[Temp], list[Expr]]:
+    """Temporaries that read a residual's incoming gradient put back where they are used: that
+    gradient may be None, and only the terms that read it run under `is not None` (Note [saved
+    tensor operations] in opgen.optimize.save_tensors); shared, `tmp7 = grad_saved_sum * tmp4` ran
+    before the guard and multiplied None."""
+    inline: dict[sympy.Symbol, sympy.Basic] = {}
+    kept = []
+    for temp in temps:
+        expr = temp.expr.xreplace(inline)
+        if expr.free_symbols & gated:
+            inline[temp.symbol] = expr
+        else:
+            kept.append(dataclasses.replace(temp, expr=expr))
+    return kept, [e.xreplace(inline) for e in reduced]
 
 
 def _may_share_negations(derived: Derived, variant: Variant, residuals: tuple[Residual, ...]) -> bool:
