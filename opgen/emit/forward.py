@@ -18,7 +18,7 @@ from opgen.emit.norm_print import let_statistics, saved_statistics, statistics_l
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
 from opgen.formula.dims import counted
-from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
+from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size, is_dim_size
 from opgen.formula.written import Piece
 from opgen.optimize.norms import Rstd
 from opgen.plan.backward import Plan
@@ -58,11 +58,13 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
         else:
             lines += assign(residual.name, residual.expr, printer, indent, shared=True)
-    tensors = frozenset(plan.derived.symbols.tensor_inputs)
+    spec = plan.derived.spec
+    numbers = {plan.derived.symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor}
     for name, expr in outputs:
         if name in done:
             continue
-        if name in expand and not expr.free_symbols & tensors:  # Note [constant outputs]
+        constant = all(s in numbers or is_dim_size(s) for s in expr.free_symbols)  # of no tensor, no output
+        if name in expand and constant:  # Note [constant outputs]
             lines.append(f"{name} = {_filled(printer.doprint_expr(expr), expand[name], printer)}")
             continue
         if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too,
