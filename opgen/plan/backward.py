@@ -52,6 +52,7 @@ from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.kinks import kink_of_output, shared_kinks
 
 if TYPE_CHECKING:
     from opgen.plan.forward import ForwardPlan
@@ -137,6 +138,9 @@ def _plan_variant(
     shared: list[tuple[sympy.Symbol, Expr]] = []
     if negations:
         factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
+        conditions = kink_of_output(derived, variant)
+        factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
+        shared += kinks
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)

@@ -1,0 +1,77 @@
+"""Ops whose backward makes no more full-size tensors than plain autograd of the same formula, counted
+structurally (aten calls whose result has the inputs' broadcast size), with values, gradients and second
+derivatives those of plain autograd in float64: the hinge's shared kink (Note [shared kinks] in
+opgen/plan/kinks.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import import_package
+from full_size import FullSize
+
+from opgen.cli import main
+
+SPECS = {
+    # name: (spec after the name, the formula in plain torch, the tensor inputs' shapes)
+    "hinge": (
+        "inputs:\n  x: Tensor\n  y: Tensor\noutputs:\n  loss: max(0, 1 - x * y)\n",
+        lambda x, y: torch.clamp(1 - x * y, min=0),
+        [(16, 8), (16, 8)],
+    ),
+    "hinge_broadcast": (
+        "inputs:\n  x: Tensor\n  y: Tensor\noutputs:\n  loss: max(1 - x * y, 0)\n",
+        lambda x, y: torch.relu(1 - x * y),
+        [(16, 8), (8,)],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    root = tmp_path_factory.mktemp("backward_passes")
+    (root / "specs").mkdir()
+    for name, (text, _, _) in SPECS.items():
+        (root / "specs" / f"{name}.yaml").write_text(f"name: {name}\n{text}", encoding="utf-8")
+    assert main(["generate", str(root / "specs"), "-o", str(root / "pass_ops"), "--no-cache"]) == 0
+    return import_package(root, "pass_ops")
+
+
+def _backward_passes(function, xs: list[torch.Tensor]) -> int:
+    y = function(*xs)
+    g = torch.randn_like(y)
+    with FullSize(max(x.numel() for x in xs), views=False) as mode:
+        torch.autograd.grad(y, xs, g)
+    return mode.count
+
+
+def _inputs(shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [(2 * torch.rand(s, generator=generator, dtype=torch.float64)).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_backward_is_plain_autograds_with_no_more_passes(ops, name):
+    _, plain, shapes = SPECS[name]
+    op = getattr(ops, name)
+    xs = _inputs(shapes)
+    torch.testing.assert_close(op(*xs), plain(*xs))
+    g = torch.randn_like(plain(*xs))
+    got = torch.autograd.grad(op(*xs), xs, g, create_graph=True)
+    want = torch.autograd.grad(plain(*xs), xs, g, create_graph=True)
+    torch.testing.assert_close(got, want)
+    second = torch.autograd.grad(sum((a * a).sum() for a in got), xs)
+    torch.testing.assert_close(second, torch.autograd.grad(sum((b * b).sum() for b in want), xs))
+    assert torch.autograd.gradgradcheck(op, xs)
+    for k in range(len(xs)):  # one input alone requiring a gradient
+        alone = [x.detach().requires_grad_(i == k) for i, x in enumerate(xs)]
+        (one,) = torch.autograd.grad(op(*alone), [alone[k]], g)
+        torch.testing.assert_close(one, torch.autograd.grad(plain(*alone), [alone[k]], g)[0])
+    assert _backward_passes(op, xs) <= _backward_passes(plain, xs)
+
+
+def test_the_hinge_computes_its_kink_once(ops):
+    """`max(0, 1 - x*y)`: the mask, the incoming gradient's negation and the `where` once for both
+    gradients, read from the saved output (10 full-size passes before, plain autograd's 4 now)."""
+    xs = _inputs([(16, 8), (16, 8)])
+    assert _backward_passes(ops.hinge, xs) == 4
