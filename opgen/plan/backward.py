@@ -53,6 +53,7 @@ from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
 from opgen.plan.kinks import kink_of_output, shared_kinks
+from opgen.plan.numbers import pull_numbers
 
 if TYPE_CHECKING:
     from opgen.plan.forward import ForwardPlan
@@ -130,7 +131,9 @@ def _plan_variant(
     owners: list[str] = []
     # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
     negations = _may_share_negations(derived, variant, residuals)
-    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients], negations)
+    numbers = frozenset(s for n, s in derived.symbols.inputs.items() if n not in derived.symbols.tensor_names)
+    written = [[pull_numbers(c.factor, numbers) for c in g.contributions] for g in variant.gradients]
+    kernel_ready = kernel_factors(written, negations)
     for gradient, ready in zip(variant.gradients, kernel_ready, strict=True):
         factors += ready
         owners += [gradient.input] * len(ready)
