@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import import_package
-from torch.utils._python_dispatch import TorchDispatchMode
+from full_size import FullSize
 
 from opgen.cli import main
 
@@ -37,24 +37,10 @@ def ops(tmp_path_factory):
     return import_package(root, "loss_ops")
 
 
-class _FullSize(TorchDispatchMode):
-    """Counts the aten calls that make a tensor of `numel` elements (a pass over the inputs' broadcast)."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.count = numel, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        results = out if isinstance(out, (tuple, list)) else (out,)
-        self.count += any(isinstance(r, torch.Tensor) and r.numel() == self.numel for r in results)
-        return out
-
-
 def _backward_passes(function, x: torch.Tensor, t: torch.Tensor) -> int:
     y = function(x, t)
     g = torch.ones_like(y)
-    with _FullSize(torch.broadcast_shapes(x.shape, t.shape).numel()) as mode:
+    with FullSize(torch.broadcast_shapes(x.shape, t.shape).numel()) as mode:
         torch.autograd.grad(y, [x, t], g)
     return mode.count
 

@@ -216,6 +216,9 @@ class KernelPrinting:
     def _print_tanh_backward(self, expr: kb.tanh_backward) -> str:
         return self._aten("tanh_backward", *expr.args)
 
+    def _print_threshold_backward(self, expr: kb.threshold_backward) -> str:
+        return self._aten("threshold_backward", *expr.args, "0")
+
     # -- the stable functions of opgen.optimize.rewrite -------------------------------------------------------
 
     # Of plain numbers (Note [numbers and tensors]) each prints in a stable `math` form.

@@ -319,6 +319,10 @@ class SumDims(_Linear):
     nargs = 3
 
 
+# Nodes linear in their first argument: a factor that is a number moves outside (opgen.plan.numbers).
+LINEAR: tuple[type[TensorOp], ...] = (_Linear, _LinearReduction)
+
+
 def has_tensor_ops(expr: sympy.Basic) -> bool:
     return bool(expr.atoms(TensorOp))
 

@@ -18,6 +18,7 @@ from typing import ClassVar
 import sympy
 from sympy import Expr, S
 
+from opgen.formula.functions import where
 from opgen.optimize.kernels import PRIMITIVES, _Prime, _Primitive
 
 
@@ -71,6 +72,14 @@ class tanh_backward(OutputBackward):  # noqa: N801
     def elementary(self) -> Expr:
         g, t = self.args
         return g * (1 - t**2)
+
+
+class threshold_backward(OutputBackward):  # noqa: N801
+    """`g` where the saved output of `max(0, u)` is positive, else 0: relu's backward kernel."""
+
+    def elementary(self) -> Expr:
+        g, out = self.args
+        return where(sympy.StrictGreaterThan(out, 0), g, S.Zero)
 
 
 def _factors(expr: Expr) -> tuple[Expr, ...]:

@@ -52,6 +52,8 @@ from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.kinks import kink_of_output, shared_kinks
+from opgen.plan.numbers import pull_numbers
 
 if TYPE_CHECKING:
     from opgen.plan.forward import ForwardPlan
@@ -129,7 +131,9 @@ def _plan_variant(
     owners: list[str] = []
     # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
     negations = _may_share_negations(derived, variant, residuals)
-    kernel_ready = kernel_factors([[c.factor for c in g.contributions] for g in variant.gradients], negations)
+    numbers = frozenset(s for n, s in derived.symbols.inputs.items() if n not in derived.symbols.tensor_names)
+    written = [[pull_numbers(c.factor, numbers) for c in g.contributions] for g in variant.gradients]
+    kernel_ready = kernel_factors(written, negations)
     for gradient, ready in zip(variant.gradients, kernel_ready, strict=True):
         factors += ready
         owners += [gradient.input] * len(ready)
@@ -137,6 +141,9 @@ def _plan_variant(
     shared: list[tuple[sympy.Symbol, Expr]] = []
     if negations:
         factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
+        conditions = kink_of_output(derived, variant)
+        factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
+        shared += kinks
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced)
     temps, reduced = read_multiples(temps, reduced)
