@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import import_package
-from test_loss_backward_passes import _FullSize
+from full_size import FullSize
 
 from opgen.cli import main
 
@@ -59,7 +59,7 @@ def ops(tmp_path_factory):
 
 def _forward_passes(function, args: list[torch.Tensor]) -> int:
     numel = function(*args).numel()
-    with torch.no_grad(), _FullSize(numel) as mode:
+    with torch.no_grad(), FullSize(numel) as mode:
         function(*args)
     return mode.count
 
