@@ -280,3 +280,27 @@ def test_outputs_that_lose_nothing_are_not_expanded():
     ops = [path for path in result.files if path.startswith("ops/") and not path.endswith("__init__.py")]
     assert len(ops) == len(list(SPECS.glob("*.yaml")))
     assert not [path for path in ops if ".expand(torch.broadcast_shapes(" in result.files[path]]
+
+
+def test_a_constant_output_of_a_tensor_operation_alone(tmp_path):
+    """`(n > n) * o` of a let `n = N` and an output `o = a.T` is a tensor of zeros of `o`'s shape: the
+    reader keeps the condition unevaluated, in terms of the inputs it is 0, and no Tensor input is used
+    elementwise to take the dtype from (Note [constant outputs] in opgen/emit/forward.py)."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: op
+        inputs:
+          a: Tensor[N, K]
+        let:
+          n: N
+        outputs:
+          o: a.T
+          p: {formula: "(n > n) * o", differentiable: false}
+    """
+    ops = build_ops(tmp_path, "constant_transpose", {"op": spec})
+    a = torch.randn(3, 4, dtype=torch.float32, requires_grad=True)
+    o, p = ops.op(a)
+    torch.testing.assert_close(o, a.T)
+    torch.testing.assert_close(p, torch.zeros(4, 3))
+    assert not p.requires_grad

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -48,6 +48,9 @@ class Piece:
     tensor: sympy.Symbol | None  # a Tensor input used elementwise (its own shape), else None
     dims: Shape  # the static shape: declared (None: a plain Tensor), or of the tensor operation
     batch: tuple[sympy.Symbol, ...] = ()  # the inputs whose batch dimensions `...` it has
+    # A Tensor input a tensor operation reads, for the dtype and device of a constant output
+    # (Note [constant outputs] in opgen.emit.forward); not part of what the piece is.
+    reads: sympy.Symbol | None = field(default=None, compare=False)
 
 
 Pieces = frozenset[Piece]
@@ -119,7 +122,8 @@ class Walk:
         except ShapeError:  # what is left of it after dropped terms no longer fits: SymPy's shape decides
             return frozenset()
         batch = tuple(sorted({s for p in parts for piece in p for s in piece.batch}, key=lambda s: s.name))  # type: ignore[union-attr]
-        return frozenset([Piece(None, dims, batch)])
+        reads = sorted({t for p in parts for piece in p for t in (piece.tensor, piece.reads) if t}, key=str)  # type: ignore[union-attr]
+        return frozenset([Piece(None, dims, batch, reads[0] if reads else None)])
 
     def operation_shape(self, node: ast.expr, shapes: list[Shape]) -> Shape:
         if isinstance(node, ast.BinOp):
