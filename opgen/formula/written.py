@@ -169,10 +169,15 @@ def broadcast_all(pieces: Pieces) -> Shape:
     return shape
 
 
-def uncovered(expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shape]) -> tuple[Piece, ...]:
-    """The pieces whose shape `expr`, the simplified formula, may no longer have (Note [shapes as written])."""
+def uncovered(
+    expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shape], tensors: frozenset[sympy.Symbol]
+) -> tuple[Piece, ...]:
+    """The pieces whose shape `expr`, the simplified formula, may no longer have (Note [shapes as written]).
+    A number (`false * x` of a `Tensor[]` x) misses every piece: a tensor of none of their shapes, `()`."""
     dummies = {op: sympy.Dummy() for op in expr.atoms(TensorOp)}
     elementwise = expr.xreplace(dummies).free_symbols
+    if not dummies and not elementwise & tensors:
+        return tuple(sorted(pieces, key=sort_key))
     try:
         own = tensor.shape_of(expr, shapes)
     except ShapeError:
