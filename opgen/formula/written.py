@@ -251,6 +251,14 @@ def constant_reduction(
     return result
 
 
+def number_or_operand(operand: sympy.Expr, shape: Shape, full: Shape, scope: Any) -> tuple[sympy.Expr, Shape]:
+    """A reduction's operand of static shape `full` as written that is a number once the lets are read in
+    (`where(l != l, x @ x.T, 100)` with `l = y - y`): the number, of shape (), constant along every dim of
+    `full` (Note [reductions of constant dimensions]); else the operand as it is."""
+    value = operand.xreplace(scope.values or {})
+    return (value, ()) if full and not value.free_symbols & scope.tensors else (operand, shape)
+
+
 def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...], bool, int], scope: Any) -> sympy.Expr:
     """Note [reductions of a number]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -261,7 +269,8 @@ def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...],
     logsumexp or a corrected variance needs the count, and is refused. A let counts by its value (`l`
     above holds the number 0), not by its text (Note [tensor-valued lets])."""
     found, keepdim, correction = how
-    if operand.xreplace(scope.values or {}).free_symbols & scope.tensors:
+    # The first reading, without shapes, only orders the formulas: the shapes as written decide later.
+    if scope.shapes is None or operand.xreplace(scope.values or {}).free_symbols & scope.tensors:
         return tensor.reduction(kind, operand, found, keepdim, correction)
     if kind in ("mean", "amax"):
         return operand
