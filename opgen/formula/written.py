@@ -122,6 +122,7 @@ class Walk:
         except ShapeError:  # what is left of it after dropped terms no longer fits: SymPy's shape decides
             return frozenset()
         batch = tuple(sorted({s for p in parts for piece in p for s in piece.batch}, key=lambda s: s.name))  # type: ignore[union-attr]
+        batch = batch if dims is None or BATCH in dims else ()  # a reduction over every dim has none left
         reads = sorted({t for p in parts for piece in p for t in (piece.tensor, piece.reads) if t}, key=str)  # type: ignore[union-attr]
         return frozenset([Piece(None, dims, batch, reads[0] if reads else None)])
 
