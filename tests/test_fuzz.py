@@ -16,9 +16,11 @@ instead of stopping at the first; `OPGEN_FUZZ_SECONDS` is the time limit of one 
 
 from __future__ import annotations
 
+import base64
 import json
 import keyword
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -66,12 +68,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         worker.stop()
 
 
-def _record(kind: str, spec: str, message: str) -> None:
+def _record(kind: str, spec: str, message: str, case: Case | None = None) -> None:
+    """One JSON line; `case` (a formula case) as base64 pickle, to replay with `fuzz_check.check_case`."""
+    record = {"kind": kind, "spec": spec, "message": message}
+    if case is not None:
+        record["case"] = base64.b64encode(pickle.dumps(case)).decode("ascii")
     with open(COLLECT, "a") as f:  # type: ignore[arg-type]
-        f.write(json.dumps({"kind": kind, "spec": spec, "message": message}) + "\n")
+        f.write(json.dumps(record) + "\n")
 
 
-def _property(lab: Sandbox, kind: str, spec: str, body: Callable[[], None]) -> None:
+def _property(lab: Sandbox, kind: str, spec: str, body: Callable[[], None], case: Case | None = None) -> None:
     """Run one case's checks; with OPGEN_FUZZ_COLLECT a failure is written down instead of raised."""
     note(spec)
     try:
@@ -79,7 +85,7 @@ def _property(lab: Sandbox, kind: str, spec: str, body: Callable[[], None]) -> N
     except AssertionError as failure:
         if COLLECT is None:
             raise AssertionError(f"{failure}\n--- spec ---\n{spec}") from None
-        _record(kind, spec, str(failure))
+        _record(kind, spec, str(failure), case)
         event(f"failure: {str(failure).splitlines()[0][:60]}")
     finally:
         lab.reset()
@@ -136,7 +142,7 @@ def _formula_case(lab: Sandbox, case: Case) -> None:
             _agrees(lab, root, out, case)
         lab.finish(root)
 
-    _property(lab, "formula", text, body)
+    _property(lab, "formula", text, body, case)
 
 
 @fuzz(ci_examples=40)

@@ -280,3 +280,75 @@ def test_outputs_that_lose_nothing_are_not_expanded():
     ops = [path for path in result.files if path.startswith("ops/") and not path.endswith("__init__.py")]
     assert len(ops) == len(list(SPECS.glob("*.yaml")))
     assert not [path for path in ops if ".expand(torch.broadcast_shapes(" in result.files[path]]
+
+
+def test_a_constant_output_of_a_tensor_operation_alone(tmp_path):
+    """`(n > n) * o` of a let `n = N` and an output `o = a.T` is a tensor of zeros of `o`'s shape: the
+    reader keeps the condition unevaluated, in terms of the inputs it is 0, and no Tensor input is used
+    elementwise to take the dtype from (Note [constant outputs] in opgen/emit/forward.py)."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: op
+        inputs:
+          a: Tensor[N, K]
+        let:
+          n: N
+        outputs:
+          o: a.T
+          p: {formula: "(n > n) * o", differentiable: false}
+    """
+    ops = build_ops(tmp_path, "constant_transpose", {"op": spec})
+    a = torch.randn(3, 4, dtype=torch.float32, requires_grad=True)
+    o, p = ops.op(a)
+    torch.testing.assert_close(o, a.T)
+    torch.testing.assert_close(p, torch.zeros(4, 3))
+    assert not p.requires_grad
+
+
+def test_a_constant_output_of_a_tensor_of_no_dimensions_is_a_tensor(tmp_path):
+    """`false * x3` of a `Tensor[]` x3 is a tensor of shape (), as in torch: SymPy reads it as 0, whose
+    shape () covers x3's, and forward returned the number 0 (mark_non_differentiable failed on it)."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: op
+        inputs:
+          x: Tensor
+          s: Tensor[]
+        outputs:
+          y: sin(x)
+          z: {formula: "false * s", differentiable: false}
+          w: 0 * s
+    """
+    ops = build_ops(tmp_path, "constant_scalar", {"op": spec})
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    s = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    y, z, w = ops.op(x, s)
+    torch.testing.assert_close((y, z, w), (torch.sin(x), False * s, 0 * s))
+    assert not z.requires_grad
+    (g,) = torch.autograd.grad(w, s, allow_unused=True)
+    assert g is None or float(g) == 0.0
+
+
+def test_a_step_of_a_formula_of_known_sign_is_a_tensor(tmp_path):
+    """`heaviside(log(1 + exp(o)))` is 1 wherever `o` is, as a tensor of o's shape: the printer asked
+    SymPy for `softplus(o) >= 0`, got True, and forward returned the number 1."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: op
+        inputs:
+          x: Tensor
+        outputs:
+          o: 2 * x
+          h: {formula: "heaviside(log(1 + exp(o)))", differentiable: false}
+          k: heaviside(-softplus(x)) + x
+    """
+    ops = build_ops(tmp_path, "known_sign", {"op": spec})
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    o, h, k = ops.op(x)
+    torch.testing.assert_close((o, h, k), (2 * x, torch.ones(3, 4, dtype=torch.float64), x))
+    assert not h.requires_grad
+    (g,) = torch.autograd.grad(k.sum(), x)
+    torch.testing.assert_close(g, torch.ones_like(x))

@@ -186,7 +186,7 @@ def _expansions(
     for name in order:
         pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formulas[name]))
         if name in symbols.outputs and pieces:
-            missing = written.uncovered(inlined[defined[name]], pieces, walk.shapes)
+            missing = written.uncovered(inlined[defined[name]], pieces, walk.shapes, walk.inputs)
             if missing:
                 found.append((name, missing))
     rank = {o.name: k for k, o in enumerate(spec.outputs)}

@@ -38,6 +38,8 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
         declared = plan.derived.spec.input(grad.input).type.dims is not None  # type: ignore[union-attr]
         if grad.reduce and declared:
             return [f"{var} = {first_grad}.new_zeros({shape})"]
+        if declared:  # an output that is a number of another shape (`sum(where(l != l, x @ x.T, 1), dim=-2)`)
+            return [f"{var} = None  # {grad.input} has a zero gradient"]
         if grad.reduce:
             broadcast = f"{names.torch}.broadcast_shapes({first_grad}.shape, {shape})"
             return [f"{var} = {zero}.expand({broadcast}).sum_to_size({shape})"]

@@ -18,7 +18,7 @@ from opgen.emit.norm_print import let_statistics, saved_statistics, statistics_l
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, unpack, variant_branches
 from opgen.formula.dims import counted
-from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size, is_dim_size
+from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
 from opgen.optimize.norms import Rstd
 from opgen.plan.backward import Plan
@@ -58,14 +58,13 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
         else:
             lines += assign(residual.name, residual.expr, printer, indent, shared=True)
-    spec = plan.derived.spec
-    numbers = {plan.derived.symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor}
+    tensors = frozenset(plan.derived.symbols.tensor_inputs)
+    inlined = dict(variant.inlined)  # a constant may read a let or an earlier output: `(n > n) * o`
     for name, expr in outputs:
         if name in done:
             continue
-        constant = all(s in numbers or is_dim_size(s) for s in expr.free_symbols)  # of no tensor, no output
-        if name in expand and constant:  # Note [constant outputs]
-            lines.append(f"{name} = {_filled(printer.doprint_expr(expr), expand[name], printer)}")
+        if name in expand and not inlined[name].free_symbols & tensors:  # Note [constant outputs]
+            lines.append(f"{name} = {_filled(printer.doprint_expr(inlined[name]), expand[name], printer)}")
             continue
         if name in aliases and name in expand and name in differentiable:  # `expand` of an input is a view too,
             # and where it broadcasts, forward mode writes the input's zero tangent through it and fails: a copy.
@@ -119,7 +118,7 @@ def _expanded(source: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> 
 # A formula that names no Tensor input at all is refused (opgen.derive.gradients).
 def _filled(value: str, pieces: tuple[Piece, ...], printer: TorchPrinter) -> str:
     """A new tensor of the broadcast of `pieces`' shapes, filled with `value`."""
-    tensor = next(printer.doprint_expr(p.tensor) for p in pieces if p.tensor is not None)
+    tensor = next(printer.doprint_expr(p.tensor or p.reads) for p in pieces if p.tensor or p.reads)
     shapes = ", ".join(_piece_shape(piece, printer) for piece in pieces)
     broadcast = f"{printer.torch}.broadcast_shapes({shapes})"
     return f"{printer.torch}.full({broadcast}, {value}, dtype={tensor}.dtype, device={tensor}.device)"

@@ -308,7 +308,11 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         return f"{self.torch}.polygamma({self._print(order)}, {self._print(arg)})"
 
     def _print_heaviside(self, expr: fn.heaviside) -> str:
-        return self._print(fn.indicator(sympy.GreaterThan(expr.args[0], 0)))
+        condition = sympy.GreaterThan(expr.args[0], 0)
+        if condition in (S.true, S.false) and self.is_tensor(expr.args[0]):
+            # SymPy knows the sign (`heaviside(softplus(x))`): still a tensor of the argument's shape.
+            return f"{self.torch}.full_like({self._print(expr.args[0])}, {int(condition == S.true)})"
+        return self._print(fn.indicator(condition))
 
     def _print_where(self, expr: fn.where) -> str:
         cond, a, b = expr.args

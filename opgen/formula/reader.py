@@ -307,6 +307,7 @@ class _Reader:
                 found = tensor.reduce_dims(full, dims, keepdim, f"{name}()")  # type: ignore[arg-type]
                 if name in ("mean", "var", "std") and found:  # they divide by how many entries they reduce
                     tensor.dims_count(full, found, f"{name}()")
+                operand, shape = written.number_or_operand(operand, shape, full, self.scope)
                 if full != shape:  # Note [reductions of constant dimensions] in opgen.formula.written
                     reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
                     return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))

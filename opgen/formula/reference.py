@@ -111,10 +111,30 @@ class _Translate(ast.NodeTransformer):
             return ast.Compare(visited, [ast.Eq()], [ast.Constant(1)])
         return visited
 
+    @staticmethod
+    def _is_condition(node: ast.expr) -> bool:
+        return isinstance(node, (ast.Compare, ast.BoolOp)) or (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, (ast.BitAnd, ast.BitOr))
+            or isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.Invert)
+        )
+
+    def _number(self, node: ast.expr, wrap: bool) -> ast.expr:
+        """An operand of arithmetic; a condition written there, with `wrap`, is 1/0 as a float tensor: torch
+        refuses `-` of a bool tensor, and `+` of two is their `or` (`(x > 0) + (y > 0)` is 2 where both hold)."""
+        visited = self.visit(node)
+        if not wrap or not self._is_condition(node):
+            return visited
+        one, zero = self._tensor(ast.Constant(1.0)), self._tensor(ast.Constant(0.0))
+        return ast.Call(
+            self._attr("torch.where"), [ast.Call(self._attr("torch.as_tensor"), [visited], []), one, zero], []
+        )
+
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:  # noqa: N802
         if isinstance(node.op, ast.Invert):
             return ast.UnaryOp(node.op, self._condition(node.operand))
-        return self.generic_visit(node)
+        return ast.UnaryOp(node.op, self._number(node.operand, True))
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:  # noqa: N802
         """A chain `a != b >= c` is `(a != b) & (b >= c)`: Python's own chain `and`s them, which raises for
@@ -132,7 +152,9 @@ class _Translate(ast.NodeTransformer):
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:  # noqa: N802
         if isinstance(node.op, (ast.BitAnd, ast.BitOr)):
             return ast.BinOp(self._condition(node.left), node.op, self._condition(node.right))
-        return self.generic_visit(node)
+        # A condition with a tensor of numbers promotes to its dtype, but not under `-`.
+        wrap = isinstance(node.op, ast.Sub) or (self._is_condition(node.left) and self._is_condition(node.right))
+        return ast.BinOp(self._number(node.left, wrap), node.op, self._number(node.right, wrap))
 
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         assert isinstance(node.func, ast.Name)

@@ -17,6 +17,7 @@ from opgen.errors import Loc, SpecError
 from opgen.formula.aliases import AliasError, expand
 from opgen.formula.words import REDUCTIONS
 from opgen.spec.model import Formula, Spec
+from opgen.spec.parse_common import COMMENT_HINT, COMMENT_PROBLEM, comment_start
 
 
 def node_loc(formula: Formula, node: ast.AST) -> Loc:
@@ -45,6 +46,7 @@ def parse_ast(formula: Formula) -> ast.expr:
     text = formula.text
     for start, length in limits.digit_runs(text):
         raise limits.DIGITS.refuse(_text_loc(formula, start), "this number", length, "write it shorter, e.g. 1.5e30")
+    _refuse_comment(formula)
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
@@ -61,6 +63,13 @@ def parse_ast(formula: Formula) -> ast.expr:
         return expand(tree.body)  # Note [aliases]
     except AliasError as error:
         raise SpecError(node_loc(formula, error.node), f"in `{short(text)}`: {error}") from None
+
+
+def _refuse_comment(formula: Formula) -> None:
+    index = comment_start(formula.text)
+    if index is not None:
+        message = f"in `{short(formula.text)}`: {COMMENT_PROBLEM.format('a formula')}; {COMMENT_HINT}"
+        raise SpecError(_text_loc(formula, index), message)
 
 
 def _check_size(tree: ast.expr, formula: Formula) -> None:

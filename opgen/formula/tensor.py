@@ -33,9 +33,12 @@ vector on the right is refused: torch would read a batched vector as a batch of 
 
 from __future__ import annotations
 
+from typing import Any
+
 import sympy
 from sympy import Expr, Function, S
 from sympy.printing.precedence import PRECEDENCE
+from sympy.printing.str import StrPrinter
 
 from opgen.formula.dims import BATCH as BATCH
 from opgen.formula.dims import Dim as Dim
@@ -110,6 +113,14 @@ class MatMul(TensorOp):
         if (ca == 1 and cb == 1) or ba == 1 or bb == 1:
             return None
         return ca * cb * MatMul(ba, bb)
+
+    def _sympystr(self, printer: Any) -> str:
+        """`a @ b` for `str()`: SymPy's StrPrinter took this for its matrix product (by the class name)."""
+        own = getattr(type(printer), "_print_MatMul", None)
+        if own is not None and own is not StrPrinter._print_MatMul:
+            return str(own(printer, self))
+        a, b = (printer.parenthesize(arg, self.precedence) for arg in self.args)
+        return f"{a} @ {b}"
 
 
 class RowsOuter(TensorOp):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -48,6 +48,9 @@ class Piece:
     tensor: sympy.Symbol | None  # a Tensor input used elementwise (its own shape), else None
     dims: Shape  # the static shape: declared (None: a plain Tensor), or of the tensor operation
     batch: tuple[sympy.Symbol, ...] = ()  # the inputs whose batch dimensions `...` it has
+    # A Tensor input a tensor operation reads, for the dtype and device of a constant output
+    # (Note [constant outputs] in opgen.emit.forward); not part of what the piece is.
+    reads: sympy.Symbol | None = field(default=None, compare=False)
 
 
 Pieces = frozenset[Piece]
@@ -119,7 +122,9 @@ class Walk:
         except ShapeError:  # what is left of it after dropped terms no longer fits: SymPy's shape decides
             return frozenset()
         batch = tuple(sorted({s for p in parts for piece in p for s in piece.batch}, key=lambda s: s.name))  # type: ignore[union-attr]
-        return frozenset([Piece(None, dims, batch)])
+        batch = batch if dims is None or BATCH in dims else ()  # a reduction over every dim has none left
+        reads = sorted({t for p in parts for piece in p for t in (piece.tensor, piece.reads) if t}, key=str)  # type: ignore[union-attr]
+        return frozenset([Piece(None, dims, batch, reads[0] if reads else None)])
 
     def operation_shape(self, node: ast.expr, shapes: list[Shape]) -> Shape:
         if isinstance(node, ast.BinOp):
@@ -165,10 +170,15 @@ def broadcast_all(pieces: Pieces) -> Shape:
     return shape
 
 
-def uncovered(expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shape]) -> tuple[Piece, ...]:
-    """The pieces whose shape `expr`, the simplified formula, may no longer have (Note [shapes as written])."""
+def uncovered(
+    expr: sympy.Basic, pieces: Pieces, shapes: dict[sympy.Symbol, Shape], tensors: frozenset[sympy.Symbol]
+) -> tuple[Piece, ...]:
+    """The pieces whose shape `expr`, the simplified formula, may no longer have (Note [shapes as written]).
+    A number (`false * x` of a `Tensor[]` x) misses every piece: a tensor of none of their shapes, `()`."""
     dummies = {op: sympy.Dummy() for op in expr.atoms(TensorOp)}
     elementwise = expr.xreplace(dummies).free_symbols
+    if not dummies and not elementwise & tensors:
+        return tuple(sorted(pieces, key=sort_key))
     try:
         own = tensor.shape_of(expr, shapes)
     except ShapeError:
@@ -242,6 +252,14 @@ def constant_reduction(
     return result
 
 
+def number_or_operand(operand: sympy.Expr, shape: Shape, full: Shape, scope: Any) -> tuple[sympy.Expr, Shape]:
+    """A reduction's operand of static shape `full` as written that is a number once the lets are read in
+    (`where(l != l, x @ x.T, 100)` with `l = y - y`): the number, of shape (), constant along every dim of
+    `full` (Note [reductions of constant dimensions]); else the operand as it is."""
+    value = operand.xreplace(scope.values or {})
+    return (value, ()) if full and not value.free_symbols & scope.tensors else (operand, shape)
+
+
 def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...], bool, int], scope: Any) -> sympy.Expr:
     """Note [reductions of a number]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -252,7 +270,8 @@ def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...],
     logsumexp or a corrected variance needs the count, and is refused. A let counts by its value (`l`
     above holds the number 0), not by its text (Note [tensor-valued lets])."""
     found, keepdim, correction = how
-    if operand.xreplace(scope.values or {}).free_symbols & scope.tensors:
+    # The first reading, without shapes, only orders the formulas: the shapes as written decide later.
+    if scope.shapes is None or operand.xreplace(scope.values or {}).free_symbols & scope.tensors:
         return tensor.reduction(kind, operand, found, keepdim, correction)
     if kind in ("mean", "amax"):
         return operand

@@ -7,8 +7,10 @@ write it instead.
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import tokenize
 from collections.abc import Iterable
 
 from opgen import limits
@@ -41,6 +43,26 @@ def plausible(word: str, options: Iterable[str]) -> str | None:
         if distance <= limit and (best is None or (distance, option) < best):
             best = (distance, option)
     return None if best is None else best[1]
+
+
+COMMENT_PROBLEM = "{} has no comments, and `#` here would drop the rest of the line"
+COMMENT_HINT = "remove it, or put a YAML comment outside the quotes"
+
+
+def comment_start(text: str) -> int | None:
+    """Where a `#` outside a string starts a Python comment in `text`, or None.
+
+    Formulas and inits are read with Python's `ast`, which drops a comment silently: the quoted
+    formula `"x * 2 # + 1"` would be `x * 2`. A YAML comment outside the quotes is YAML's own."""
+    wrapped = "(" + text + "\n)"  # in parentheses: any indentation and line breaks tokenize
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(wrapped).readline):
+            if token.type == tokenize.COMMENT:
+                row, col = token.start
+                return sum(len(line) for line in wrapped.splitlines(keepends=True)[: row - 1]) + col - 1
+    except (tokenize.TokenError, SyntaxError):  # not Python: the parser says where
+        pass
+    return None
 
 
 def _edits(a: str, b: str, limit: int) -> int:

@@ -25,7 +25,7 @@ import math
 from opgen.errors import Loc, SpecError
 from opgen.spec.load import Raw, RawScalar
 from opgen.spec.model import INIT_ARITY, Init, Input
-from opgen.spec.parse_common import plausible, suggest
+from opgen.spec.parse_common import COMMENT_HINT, COMMENT_PROBLEM, comment_start, plausible, suggest
 
 INIT_FUNCTIONS = ("sqrt", "exp", "log")
 INIT_CONSTANTS = ("pi",)
@@ -38,6 +38,11 @@ def parse_init(node: Raw, name: str, args: list[Input]) -> Init:
         raise SpecError(node.loc, f"init of parameter '{name}' must be text such as `uniform(-0.1, 0.1)`")
     text = node.value
     kinds = tuple(INIT_ARITY)
+    comment = comment_start(text)
+    if comment is not None:
+        one_line = "\n" not in text[:comment]
+        at = Loc(node.loc.file, node.loc.line, node.loc.col + int(node.quoted) + comment) if one_line else node.loc
+        raise SpecError(at, f"init '{text}': {COMMENT_PROBLEM.format('an init')}; {COMMENT_HINT}")
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
