@@ -21,6 +21,7 @@ from opgen.formula import functions as fn
 from opgen.formula import shape_rules, tensor, written
 from opgen.formula.kinds import with_definitions
 from opgen.formula.reader import Scope, read_formula
+from opgen.formula.softmax_forms import fuse_softmax
 from opgen.formula.syntax import holds_tensors, parse_ast
 from opgen.formula.vocabulary import NUM, Value
 from opgen.spec.model import Spec
@@ -165,7 +166,7 @@ def _read_definitions(
             values = {**(scope.values or {}), defined[name]: definitions[name].xreplace(scope.values or {})}
             scope = replace(scope, values=values)
             if shapes is not None:
-                definitions[name] = tensor.fuse_softmax(definitions[name])
+                definitions[name] = fuse_softmax(definitions[name])
                 # The shape as written (Note [shapes as written]), which a simplified formula may lack.
                 pieces = walk.defined[defined[name]] = walk.pieces(parse_ast(formula))
                 as_written = written.broadcast_all(pieces or frozenset())
