@@ -33,7 +33,7 @@ from opgen.plan.extremes import (
     mpf,
     places,
 )
-from opgen.plan.slopes import Slopes
+from opgen.plan.slopes import Slopes, finite_at, quick_model
 from opgen.spec.model import Spec
 
 GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
@@ -101,6 +101,7 @@ def extreme_warnings(
     opgen/plan/slopes.py). One per output and moving input, of each kind."""
     digits = Digits(oracle, optimized)
     slopes = Slopes(oracle, optimized, residuals, digits) if optimized is not None else None
+    quick = [quick_model(expr) for expr in oracle.exprs]  # a screen: finite there, finite exactly
     arguments = {place: input_arguments(spec, others) for place, others in places(spec).items()}
     index = {inp.name: k for k, inp in enumerate(spec.inputs)}
     found: list[tuple[Loc, str]] = []
@@ -109,7 +110,9 @@ def extreme_warnings(
         args = list(arguments[place])
         args[index[name]] = mpf(point)
         for o, (output, value) in enumerate(zip(spec.outputs, values, strict=True)):
-            if (output.name, name, False) not in warned:
+            model = quick[o]
+            screened = model is not None and finite_at(model, oracle.order, args)
+            if (output.name, name, False) not in warned and not screened:
                 loss = digits.not_finite(o, args, mpf(value))
                 if loss is not None:
                     warned.add((output.name, name, False))

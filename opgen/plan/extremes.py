@@ -232,6 +232,7 @@ class Oracle:
         tensors = {symbols.inputs[i.name] for i in spec.tensor_inputs}
         bools = {symbols.inputs[i.name] for i in spec.inputs if i.type.kind == "bool"}
         rounded = [_rounded(expr, tensors, bools) for _, expr in derived.full.inlined]
+        self.exprs = rounded  # each output as the rows compute it, constants rounded to float32
         self.outputs = [self.compile(expr) for expr in rounded]
         self.differentiable_sum = sum(
             (e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero

@@ -41,7 +41,7 @@ from opgen.formula import functions as fn
 from opgen.optimize.kernels import _T, _Prime, _prime_formula
 from opgen.optimize.save import Residual
 from opgen.plan.digits import Digits, float32_value, node_form
-from opgen.plan.extremes import FLOAT32_MAX, FLOAT32_TINY, Oracle
+from opgen.plan.extremes import _F32, FLOAT32_MAX, FLOAT32_TINY, Oracle
 
 Quick = Callable[[dict[sympy.Basic, float]], float]
 _HOLD = sympy.Function("_hold")  # a value forward computes on its own, rounded as a whole
@@ -130,6 +130,7 @@ _CALLS: dict[type, Callable[..., float]] = {
     sympy.And: lambda *truths: float(all(truths)),
     sympy.Or: lambda *truths: float(any(truths)),
     sympy.Not: lambda truth: float(not truth),
+    _F32: lambda value: value,  # a constant the rows round to float32: `_ieee` rounds every call
 }
 _RELATIONS: dict[type, Callable[[float, float], bool]] = {
     sympy.StrictLessThan: lambda a, b: a < b,
@@ -224,6 +225,21 @@ def _held(expr: sympy.Expr, defined: dict[sympy.Symbol, sympy.Expr]) -> sympy.Ex
     )
 
 
+def quick_model(expr: sympy.Basic) -> Quick | None:
+    """`expr` in the quick float32 model; None where the model does not know a node of it."""
+    try:
+        return _quick(expr)
+    except _Unknown:
+        return None
+
+
+def finite_at(quick: Quick, order: Sequence[sympy.Symbol], args: list[Any]) -> bool:
+    """Whether the quick model's value at `args` (the spec's inputs, in `order`) is a finite number."""
+    env = {s: _f32(float(a)) for s, a in zip(order, args, strict=True) if not isinstance(a, bool)}
+    env |= {s: float(a) for s, a in zip(order, args, strict=True) if isinstance(a, bool)}
+    return math.isfinite(quick(env))
+
+
 class Slopes:
     """Each output's part of each Tensor input's gradient, as backward computes it, in float32."""
 
@@ -245,10 +261,7 @@ class Slopes:
 
     @functools.cache  # noqa: B019 - one Slopes per spec, dropped with it
     def _quick(self, key: tuple[int, str]) -> Quick | None:
-        try:
-            return _quick(self.factors[key])
-        except _Unknown:
-            return None
+        return quick_model(self.factors[key])
 
     @functools.cache  # noqa: B019
     def _exact(self, key: tuple[int, str]) -> Callable[..., Any]:
@@ -261,9 +274,6 @@ class Slopes:
         if key not in self.factors:
             return None
         quick = self._quick(key)
-        if quick is not None:
-            env = {s: _f32(float(a)) for s, a in zip(self.order, args, strict=True) if not isinstance(a, bool)}
-            env |= {s: float(a) for s, a in zip(self.order, args, strict=True) if isinstance(a, bool)}
-            if math.isfinite(quick(env)):
-                return None
+        if quick is not None and finite_at(quick, self.order, args):
+            return None
         return float32_value(self._exact(key), args)
