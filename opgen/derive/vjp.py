@@ -368,5 +368,13 @@ def substitute_outputs(expr: Expr, outputs: list[tuple[sympy.Symbol, Expr]]) -> 
     }
     if not replacements:
         return expr
+    # Note [ties with the maximum]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # amax's gradient goes to the entries equal to the maximum, `a == amax(a)`, with `a` recomputed by
+    # backward. Forward may compute `a` otherwise, to the last bit: a constant let as `math.pow(25.05,
+    # 2.7 * math.erf(l0))` there, its float64 value here. Against the saved output no entry would tie,
+    # and the gradient would be 0 / 0: the maximum in a tie mask stays recomputed from the same `a`
+    # (here and in opgen.optimize.save), as plain autograd compares its own two tensors.
+    ties = {c: sympy.Dummy() for c in expr.atoms(sympy.Eq) if isinstance(c.rhs, ReduceAmax) and c.lhs == c.rhs.operand}
     # `exp(x - lse)` of log-softmax becomes `exp(y)`: the saved output, not x and a recomputation.
-    return expr.xreplace(replacements)
+    return expr.xreplace(ties).xreplace(replacements).xreplace({d: c for c, d in ties.items()})

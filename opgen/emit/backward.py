@@ -33,11 +33,14 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
         # As plain autograd gives it: the incoming gradient times 0, a function of it (double
         # backward and forward-over-reverse see a differentiable zero), in the input's own shape,
         # which may be larger than the output's (`x + 0 * z`).
-        # Declared dimensions need not broadcast with the output's: a plain zero of the input's shape.
+        # Declared dimensions need not broadcast with the output's: the zero summed to a number, then
+        # spread over the input's shape. Still a function of the incoming gradient: a fresh zero
+        # (`new_zeros`) has no tangent, and gradgradcheck's forward-over-reverse check gave it the
+        # incoming gradient's shape (`x1: Tensor[K, M]` read only for its size K).
         zero = f"({first_grad} * 0)"
         declared = plan.derived.spec.input(grad.input).type.dims is not None  # type: ignore[union-attr]
         if grad.reduce and declared:
-            return [f"{var} = {first_grad}.new_zeros({shape})"]
+            return [f"{var} = {zero}.sum().expand({shape})"]
         if declared:  # an output that is a number of another shape (`sum(where(l != l, x @ x.T, 1), dim=-2)`)
             return [f"{var} = None  # {grad.input} has a zero gradient"]
         if grad.reduce:

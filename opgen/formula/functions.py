@@ -148,6 +148,37 @@ def _real(args: tuple[sympy.Basic, ...]) -> bool | None:
     return fuzzy_and(a.is_extended_real for a in args)
 
 
+# Note [comparisons of a value with itself]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# SymPy decides `u < u` only when it knows `u` is real: not for a let's symbol or `sqrt(s)` when
+# the formula is read, but for the let read in (`sum(x) < sum(x)`) or CSE's real `tmp < tmp` later.
+# A `where` decided late drops a branch, and with it the shape that branch broadcast with as
+# written: `sum(where(l < l, x @ x.T, -l), dim=-2)` summed N copies of `-l` when read, one when
+# differentiated. A `where` decides a comparison of an expression with itself at once (`<`, `>`,
+# `!=` false; `<=`, `>=`, `==` true), so every stage reads the same formula. (A NaN compares
+# unequal to itself in torch; the formula is NaN there either way.)
+_SAME_SIDES = {
+    sympy.StrictLessThan: S.false,
+    sympy.StrictGreaterThan: S.false,
+    sympy.Ne: S.false,
+    sympy.LessThan: S.true,
+    sympy.GreaterThan: S.true,
+    sympy.Eq: S.true,
+}
+
+
+def _decide_same_sides(cond: sympy.Basic) -> sympy.Basic:
+    """`cond` with its comparisons of an expression with itself decided (Note [comparisons of a value with itself])."""
+    if cond in (S.true, S.false):
+        return cond
+    decided = {
+        r: _SAME_SIDES[type(r)]
+        for r in cond.atoms(sympy.core.relational.Relational)
+        if type(r) in _SAME_SIDES and r.lhs == r.rhs
+    }
+    return cond.xreplace(decided) if decided else cond
+
+
 class where(Function):  # noqa: N801
     """`where(cond, a, b)`; the condition is a SymPy boolean and gets no gradient."""
 
@@ -163,6 +194,7 @@ class where(Function):  # noqa: N801
 
     @classmethod
     def eval(cls, cond: sympy.Basic, a: Expr, b: Expr) -> Expr | None:
+        cond = _decide_same_sides(cond)
         if cond is S.true:
             return a
         if cond is S.false:

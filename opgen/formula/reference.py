@@ -132,8 +132,8 @@ class _Translate(ast.NodeTransformer):
         )
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:  # noqa: N802
-        if isinstance(node.op, ast.Invert):
-            return ast.UnaryOp(node.op, self._condition(node.operand))
+        if isinstance(node.op, ast.Invert):  # of a tensor: Python's `~False` is -1, `~(a > 1)` -1 or -2
+            return ast.UnaryOp(node.op, ast.Call(self._attr("torch.as_tensor"), [self._condition(node.operand)], []))
         return ast.UnaryOp(node.op, self._number(node.operand, True))
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:  # noqa: N802

@@ -253,11 +253,21 @@ def constant_reduction(
 
 
 def number_or_operand(operand: sympy.Expr, shape: Shape, full: Shape, scope: Any) -> tuple[sympy.Expr, Shape]:
-    """A reduction's operand of static shape `full` as written that is a number once the lets are read in
-    (`where(l != l, x @ x.T, 100)` with `l = y - y`): the number, of shape (), constant along every dim of
-    `full` (Note [reductions of constant dimensions]); else the operand as it is."""
+    """A reduction's operand of static shape `full` as written that is narrower once the lets are read in:
+    a number (`where(l != l, x @ x.T, 100)` with `l = y - y`), or a tensor of fewer dims (`where(s < t,
+    x @ x.T, -s)` with `s` and `t` both `sum(x)`). Gradients read the lets in, so the operand read in, of
+    its own shape, constant along the other dims of `full` (Note [reductions of constant dimensions]);
+    else the operand as it is."""
     value = operand.xreplace(scope.values or {})
-    return (value, ()) if full and not value.free_symbols & scope.tensors else (operand, shape)
+    if not full or value == operand:
+        return operand, shape
+    if not value.free_symbols & scope.tensors:
+        return value, ()
+    try:
+        own = tensor.shape_of(value, scope.shapes)
+    except ShapeError:
+        return operand, shape
+    return (value, own) if own != shape else (operand, shape)
 
 
 def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...], bool, int], scope: Any) -> sympy.Expr:

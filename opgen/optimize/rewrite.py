@@ -365,7 +365,15 @@ def rewrite(expr: Expr, shapes: Shapes | None = None) -> Expr:
 
 
 def _shorter(expr: Expr) -> Expr:
+    """Note [no exponentials over a common denominator]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    `sympy.together` reads `exp(-u)` as `1 / exp(u)`: `a exp(-u) + b` becomes `exp(-u) (a + b exp(u))`,
+    and where `exp(-u)` underflows to 0 (`erf(u)`'s derivative at u = 100), `exp(u)` overflows and the
+    gradient is `0 * inf`, NaN, where the formula's is `b`. A common denominator that brings an
+    exponential the gradient did not have is refused."""
     together = sympy.together(expr)
+    if together.atoms(sympy.exp) - expr.atoms(sympy.exp):
+        return expr
     return together if sympy.count_ops(together) < sympy.count_ops(expr) else expr
 
 

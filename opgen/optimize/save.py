@@ -43,7 +43,7 @@ from opgen.derive.gradients import Contribution, Derived, Symbols, Variant
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
-from opgen.formula.tensor import shape_of
+from opgen.formula.tensor import ReduceAmax, shape_of
 from opgen.optimize import norms, save_tensors
 from opgen.spec.model import POLICIES
 
@@ -122,16 +122,24 @@ def _recomputations(variant: Variant, symbols: Symbols, factors: list[Expr]) -> 
         if name not in symbols.grads:
             continue  # a non-differentiable output is a constant to double backward: never a stand-in
         output = symbols.outputs[name]
-        if not expr.is_Atom:
+        if not expr.is_Atom and not _tied(expr, compared):
             swap[expr] = output
         # Only calls on the output's spine of sums and products can be held linearly: one walk
         # finds them, so a deep chain of calls costs no rebuilding of the formula per call.
         for call in sorted(calls & _spine(expr), key=sympy.default_sort_key):
             parts = _linear(expr, call)
-            if parts is not None and parts[0] != 0 and (call not in compared or parts == (1, 0)):
+            if parts is None or parts[0] == 0 or _tied(call, compared):
+                continue
+            if call not in compared or parts == (1, 0):
                 coeff, rest = parts
                 swap.setdefault(call, (output - rest) / coeff)
     return swap
+
+
+def _tied(expr: Expr, compared: set[Expr]) -> bool:
+    """A maximum in a tie mask: it stays recomputed from the operand it is compared with (Note [ties
+    with the maximum] in opgen.derive.vjp); forward may compute that operand otherwise, to the last bit."""
+    return isinstance(expr, ReduceAmax) and expr in compared
 
 
 def _compared(factors: list[Expr]) -> set[Expr]:
