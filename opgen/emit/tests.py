@@ -251,9 +251,10 @@ def _override_references(
     """Each gradient override as plain torch: the input it is for, the reference's signature, its lines."""
     overrides = []
     for override in spec.gradients:
-        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
+        incoming = {f"grad_{o}": g for o, g in grads_in.items()}
         if len(grads_in) == 1:
-            scope["grad"] = next(iter(grads_in.values()))
+            incoming["grad"] = next(iter(grads_in.values()))
+        scope = incoming | dict(names)  # a spec's name wins, as in opgen.formula.read.gradient_scope
         tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
         tree = reference_tree(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
         assert tree is not None
