@@ -166,6 +166,10 @@ STAGES = {
 }
 
 
+# What to make smaller when a stage runs out of time: the file itself before any formula is read.
+_WHOLE_FILE = ("reading the YAML", "checking the spec")
+
+
 def _stage(traceback: TracebackType | None) -> str:
     """The innermost known stage among the frames the exception passed through."""
     found = "generating the op"
@@ -236,8 +240,10 @@ def budget(loc: Loc, seconds: float | None = None) -> Iterator[None]:
     except BudgetExceeded as exceeded:
         where = exceeded.loc or loc
         during = f" ({exceeded.what})" if exceeded.what else ""
+        stage = _stage(exceeded.__traceback__)
+        fix = "make the spec file smaller" if stage in _WHOLE_FILE else "simplify its formulas"
         message = (
-            f"spec too costly: it exceeded the {seconds:g} s time budget while {_stage(exceeded.__traceback__)}"
-            f"{during}; simplify its formulas, or raise the budget with {BUDGET_VARIABLE}=SECONDS"
+            f"spec too costly: it exceeded the {seconds:g} s time budget while {stage}"
+            f"{during}; {fix}, or raise the budget with {BUDGET_VARIABLE}=SECONDS"
         )
         raise SpecError(where, message) from None

@@ -61,19 +61,28 @@ def find_spec_files(args: list[str], problems: Problems) -> list[tuple[Path, str
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
-            if not files:
+            entries = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.is_dir())
+            # A link to nothing or a pipe named like a spec is reported as when it is given directly.
+            files = [(p, str(Path(arg) / p.name)) for p in entries if _spec_file(p, str(Path(arg) / p.name), problems)]
+            if not entries:
                 problems.add(SpecError(Loc(arg, 1, 1), "the folder has no *.yaml spec files"))
-            found += [(p, str(Path(arg) / p.name)) for p in files]
-        elif path.is_file():
+            found += files
+        elif _spec_file(path, arg, problems):
             found.append((path, arg))
-        elif path.is_symlink() and not path.exists():
-            problems.add(SpecError(Loc(arg, 1, 1), f"a link to nothing ({os.readlink(path)}): no spec file or folder"))
-        elif path.exists():  # a pipe or a device: reading one could wait for ever
-            problems.add(SpecError(Loc(arg, 1, 1), "not a regular file or a folder; give a spec file or a folder"))
-        else:
-            problems.add(SpecError(Loc(arg, 1, 1), "no such spec file or folder"))
     return found
+
+
+def _spec_file(path: Path, shown: str, problems: Problems) -> bool:
+    """Whether `path` (not a folder) is a regular file to read; else a located problem about it."""
+    if path.is_file():
+        return True
+    if path.is_symlink() and not path.exists():
+        problems.add(SpecError(Loc(shown, 1, 1), f"a link to nothing ({os.readlink(path)}): no spec file or folder"))
+    elif path.exists():  # a pipe or a device: reading one could wait for ever
+        problems.add(SpecError(Loc(shown, 1, 1), "not a regular file or a folder; give a spec file or a folder"))
+    else:
+        problems.add(SpecError(Loc(shown, 1, 1), "no such spec file or folder"))
+    return False
 
 
 def source_name(path: Path) -> str:

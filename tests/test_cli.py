@@ -139,6 +139,18 @@ def test_a_pipe_or_a_dangling_link_given_as_spec_is_named_for_what_it_is(run_cli
     assert f"{tmp_path / 'link.yaml'}:1:1: a link to nothing ({tmp_path / 'gone.yaml'})" in err
 
 
+def test_a_pipe_or_a_dangling_link_inside_a_spec_folder_is_reported(run_cli, tmp_path):
+    """Named like a spec in a SPEC folder, they were skipped without a word: the spec in them was lost."""
+    folder = tmp_path / "specs"
+    write_spec(folder)
+    os.mkfifo(folder / "pipe.yaml")
+    (folder / "link.yaml").symlink_to(tmp_path / "gone.yaml")
+    status, _, err = run_cli("generate", str(folder), "-o", str(tmp_path / "ops"))
+    assert status == 2
+    assert f"{folder / 'pipe.yaml'}:1:1: not a regular file or a folder" in err
+    assert f"{folder / 'link.yaml'}:1:1: a link to nothing ({tmp_path / 'gone.yaml'})" in err
+
+
 def test_output_is_deterministic_across_hash_seeds(tmp_path):
     texts = []
     for seed in ("1", "2"):

@@ -305,6 +305,14 @@ def test_a_spec_over_its_time_budget_is_a_located_error(tmp_path, existing):
     assert any(stage in first for stage in limits.STAGES.values())
 
 
+def test_a_yaml_file_over_the_budget_is_told_to_shrink_the_file(tmp_path, existing):
+    """A huge file runs out of time before any formula is read: it was told to simplify its formulas."""
+    points = ", ".join(str(k / 1000) for k in range(400_000))
+    text = spec_with("x") + f"tests:\n  points: {{x: [{points}]}}\n"
+    pattern = r"time budget while reading the YAML; make the spec file smaller, or raise the budget"
+    refuse(tmp_path, existing, text, pattern, env={limits.BUDGET_VARIABLE: "0.3"})
+
+
 def test_the_budget_works_off_the_main_thread_and_leaves_no_timer(tmp_path, monkeypatch):
     spec = tmp_path / "op.yaml"
     spec.write_text(COSTLY)

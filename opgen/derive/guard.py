@@ -30,6 +30,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.formula.tensor import TensorOp
 
 Domain = tuple[tuple[int, ...], Expr]  # positions of a function's restricted arguments, a safe value for them
 
@@ -76,8 +77,13 @@ def _guard(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
 
 
 def _restrict(expr: sympy.Basic, cond: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
-    """Guard every restricted argument in `expr` so it is in the domain where `cond` fails."""
-    if not expr.args or not (expr.free_symbols & tensors):
+    """Guard every restricted argument in `expr` so it is in the domain where `cond` fails.
+
+    Not inside a tensor operation (a reduction, softmax, `@`, a slice): its entries are not the
+    condition's (`where(x0 > 7, -x0, sum(acosh(x1)))` with x0 [N, K], x1 [K, M] would compare
+    entries of x0 with x1's), and each of its entries reads several of its operand's, so a guard
+    there would change the branch's value, and its gradient, where the branch is taken."""
+    if not expr.args or not (expr.free_symbols & tensors) or isinstance(expr, TensorOp):
         return expr
     args = [_restrict(a, cond, tensors) for a in expr.args]
     if isinstance(expr, sympy.Pow):

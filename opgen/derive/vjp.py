@@ -226,8 +226,15 @@ class _Vjp:
         if isinstance(node, (Softmax, LogSoftmax)):
             a, dim = node.args
             backward = (SoftmaxBackward if isinstance(node, Softmax) else LogSoftmaxBackward)(grad, node, dim)
+            narrow = self.narrow(grad, node)
+            if isinstance(node, LogSoftmax) and int(dim) in narrow:
+                # `sum(g, dim, keepdim=true)` of a `g` constant along `dim` (the scalar of `sum(log_softmax(a))`)
+                # is `g` times the size of `dim`: a sum over a dimension `g` lacks fails, over its size 1 undercounts.
+                size = dim_size(str(split(self.shape(node) or ())[1][int(dim)]))
+                self.push(a, grad - sympy.exp(node) * grad * size)
+                return
             # PyTorch's backward kernels want the gradient in the output's full shape.
-            self.push(a, backward.elementary() if self.narrow(grad, node) else backward)
+            self.push(a, backward.elementary() if narrow else backward)
             return
         assert isinstance(node, ReductionBase), type(node)
         self.reduction_rule(node, grad)

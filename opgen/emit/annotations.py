@@ -109,6 +109,16 @@ def param(name: str, annotation: str, default: str | None = None) -> str:
     return f"{name}: {annotation}" if default is None else f"{name}: {annotation} = {default}"
 
 
+def trailing_defaults(has_default: list[bool]) -> int:
+    """Where the trailing run of parameters with a default starts (`len(has_default)` when there is
+    none): Python allows a default only when every later parameter has one, so a declared default
+    before a parameter without one is left out (the caller passes that argument)."""
+    start = len(has_default)
+    while start and has_default[start - 1]:
+        start -= 1
+    return start
+
+
 def typed_params(inputs: list[Input], types: TypeNames, defaults: dict[str, str] | None = None) -> list[str]:
     """Each input as an annotated parameter; `defaults`: input -> its default's source."""
     defaults = defaults or {}

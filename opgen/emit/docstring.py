@@ -26,8 +26,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     symbols = derived.symbols
     table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
     table |= {r.symbol: r.name for r in plan.residuals}
-    single = len(plan.incoming) == 1
-    table |= {s: ("grad" if single else f"grad_{o}") for o, s in plan.incoming.items()}
+    table |= _incoming_names(plan, set(table.values()))
     table |= {dim_size(d): d for d in dimension_names(spec)}
     table |= {dim_size(d): _size_doc(d) for d in plan.dim_sizes if counted(d)}
     lines = ["Forward:"]
@@ -52,6 +51,20 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
         lines += display_lines(f"    grad_{gradient.input}", total, table, DOC_WIDTH - len(mark))
         lines[-1] += mark
     return lines
+
+
+def _incoming_names(plan: Plan, taken: set[str]) -> dict[sympy.Basic, str]:
+    """How the docstring names each output's incoming gradient: `grad` (one output) or `grad_y`, else
+    (an input, let or output of that name: `grad * grad` would read as the input squared) the name
+    with `_` appended until it is none of them."""
+    single = len(plan.incoming) == 1
+    names: dict[sympy.Basic, str] = {}
+    for output, symbol in plan.incoming.items():
+        name = "grad" if single and "grad" not in taken else f"grad_{output}"
+        while name in taken:
+            name += "_"
+        names[symbol] = name
+    return names
 
 
 def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:

@@ -84,7 +84,8 @@ def default_text(value: Scalar | None, has_default: bool, math: str) -> str:
 
 
 def _defaults(module: Module, math: str, types: typed.TypeNames) -> list[str]:
-    defaults = {a.name: default_text(a.type.default, True, math) for a in module.args if a.type.has_default}
+    start = typed.trailing_defaults([a.type.has_default for a in module.args])
+    defaults = {a.name: default_text(a.type.default, True, math) for a in module.args[start:]}
     return typed.typed_params(list(module.args), types, defaults)
 
 
@@ -192,18 +193,11 @@ def _reset_body(module: Module, torch: str, math: str, attrs: _Attributes) -> li
 
 def _forward_params(forward_inputs: list[Input], math: str, types: typed.TypeNames) -> list[str]:
     """The Module's forward parameters, annotated; trailing ones with a default (or `Tensor?`) keep it."""
+    start = typed.trailing_defaults([i.type.has_default or i.type.optional for i in forward_inputs])
     forward_params = []
-    trailing = True
-    for inp in reversed(forward_inputs):
-        has_default = inp.type.has_default or inp.type.optional
-        annotation = typed.input_type(inp.type, types)
-        if trailing and has_default:
-            default = default_text(inp.type.default, inp.type.has_default, math)
-            forward_params.append(typed.param(inp.name, annotation, default))
-        else:
-            trailing = False
-            forward_params.append(typed.param(inp.name, annotation))
-    forward_params.reverse()
+    for k, inp in enumerate(forward_inputs):
+        default = default_text(inp.type.default, inp.type.has_default, math) if k >= start else None
+        forward_params.append(typed.param(inp.name, typed.input_type(inp.type, types), default))
     return forward_params
 
 

@@ -41,13 +41,7 @@ from opgen.spec.model import Spec
 def _signature(spec: Spec, math: str, types: typed.TypeNames) -> list[str]:
     """Annotated Python parameters in `inputs` order; trailing `Tensor?` inputs default to None."""
     params = []
-    defaults_from = len(spec.inputs)
-    for k in range(len(spec.inputs) - 1, -1, -1):
-        inp = spec.inputs[k]
-        if inp.type.has_default or inp.type.optional:
-            defaults_from = k
-        else:
-            break
+    defaults_from = typed.trailing_defaults([i.type.has_default or i.type.optional for i in spec.inputs])
     for k, inp in enumerate(spec.inputs):
         if k >= defaults_from:
             default = default_text(inp.type.default, inp.type.has_default, math)

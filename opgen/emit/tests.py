@@ -117,19 +117,23 @@ def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
 
     An int arg named like a dimension (`in_features`) gets that dimension's sample size;
     one that sizes a parameter, the size of the parameter's input (`parameter_sizes`); an
-    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`).
+    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`), passed
+    when the constructor cannot default it (`opgen.emit.annotations.trailing_defaults`).
     """
     assert spec.module is not None
     values: dict[str, Scalar] = {**parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
-    for arg in spec.module.args:
+    kept_from = typed.trailing_defaults([arg.type.has_default for arg in spec.module.args])
+    for k, arg in enumerate(spec.module.args):
         default = arg.type.default
         if arg.name in values:
             value = values[arg.name]
         elif arg.type.has_default and default is not None and _finite(default):
             chosen[arg.name] = quote.number(default, math)
-            continue
+            if k >= kept_from:
+                continue
+            value = default  # a default the constructor cannot keep (a later arg has none): passed
         else:
             value = DEFAULT_ARG[arg.type.kind]
         args.append(f"{arg.name}={quote.number(value, math)}")
@@ -247,9 +251,10 @@ def _override_references(
     """Each gradient override as plain torch: the input it is for, the reference's signature, its lines."""
     overrides = []
     for override in spec.gradients:
-        scope = dict(names) | {f"grad_{o}": g for o, g in grads_in.items()}
+        incoming = {f"grad_{o}": g for o, g in grads_in.items()}
         if len(grads_in) == 1:
-            scope["grad"] = next(iter(grads_in.values()))
+            incoming["grad"] = next(iter(grads_in.values()))
+        scope = incoming | dict(names)  # a spec's name wins, as in opgen.formula.read.gradient_scope
         tensors = holds_tensors(spec) | set(scope) - set(names)  # and the incoming gradients
         tree = reference_tree(override.formula, scope, t, torch, math, sizes=_size_texts(spec, names), tensors=tensors)
         assert tree is not None

@@ -104,10 +104,11 @@ def dimension_names(spec: Spec) -> list[str]:
 def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
     scope = forward_scope(spec, symbols)
     names = dict(scope.names)
+    # An input, let or output keeps its name: with an input `grad`, the incoming gradient is `grad_y`.
     for name, grad in symbols.grads.items():
-        names["grad_" + name] = Value(grad, NUM)
+        names.setdefault("grad_" + name, Value(grad, NUM))
     if len(symbols.grads) == 1:
-        names["grad"] = Value(next(iter(symbols.grads.values())), NUM)
+        names.setdefault("grad", Value(next(iter(symbols.grads.values())), NUM))
     known = ", ".join(sorted(n for n in names if n.startswith("grad")))
     tensors = scope.tensors | frozenset(symbols.grads.values())
     return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec))

@@ -297,9 +297,8 @@ class _Reader:
         if self.scope.shapes is not None:
             shape = self.shape(node.args[0], operand)
             full = written.widened(shape, self.scope.written, node.args[0])
-            if (
-                not operand.free_symbols & self.scope.tensors and not full
-            ):  # Note [numbers and tensors] in opgen.formula.kinds
+            # Note [numbers and tensors]; over plain Tensors (None), Note [reductions of a number].
+            if not operand.free_symbols & self.scope.tensors and full == ():
                 text = short(ast.unparse(node.args[0]))
                 what = f"the number {operand} once simplified" if operand.is_number else "a number"
                 raise self.fail(node, f"{name}() of `{text}`, {what}: a reduction takes a tensor; use the number")
@@ -308,7 +307,7 @@ class _Reader:
                 if name in ("mean", "var", "std") and found:  # they divide by how many entries they reduce
                     tensor.dims_count(full, found, f"{name}()")
                 operand, shape = written.number_or_operand(operand, shape, full, self.scope)
-                if full != shape:  # Note [reductions of constant dimensions] in opgen.formula.written
+                if full is not None and full != shape:  # Note [reductions of constant dimensions]
                     reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
                     return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:

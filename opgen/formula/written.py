@@ -276,8 +276,9 @@ def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...],
     A reduction over plain Tensors whose operand SymPy simplified to a number (`std(a * l)` with
     `l: atanh(xlogy(sin(x), 1))`, which is 0) reduces entries of a shape known only at call time, and
     a tensor method on the number (`(a * l).var()`) fails. The mean and the maximum of equal entries
-    are the entry and their population variance is 0, whatever their count; a sum, a norm, a
-    logsumexp or a corrected variance needs the count, and is refused. A let counts by its value (`l`
+    are the entry and their population variance is 0, whatever their count, as are the sum and the
+    norm of zeros (`norm(0 * x)`); any other sum, norm, a logsumexp or a corrected variance needs the
+    count, and is refused. A let counts by its value (`l`
     above holds the number 0), not by its text (Note [tensor-valued lets])."""
     found, keepdim, correction = how
     # The first reading, without shapes, only orders the formulas: the shapes as written decide later.
@@ -285,7 +286,7 @@ def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...],
         return tensor.reduction(kind, operand, found, keepdim, correction)
     if kind in ("mean", "amax"):
         return operand
-    if kind == "var" and correction == 0:
+    if (kind == "var" and correction == 0) or (kind in ("sum", "norm") and operand.xreplace(scope.values or {}) == 0):
         return sympy.S.Zero
     raise ShapeError(
         f"the number {operand} once simplified, over entries counted only at call time; write the number "

@@ -1,0 +1,48 @@
+"""The functional's docstring names each output's incoming gradient `grad` (one output) or
+`grad_y`; when an input, let or output already has that name, the gradient's name gets `_`
+appended: with an input `grad`, `grad_x = grad*grad` read as the input squared."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from spec_ops import build_ops
+
+CASES = {
+    "an input named grad": (
+        {"x": "Tensor", "grad": "Tensor"},
+        {"y": "x * grad"},
+        ["grad_x = grad*grad_y", "grad_grad = grad_y*x"],
+    ),
+    "an output named like another's gradient": (
+        {"x": "Tensor", "grad": "Tensor"},
+        {"y": "x * grad", "grad_y": "x + grad"},
+        ["grad_x = grad*grad_y_ + grad_grad_y", "grad_grad = grad_grad_y + grad_y_*x"],
+    ),
+    "the usual names": ({"x": "Tensor"}, {"y": "x * x"}, ["grad_x = 2*grad*x"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_incoming_gradients_are_named_apart_from_the_specs_names(tmp_path, case):
+    inputs, outputs, want = CASES[case]
+    lines = ["name: op", "inputs:", *(f"  {k}: {v}" for k, v in inputs.items())]
+    lines += ["outputs:", *(f"  {k}: {v}" for k, v in outputs.items())]
+    ops = build_ops(tmp_path, "grad_names", {"op": "\n".join(lines) + "\n"})
+    doc = ops.op.__doc__
+    assert [line.strip() for line in doc.split("Gradients:")[1].splitlines() if line.strip()] == want
+
+
+def test_an_override_reads_an_input_named_grad_as_that_input(tmp_path):
+    """In `gradients:` the spec's own names win, as in the docstring: `grad` is the input, `grad_y`
+    the incoming gradient. `grad` was the incoming gradient, and the input could not be reached."""
+    spec = (
+        "name: op\ninputs:\n  x: Tensor\n  grad: Tensor\noutputs:\n  y: x * grad\ngradients:\n  x: grad_y * grad * 3\n"
+    )
+    ops = build_ops(tmp_path, "grad_override", {"op": spec})
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(5, dtype=torch.float64)
+    seed = torch.rand(5, dtype=torch.float64)
+    (got,) = torch.autograd.grad((ops.op(x, grad) * seed).sum(), x)
+    torch.testing.assert_close(got, seed * grad * 3)
+    assert "grad_x = 3*grad*grad_y  (override)" in ops.op.__doc__
