@@ -131,6 +131,16 @@ def test_specs_reading_saved_tensor_ops_match_plain_autograd_to_second_order(ops
     torch.testing.assert_close(batched[0], plain(x, t).detach())
 
 
+def _assert_two_orders(op, plain, x: torch.Tensor, weights: torch.Tensor) -> None:
+    """The op's gradient of a weighted sum, and the gradient of that gradient, equal plain autograd's."""
+    (got,) = torch.autograd.grad((op(x) * weights).sum(), x, create_graph=True)
+    (want,) = torch.autograd.grad((plain(x) * weights).sum(), x, create_graph=True)
+    torch.testing.assert_close(got, want)
+    (second,) = torch.autograd.grad(got.sin().sum(), x)
+    (expected,) = torch.autograd.grad(want.sin().sum(), x)
+    torch.testing.assert_close(second, expected)
+
+
 VAR_AND_MIN = """
     name: var_and_min
     inputs:
@@ -151,13 +161,7 @@ def test_a_term_through_several_residuals_survives_a_none_gradient(tmp_path):
         return 1 / torch.sqrt(x.var(-1, keepdim=True) + 1) - x.amin(-1, keepdim=True)
 
     x, _ = _inputs()
-    weights = torch.linspace(-1, 2, 5, dtype=x.dtype).reshape(5, 1)
-    (got,) = torch.autograd.grad((op(x) * weights).sum(), x, create_graph=True)
-    (want,) = torch.autograd.grad((plain(x) * weights).sum(), x, create_graph=True)
-    torch.testing.assert_close(got, want)
-    (second,) = torch.autograd.grad(got.sin().sum(), x)
-    (expected,) = torch.autograd.grad(want.sin().sum(), x)
-    torch.testing.assert_close(second, expected)
+    _assert_two_orders(op, plain, x, torch.linspace(-1, 2, 5, dtype=x.dtype).reshape(5, 1))
     hessian = torch.func.hessian(lambda x: op(x).sum())(x.detach())
     torch.testing.assert_close(hessian, torch.func.hessian(lambda x: plain(x).sum())(x.detach()))
     assert torch.autograd.gradgradcheck(op, (x,))
@@ -186,11 +190,5 @@ def test_a_part_shared_through_a_residual_runs_only_where_its_gradient_is_not_no
         return u - torch.log(torch.exp(u).sum(1, keepdim=True))
 
     x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4).requires_grad_()
-    weights = torch.linspace(-1, 2, 9, dtype=x.dtype).reshape(3, 3)
-    (got,) = torch.autograd.grad((op(x) * weights).sum(), x, create_graph=True)
-    (want,) = torch.autograd.grad((plain(x) * weights).sum(), x, create_graph=True)
-    torch.testing.assert_close(got, want)
-    (second,) = torch.autograd.grad(got.sin().sum(), x)
-    (expected,) = torch.autograd.grad(want.sin().sum(), x)
-    torch.testing.assert_close(second, expected)
+    _assert_two_orders(op, plain, x, torch.linspace(-1, 2, 9, dtype=x.dtype).reshape(3, 3))
     assert torch.autograd.gradgradcheck(op, (x,))
