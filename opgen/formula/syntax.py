@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterator
 
 from opgen import limits
 from opgen.errors import Loc, SpecError
@@ -128,20 +129,22 @@ def is_elementwise(spec: Spec) -> bool:
     tensors = spec.tensor_inputs
     if not tensors or any(i.type.dims is not None for i in tensors):
         return False
-    formulas = [let.formula for let in spec.lets] + [o.formula for o in spec.outputs]
-    formulas += [g.formula for g in spec.gradients]
-    calls = (n for f in formulas for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Call))
-    return not any(isinstance(c.func, ast.Name) and c.func.id in REDUCTIONS for c in calls)
+    return not any(_reductions(spec, gradients=True))
 
 
 def reduces_every_dim(spec: Spec) -> bool:
     """Whether a let or output reduces over every dimension (`var(norm(x, dim=-1))`: no `dim`)."""
+    calls = _reductions(spec, gradients=False)
+    return any(len(call.args) < 2 and all(kw.arg != "dim" for kw in call.keywords) for call in calls)
+
+
+def _reductions(spec: Spec, gradients: bool) -> Iterator[ast.Call]:
+    """The reduction calls of the lets and outputs (and of the `gradients:` formulas) as written."""
     formulas = [let.formula for let in spec.lets] + [o.formula for o in spec.outputs]
-    for call in (n for f in formulas for n in ast.walk(parse_ast(f)) if isinstance(n, ast.Call)):
-        named = isinstance(call.func, ast.Name) and call.func.id in REDUCTIONS
-        if named and len(call.args) < 2 and all(kw.arg != "dim" for kw in call.keywords):
-            return True
-    return False
+    formulas += [g.formula for g in spec.gradients] if gradients else []
+    for node in (n for f in formulas for n in ast.walk(parse_ast(f))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
+            yield node
 
 
 BAD_DIMS = object()
