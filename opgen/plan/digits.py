@@ -176,7 +176,11 @@ class Digits:
     def __init__(self, oracle: Oracle, optimized: Derived | None) -> None:
         self.oracle = oracle
         self.optimized = optimized
-        self.written = [in_float32(f) for f in oracle.outputs]
+
+    @functools.cached_property
+    def written(self) -> list[Callable[..., Any]]:
+        """The outputs as written in float32 (made when first read: most rows are screened before)."""
+        return [in_float32(f) for f in self.oracle.outputs]
 
     @functools.cached_property
     def nodes(self) -> _Nodes:
