@@ -542,6 +542,8 @@ def run(rank, port, out):
     ops.mish(net(x[3 * rank : 3 * rank + 3])).square().mean().backward()
     if rank == 0:
         torch.save({k: p.grad for k, p in net.module.named_parameters()}, out)
+    # without the barrier one process can tear gloo down while the other still talks to it (SIGABRT)
+    dist.barrier()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
