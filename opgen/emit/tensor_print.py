@@ -39,13 +39,24 @@ from opgen.formula.tensor import (
 )
 
 
-def _products_first(terms: list[Any]) -> list[Any]:
+def _holds_matmul(expr: sympy.Basic, seen: dict[int, tuple[sympy.Basic, bool]]) -> bool:
+    """Whether `expr` holds a matrix product, once per shared subtree: a deep chain of lets would
+    otherwise be walked again at every sum it holds. `seen` is keyed by identity and keeps the
+    expressions alive; structural keys would compare deep trees on every lookup."""
+    known = seen.get(id(expr))
+    if known is None:
+        known = (expr, isinstance(expr, MatMul) or any(_holds_matmul(a, seen) for a in expr.args))
+        seen[id(expr)] = known
+    return known[1]
+
+
+def _products_first(terms: list[Any], seen: dict[int, tuple[sympy.Basic, bool]]) -> list[Any]:
     """Sum terms with a matrix product first: `input @ weight.T + bias`, as people write it.
 
     Then a term without a minus sign leads: `x - tanh(x)`, one subtraction, rather than
     `-tanh(x) + x`, a negation and an addition (two passes over a tensor).
     """
-    ordered = [t for t in terms if t.atoms(MatMul)] + [t for t in terms if not t.atoms(MatMul)]
+    ordered = [t for t in terms if _holds_matmul(t, seen)] + [t for t in terms if not _holds_matmul(t, seen)]
     if ordered and ordered[0].could_extract_minus_sign():
         lead = next((k for k, t in enumerate(ordered) if not t.could_extract_minus_sign()), 0)
         ordered.insert(0, ordered.pop(lead))
@@ -93,7 +104,9 @@ class _TensorNodes:
         def parenthesize(self, item: Any, level: int, strict: bool = False) -> str: ...
 
     def _as_ordered_terms(self, expr: Any, order: Any = None) -> list[Any]:
-        return _products_first(super()._as_ordered_terms(expr, order=order))  # type: ignore[misc]
+        if "_matmul_seen" not in self.__dict__:
+            self._matmul_seen: dict[int, tuple[sympy.Basic, bool]] = {}
+        return _products_first(super()._as_ordered_terms(expr, order=order), self._matmul_seen)  # type: ignore[misc]
 
     def _print_MatMul(self, expr: MatMul) -> str:
         level = PRECEDENCE["Mul"]
