@@ -99,3 +99,25 @@ def power(node: ast.BinOp, text: str) -> str:
     except (SyntaxError, tokenize.TokenError, ValueError):  # a formula split over lines, ...: this part alone
         instead = ast.unparse(ast.BinOp(node.left, ast.Pow(), node.right))
     return f"`^` is exclusive or, not a power; write `{instead}`"
+
+
+def describe(node: ast.AST) -> str:
+    """What a node of a kind formulas do not allow is, for the error."""
+    names = {
+        "Subscript": "indexing `[...]`",
+        "Lambda": "`lambda`",
+        "IfExp": "`a if c else b` (use where(c, a, b))",
+        "ListComp": "a list comprehension",
+        "List": "a list",
+        "Tuple": "a tuple",
+        "Dict": "a dict",
+        "Set": "a set",
+        "JoinedStr": "an f-string",
+        "NamedExpr": "`:=`",
+        "Starred": "`*`",
+        "Await": "`await`",
+        "Yield": "`yield`",
+        "GeneratorExp": "a generator",
+        "Slice": "a slice",
+    }
+    return names.get(type(node).__name__, f"`{type(node).__name__}`")

@@ -85,6 +85,13 @@ class _Reader:
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None
 
+    def narrowed(self, *operands: tuple[ast.expr, Expr]) -> tuple[tensor.Shape, ...]:
+        """Each operand's shape, then each one's shape as written; () on a first reading."""
+        if self.scope.shapes is None or self.scope.written is None:
+            return ()
+        own = [self.shape(node, expr) for node, expr in operands]
+        return (*own, *(written.widened(s, self.scope.written, n) for s, (n, _) in zip(own, operands, strict=True)))
+
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
         expr = value.expr
@@ -120,7 +127,7 @@ class _Reader:
     def read(self, node: ast.expr) -> Value:
         method = getattr(self, "read_" + type(node).__name__, None)
         if method is None:
-            raise self.fail(node, f"{_describe(node)} is not allowed in a formula")
+            raise self.fail(node, f"{hints.describe(node)} is not allowed in a formula")
         return method(node)
 
     def read_Constant(self, node: ast.Constant) -> Value:  # noqa: N802
@@ -172,7 +179,9 @@ class _Reader:
         if isinstance(op, ast.BitXor):
             raise self.fail(node, hints.power(node, self.formula.text))
         if isinstance(op, ast.MatMult):
-            return self.checked(node, Value(tensor.MatMul(a, b), NUM))
+            narrow = self.narrowed((node.left, a), (node.right, b))  # Note [products along a constant inner ...]
+            product = written.constant_matmul(a, b, narrow) if narrow else None
+            return self.checked(node, Value(tensor.MatMul(a, b) if product is None else product, NUM))
         if isinstance(op, ast.Add):
             return self.checked(node, Value(a + b, NUM))
         if isinstance(op, ast.Sub):
@@ -186,8 +195,8 @@ class _Reader:
         if isinstance(op, ast.Pow):
             bits = limits.power_bits(a, b) if a.is_number and b.is_number else 0.0
             if abs(bits) > limits.FLOAT64_BITS:
-                written = f"`{short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
-                raise self.fail(node, f"the constant {written}, outside float64 ({_SIZE_HINT})")
+                text = f"`{short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
+                raise self.fail(node, f"the constant {text}, outside float64 ({_SIZE_HINT})")
             return self.checked(node, Value(a**b, NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
 
@@ -210,7 +219,10 @@ class _Reader:
 
     def read_Attribute(self, node: ast.Attribute) -> Value:  # noqa: N802
         if node.attr == "T":
-            return self.checked(node, Value(tensor.Transpose(self.number(node.value)), NUM))
+            a = self.number(node.value)
+            narrow = self.narrowed((node.value, a))  # Note [products along a constant inner dimension]
+            flipped = written.constant_transpose(a, *narrow) if narrow else None
+            return self.checked(node, Value(tensor.Transpose(a) if flipped is None else flipped, NUM))
         if constant := hints.qualified_constant(node):
             raise self.fail(node, constant)
         raise self.fail(node, f"attribute `.{node.attr}` is not allowed; only `.T` is")
@@ -361,27 +373,6 @@ class _Reader:
 
 _SIZE_HINT = "the 'constant size' limit: numbers below 2 ** 1024, about 1.8e308"
 _OPERATOR_TEXT = {ast.FloorDiv: "`//`", ast.Mod: "`%`", ast.LShift: "`<<`", ast.RShift: "`>>`", ast.BitXor: "`^`"}
-
-
-def _describe(node: ast.AST) -> str:
-    names = {
-        "Subscript": "indexing `[...]`",
-        "Lambda": "`lambda`",
-        "IfExp": "`a if c else b` (use where(c, a, b))",
-        "ListComp": "a list comprehension",
-        "List": "a list",
-        "Tuple": "a tuple",
-        "Dict": "a dict",
-        "Set": "a set",
-        "JoinedStr": "an f-string",
-        "NamedExpr": "`:=`",
-        "Starred": "`*`",
-        "Await": "`await`",
-        "Yield": "`yield`",
-        "GeneratorExp": "a generator",
-        "Slice": "a slice",
-    }
-    return names.get(type(node).__name__, f"`{type(node).__name__}`")
 
 
 def _float(value: float) -> Expr:

@@ -292,3 +292,44 @@ def reduce_or_number(kind: str, operand: sympy.Expr, how: tuple[tuple[int, ...],
         f"the number {operand} once simplified, over entries counted only at call time; write the number "
         "times the count, or declare the dimensions of the inputs (Tensor[N, D])"
     )
+
+
+# Note [products along a constant inner dimension]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `where(l < l, x, l) @ x.T` with `l = sum(x)`: SymPy simplifies the left operand to `l`, a number,
+# but torch multiplies the operand as written, `l` broadcast to the shape [N, D] of `x`. An operand
+# that lacks the contracted dimension K as written (a number, or a size-1 last dimension of the left
+# one, first of the right one's two) is constant along it, so the product is the sum over K of the
+# other operand times it: `a @ b` = `a * sum(b, dim=-2, keepdim=true)` (a vector `a`: without
+# keepdim), `sum(a, dim=-1, keepdim=true) * b`, and `K * a * b` when both lack K. Dimensions the
+# simplified product lacks besides come back from the shape as written (Note [shapes as written]).
+# `.T` of a number is the number; of a row [K] as written [N, K], the column `unsqueeze(a, dim=-1)`.
+
+
+def constant_matmul(a: sympy.Expr, b: sympy.Expr, shapes: tuple[Shape, ...]) -> sympy.Expr | None:
+    """`a @ b` of operands of simplified shapes `sa`, `sb` and shapes as written `fa`, `fb` when one lacks
+    the contracted dimension (Note [products along a constant inner dimension]); else None."""
+    sa, sb, fa, fb = shapes
+    if sa is None or sb is None or fa is None or fb is None:
+        return None
+    (_, own_a), (_, own_b), (_, full_a), (_, full_b) = (split(s) for s in shapes)  # type: ignore[arg-type]
+    if not full_a or len(full_b) < 2 or full_a[-1] == 1 or full_a[-1] != full_b[-2]:
+        return None
+    vector = len(full_a) == 1
+    a_lacks = not own_a or (own_a[-1] == 1 and len(own_a) <= len(full_a))
+    b_lacks = len(own_b) < 2 or own_b[-2] == 1
+    if not (a_lacks or b_lacks) or (vector and b_lacks and len(own_b) > 1):
+        return None  # a vector's product with a [1, M] row would keep the 1 that torch's drops
+    if a_lacks and b_lacks:
+        return dim_size(str(full_a[-1])) * a * b
+    if a_lacks:
+        return a * tensor.reduction("sum", b, -2, not vector)
+    return tensor.reduction("sum", a, -1, True) * b
+
+
+def constant_transpose(a: sympy.Expr, shape: Shape, full: Shape) -> sympy.Expr | None:
+    """`a.T` of an operand narrower than its shape as written `full` (Note [products along a constant
+    inner dimension]); else None."""
+    if shape is None or full is None or len(split(full)[1]) < 2 or len(split(shape)[1]) >= 2:
+        return None
+    return a if not split(shape)[1] else tensor.Unsqueeze(a, sympy.Integer(-1))
