@@ -80,7 +80,9 @@ def make_names(plan: Plan) -> OpNames:
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals)}
     size_attrs = {n: attrs.fresh(size_stem(n)) for n in plan.dim_sizes}
-    size_locals = {d: namer.fresh(d) for d in forward_dims(plan.derived, tuple(r.expr for r in plan.residuals))}
+    size_locals = {
+        d: namer.fresh(size_stem(d)) for d in forward_dims(plan.derived, tuple(r.expr for r in plan.residuals))
+    }
     check_shapes = namer.fresh("check_shapes")
     arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")
     types = type_names(torch, namer, set(public_names(spec)) | {function_ref, functional_ref})

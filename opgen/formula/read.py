@@ -152,9 +152,7 @@ def _read_definitions(
     defined = {**symbols.lets, **symbols.outputs}
     walk = walk_as_written(spec, symbols, shapes or {}, frozenset())
     if shapes is not None:
-        scope = replace(
-            scope, shapes=shapes, written=lambda node: written.broadcast_all(walk.pieces(node) or frozenset())
-        )
+        scope = replace(scope, shapes=shapes, written=lambda node: walk.pieces(node) or frozenset())
     else:  # a first reading, in spec order: any let or output may turn out to be a condition
         scope = replace(scope, conditions=scope.conditions | frozenset(defined))
     problems = Problems()

@@ -50,8 +50,8 @@ class Scope:
     # Names that hold a condition as 1/0: `bool` inputs, lets and outputs whose formula is a
     # condition (Note [named conditions]).
     conditions: frozenset[str] = frozenset()
-    # The shape a part of the formula broadcasts to as written (Note [shapes as written]); None: SymPy's.
-    written: Callable[[ast.expr], tensor.Shape] | None = None
+    # The pieces a part of the formula broadcasts with as written (Note [shapes as written]); None: SymPy's.
+    written: Callable[[ast.expr], written.Pieces] | None = None
     values: dict[sympy.Symbol, Expr] | None = None  # the lets read so far, in terms of the inputs
 
 
@@ -320,7 +320,8 @@ class _Reader:
                     tensor.dims_count(full, found, f"{name}()")
                 operand, shape = written.number_or_operand(operand, shape, full, self.scope)
                 if full is not None and full != shape:  # Note [reductions of constant dimensions]
-                    reduced = written.constant_reduction(kind, operand, shape, full, found, keepdim, correction)
+                    how, batch = (found, keepdim, correction), written.batch_names(self.scope.written, node.args[0])
+                    reduced = written.constant_reduction(kind, operand, (shape, full), how, batch)
                     return self.checked(node, Value(fn.std_of(reduced) if name == "std" else reduced, NUM))
             except tensor.ShapeError as error:
                 raise self.fail(node, str(error)) from None

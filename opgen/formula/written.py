@@ -33,7 +33,7 @@ from typing import Any
 import sympy
 
 from opgen.formula import shape_rules, slicing, tensor
-from opgen.formula.dims import dim_size, split
+from opgen.formula.dims import batch_count_size, dim_size, show, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
@@ -197,10 +197,10 @@ def uncovered(
     return tuple(missing)
 
 
-def widened(shape: Shape, as_written: Callable[[ast.expr], Shape] | None, node: ast.expr) -> Shape:
-    """`shape`, SymPy's of `node`, broadcast with the shape `node` has as written (by `as_written`)."""
+def widened(shape: Shape, as_written: Callable[[ast.expr], Pieces] | None, node: ast.expr) -> Shape:
+    """`shape`, SymPy's of `node`, broadcast with the shape `node` has as written (`as_written`: its pieces)."""
     try:
-        return shape if as_written is None else shape_rules.broadcast(shape, as_written(node))
+        return shape if as_written is None else shape_rules.broadcast(shape, broadcast_all(as_written(node)))
     except ShapeError:  # SymPy's shape decides (as for the pieces of dropped terms)
         return shape
 
@@ -216,23 +216,44 @@ def widened(shape: Shape, as_written: Callable[[ast.expr], Shape] | None, node: 
 # variance of the own dims' entries taken n times, `var(.., correction=0) * m / (m - correction)`
 # with m all the entries (0 when no own dim is left: every entry the same). With `keepdim` a
 # dim the operand lacks comes back as a leading 1. The count's sizes are the dims as written,
-# taken at call time as every named dimension's.
+# taken at call time as every named dimension's; a reduction over every dimension of a term that
+# lacks the batch dimensions `...` (`sum(where(x > 9, 1, 1) * w)`, `w` a Tensor[D]) counts the batch
+# of the inputs the term has as written too, as torch does (`size:%x`, Note [counts of unknown
+# shapes]). The norm of a number is its absolute value.
+
+
+def batch_names(as_written: Callable[[ast.expr], Pieces] | None, node: ast.expr) -> tuple[str, ...]:
+    """The inputs whose batch dimensions `...` `node` has as written (`as_written`: its pieces)."""
+    pieces = as_written(node) if as_written is not None else frozenset()
+    return tuple(sorted({s.name for piece in pieces for s in piece.batch}))
 
 
 def constant_reduction(
-    kind: str, operand: sympy.Expr, shape: Shape, full: Shape, found: tuple[int, ...], keepdim: bool, correction: int
+    kind: str,
+    operand: sympy.Expr,
+    shapes: tuple[Shape, Shape],
+    how: tuple[tuple[int, ...], bool, int],
+    batch: tuple[str, ...],
 ) -> sympy.Expr:
-    """The reduction `kind` over `found` of `operand`, of shape `shape`, as if it had the shape
-    `full` it has as written (Note [reductions of constant dimensions])."""
+    """The reduction `kind` over `found` of `operand`, of shape `shape`, as if it had the shape `full`
+    it has as written, with the batch dimensions `...` of the inputs `batch` (Note [reductions of
+    constant dimensions])."""
+    (shape, full), (found, keepdim, correction) = shapes, how
     assert full is not None
     rank = 0 if not shape else len(split(shape)[1]) + (BATCH in shape)
-    if not found and BATCH in full:
-        raise ShapeError("a reduction over every dimension of a term constant along the batch dimensions `...`")
+    if not found and BATCH in full and (BATCH in (shape or ()) or not batch):
+        raise ShapeError(
+            f"a reduction over every dimension of a term of {show(shape)}, {show(full)} as written: name the"
+            " dimensions it reduces (dim=-1) first, the batch dimensions `...` then"
+        )
     dims = found or tuple(range(-len(full), 0))
     own = tuple(d for d in dims if -d <= rank and shape[d] == full[d])  # type: ignore[index]
     kept = tuple(d for d in dims if -d <= rank)  # the operand's dims: own, and those it has as 1
-    count: sympy.Expr = sympy.Mul(*(dim_size(str(full[d])) for d in dims if d not in own and full[d] != 1))
+    sizes = {d: batch_count_size(batch) if full[d] == BATCH else dim_size(str(full[d])) for d in dims}
+    count: sympy.Expr = sympy.Mul(*(sizes[d] for d in dims if d not in own and full[d] != 1))
     base = tensor.reduction(kind, operand, kept, keepdim, 0 if kind == "var" else correction) if kept else operand
+    if kind == "norm" and not kept:  # the norm of one entry is its size
+        base = sympy.Abs(operand)
     if kind == "sum":
         result = count * base
     elif kind == "logsumexp":
@@ -240,7 +261,7 @@ def constant_reduction(
     elif kind == "norm":
         result = sympy.sqrt(count) * base
     elif kind == "var":
-        entries = count * sympy.Mul(*(dim_size(str(full[d])) for d in own if full[d] != 1))
+        entries = count * sympy.Mul(*(sizes[d] for d in own if full[d] != 1))
         result = base * entries / (entries - correction) if own else sympy.S.Zero
     else:  # mean, amax
         result = base
