@@ -2,6 +2,7 @@
 # mypy: disable-error-code="no-any-return"
 """huber: a custom autograd op generated from specs/huber.yaml."""
 
+import math
 from typing import Any
 
 import torch
@@ -26,7 +27,11 @@ class HuberFunction(torch.autograd.Function):
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
         diff = input - target
-        loss = torch.nn.functional.huber_loss(diff, diff.new_zeros(()).expand_as(diff), reduction="none", delta=delta)
+        loss = (
+            torch.nn.functional.huber_loss(diff, diff.new_zeros(()).expand_as(diff), reduction="none", delta=delta)
+            if delta > 0
+            else torch.where(torch.abs(diff) < delta, diff**2 / 2, delta * (torch.abs(diff) - delta / 2))
+        )
         return loss
 
     @staticmethod
@@ -47,7 +52,11 @@ class HuberFunction(torch.autograd.Function):
                 tmp0_t0 = input - target
                 tmp0 = grad_loss * torch.where(torch.abs(tmp0_t0) < delta, tmp0_t0, delta * torch.sign(tmp0_t0))
             else:
-                tmp0 = torch.ops.aten.huber_loss_backward(grad_loss, input, target, 0, delta)
+                tmp0 = (
+                    torch.ops.aten.huber_loss_backward(grad_loss, input, target, 0, delta)
+                    if delta > 0
+                    else delta * grad_loss * torch.sign(input - target)
+                )
         if ctx.needs_input_grad[0]:
             grad_input = tmp0
             grad_input = grad_input.sum_to_size(input.shape)
@@ -62,11 +71,14 @@ class HuberFunction(torch.autograd.Function):
         delta = ctx.delta
         tangent_loss = None
         if tangent_input is not None or tangent_target is not None:
-            jvp0 = torch.nn.functional.hardtanh(input - target, -delta, delta)
+            jvp0 = input - target
+            jvp1 = math.fabs(delta)
+            jvp2_t0 = torch.nn.functional.hardtanh(jvp0, -jvp1, jvp1)
+            jvp2 = torch.where(jvp2_t0.new_tensor(delta > 0, dtype=torch.bool), jvp2_t0, delta * torch.sign(jvp0))
         if tangent_input is not None:
-            tangent_loss = jvp0 * tangent_input
+            tangent_loss = jvp2 * tangent_input
         if tangent_target is not None:
-            step = -(jvp0 * tangent_target)
+            step = -(jvp2 * tangent_target)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
         tangent_loss = tangent_loss.expand(loss.shape)
         return tangent_loss

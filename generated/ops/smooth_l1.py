@@ -26,7 +26,11 @@ class SmoothL1Function(torch.autograd.Function):
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
         d = input - target
-        loss = torch.nn.functional.smooth_l1_loss(d, d.new_zeros(()).expand_as(d), reduction="none", beta=beta)
+        loss = (
+            torch.nn.functional.smooth_l1_loss(d, d.new_zeros(()).expand_as(d), reduction="none", beta=beta)
+            if beta >= 0
+            else torch.where(torch.abs(d) < beta, d**2 / beta / 2, torch.abs(d) - beta / 2)
+        )
         return loss
 
     @staticmethod
@@ -45,7 +49,7 @@ class SmoothL1Function(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = (
                 torch.ops.aten.smooth_l1_loss_backward(grad_loss, input, target, 0, beta)
-                if beta != 0
+                if beta > 0
                 else grad_loss * torch.sign(input - target)
             )
         if ctx.needs_input_grad[0]:
@@ -64,7 +68,7 @@ class SmoothL1Function(torch.autograd.Function):
         if tangent_input is not None or tangent_target is not None:
             jvp0 = input - target
             jvp1_t0 = torch.nn.functional.hardtanh(jvp0 / beta, -1, 1)
-            jvp1 = torch.where(jvp1_t0.new_tensor(beta == 0, dtype=torch.bool), torch.sign(jvp0), jvp1_t0)
+            jvp1 = torch.where(jvp1_t0.new_tensor(beta > 0, dtype=torch.bool), jvp1_t0, torch.sign(jvp0))
         if tangent_input is not None:
             tangent_loss = jvp1 * tangent_input
         if tangent_target is not None:

@@ -136,19 +136,29 @@ class KernelPrinting:
         pair = self._difference(d)
         return (self._print(pair[0]), self._print(pair[1])) if pair else (self._print(d), self._zeros_like(d))
 
+    def _within(self, kernel: str, bound: sympy.Basic, test: str, formula: sympy.Basic) -> str:
+        """`kernel` where `bound` passes `test` (`> 0`), else `formula`: a kernel that refuses some values
+        of a parameter input computes the formula there (Note [parameters of lowered primitives])."""
+        if (bound.is_positive if test == "> 0" else bound.is_nonnegative) or self.is_tensor(bound):
+            return kernel
+        return f"({kernel} if {self._print(bound)} {test} else {self._print(formula)})"
+
     def _print_huber(self, expr: k.huber) -> str:
         d, delta = expr.args
         if self._difference(d):  # F.huber_loss warns where the shapes differ; its kernel broadcasts them
-            return self._aten("huber_loss", *self._loss_pair(d), "0", delta)
-        target = self._zeros_like(d)
-        return self._functional("huber_loss", d, extra=f'{target}, reduction="none", delta={self._print(delta)}')
+            kernel = self._aten("huber_loss", *self._loss_pair(d), "0", delta)
+        else:
+            target = self._zeros_like(d)
+            kernel = self._functional("huber_loss", d, extra=f'{target}, reduction="none", delta={self._print(delta)}')
+        return self._within(kernel, delta, "> 0", k.huber.elementary(d, delta))
 
     def _print_smooth_l1(self, expr: k.smooth_l1) -> str:
         d, beta = expr.args
         if self._difference(d) and beta.is_positive:  # beta = 0: F.smooth_l1_loss calls l1_loss
             return self._aten("smooth_l1_loss", *self._loss_pair(d), "0", beta)
         target = self._zeros_like(d)
-        return self._functional("smooth_l1_loss", d, extra=f'{target}, reduction="none", beta={self._print(beta)}')
+        kernel = self._functional("smooth_l1_loss", d, extra=f'{target}, reduction="none", beta={self._print(beta)}')
+        return self._within(kernel, beta, ">= 0", k.smooth_l1.elementary(d, beta))
 
     def _print_hardsigmoid(self, expr: k.hardsigmoid) -> str:
         return self._functional("hardsigmoid", *expr.args)
@@ -194,15 +204,15 @@ class KernelPrinting:
 
     def _print_huber_backward(self, expr: kb.KernelBackward) -> str:
         g, d, delta = expr.args
-        return self._aten("huber_loss_backward", g, *self._loss_pair(d), "0", delta)
+        kernel = self._aten("huber_loss_backward", g, *self._loss_pair(d), "0", delta)
+        return self._within(kernel, delta, "> 0", g * delta * fn.sign(d))  # delta <= 0: the linear branch
 
     def _print_smooth_l1_backward(self, expr: kb.KernelBackward) -> str:
         g, d, beta = expr.args
         kernel = self._aten("smooth_l1_loss_backward", g, *self._loss_pair(d), "0", beta)
-        if beta.is_positive:
-            return kernel
-        # beta = 0 is the L1 loss (F.smooth_l1_loss calls l1_loss there): the kernel's slope at d = 0 is -1.
-        return f"({kernel} if {self._print(beta)} != 0 else {self._print(g * fn.sign(d))})"
+        # beta = 0 is the L1 loss (F.smooth_l1_loss calls l1_loss there): the kernel's slope at d = 0 is -1;
+        # beta < 0, which the kernel refuses, the linear branch.
+        return self._within(kernel, beta, "> 0", g * fn.sign(d))
 
     def _print_hardsigmoid_backward(self, expr: kb.KernelBackward) -> str:
         return self._aten("hardsigmoid_backward", *expr.args)

@@ -220,8 +220,14 @@ class huber(_Primitive):  # noqa: N801
     @classmethod
     def prime_form(cls, *args: Expr) -> Expr | None:
         """d itself within delta of 0, delta * sign(d) beyond: d clipped, with a zero gradient at the
-        clip points as the formula's (as F.hardtanh's)."""
-        return hardtanh(args[0], -args[1], args[1])
+        clip points as the formula's (as F.hardtanh's); delta <= 0, which F.hardtanh's bounds refuse,
+        the linear branch (Note [parameters of lowered primitives])."""
+        d, delta = args
+        if delta.is_positive:
+            return hardtanh(d, -delta, delta)
+        return fn.where(
+            sympy.StrictGreaterThan(delta, 0), hardtanh(d, -sympy.Abs(delta), sympy.Abs(delta)), delta * fn.sign(d)
+        )
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:
@@ -245,7 +251,7 @@ class smooth_l1(_Primitive):  # noqa: N801
     def prime_form(cls, *args: Expr) -> Expr | None:
         d, beta = args
         clipped = hardtanh(d / beta, S.NegativeOne, S.One)
-        return clipped if beta.is_positive else fn.where(sympy.Eq(beta, 0), fn.sign(d), clipped)
+        return clipped if beta.is_positive else fn.where(sympy.StrictGreaterThan(beta, 0), clipped, fn.sign(d))
 
     @classmethod
     def elementary(cls, *args: Expr) -> Expr:

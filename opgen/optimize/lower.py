@@ -75,7 +75,9 @@ __all__ = [
 # inputs it becomes hardtanh(u, lo, max(lo, hi)), the formula for every lo and hi, and
 # `min(max(u, lo), hi)` hardtanh(u, min(lo, hi), hi); value and zero slope agree at lo = hi too.
 # F.huber_loss refuses delta <= 0 and F.smooth_l1_loss beta < 0, where the formulas are their
-# linear branch: with the bound an input, they stay formulas.
+# linear branch: with the bound a Tensor input, they stay formulas; with a float input, the call
+# runs where the kernel takes the bound and the formula elsewhere (`(F.huber_loss(d, ..., delta=delta)
+# if delta > 0 else where(...))`, and so their backward kernels and derivatives), not the kernel's error.
 
 # -- matching ------------------------------------------------------------------------------------
 
