@@ -46,3 +46,38 @@ def test_an_override_reads_an_input_named_grad_as_that_input(tmp_path):
     (got,) = torch.autograd.grad((ops.op(x, grad) * seed).sum(), x)
     torch.testing.assert_close(got, seed * grad * 3)
     assert "grad_x = 3*grad*grad_y  (override)" in ops.op.__doc__
+
+
+OUTGOING = {
+    "an input named like another's gradient": (
+        {"x": "Tensor", "grad_x": "Tensor"},
+        {"y": "x * grad_x + x**2"},
+        ["grad_x_ = grad*(grad_x + 2*x)", "grad_grad_x = grad*x"],
+        lambda x, grad_x: x * grad_x + x**2,
+    ),
+    "and an input named like that name": (
+        {"x": "Tensor", "grad_x": "Tensor", "x_": "Tensor"},
+        {"y": "x * grad_x * x_"},
+        ["grad_x__ = grad*grad_x*x_", "grad_grad_x = grad*x*x_", "grad_x_ = grad*grad_x*x"],
+        lambda x, grad_x, x_: x * grad_x * x_,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTGOING))
+def test_outgoing_gradients_are_named_apart_from_the_specs_names(tmp_path, case):
+    """`grad_x = grad*(grad_x + 2*x)` read as a definition of the input `grad_x` in terms of itself: an input's
+    gradient named like an input, let, output or incoming gradient gets `_` appended, as its local in backward."""
+    inputs, outputs, want, reference = OUTGOING[case]
+    lines = ["name: op", "inputs:", *(f"  {k}: {v}" for k, v in inputs.items())]
+    lines += ["outputs:", *(f"  {k}: {v}" for k, v in outputs.items())]
+    ops = build_ops(tmp_path, "grad_out_names", {"op": "\n".join(lines) + "\n"})
+    doc = ops.op.__doc__
+    assert [line.strip() for line in doc.split("Gradients:")[1].splitlines() if line.strip()] == want
+    args = [torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in inputs]
+    assert torch.autograd.gradcheck(ops.op, tuple(args))
+    # The op is the formula: its gradients are plain autograd's.
+    want_y = reference(*args)
+    seed = torch.randn(4, dtype=torch.float64)
+    grads = [torch.autograd.grad(y, args, seed) for y in (ops.op(*args), want_y)]
+    torch.testing.assert_close(*grads)

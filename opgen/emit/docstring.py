@@ -27,6 +27,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
     table |= {r.symbol: r.name for r in plan.residuals}
     table |= _incoming_names(plan, set(table.values()))
+    labels = _gradient_labels([g.input for g in derived.full.gradients], set(table.values()))
     table |= {dim_size(d): d for d in dimension_names(spec)}
     table |= {dim_size(d): _size_doc(d) for d in plan.dim_sizes if counted(d)}
     lines = ["Forward:"]
@@ -39,7 +40,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
     for gradient in full.gradients:
         if not gradient.contributions:
-            lines.append(f"    grad_{gradient.input} = 0")
+            lines.append(f"    {labels[gradient.input]} = 0")
             continue
         total = sum(
             ((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
@@ -48,7 +49,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
         if gradient.fit is not None:
             total = total.xreplace(lets)
         mark = "  (override)" if gradient.overridden else ""
-        lines += display_lines(f"    grad_{gradient.input}", total, table, DOC_WIDTH - len(mark))
+        lines += display_lines(f"    {labels[gradient.input]}", total, table, DOC_WIDTH - len(mark))
         lines[-1] += mark
     return lines
 
@@ -65,6 +66,22 @@ def _incoming_names(plan: Plan, taken: set[str]) -> dict[sympy.Basic, str]:
             name += "_"
         names[symbol] = name
     return names
+
+
+def _gradient_labels(inputs: list[str], taken: set[str]) -> dict[str, str]:
+    """How the docstring names each input's gradient: `grad_x`, else (an input, let, output or incoming
+    gradient of that name: `grad_x = grad*grad_x` would read as a definition of itself) the name with `_`
+    appended until it is none of them, as the backward's local for it."""
+    labels = {name: f"grad_{name}" for name in inputs if f"grad_{name}" not in taken}
+    taken = taken | set(labels.values())  # another input's own label (`grad_x_` of an input `x_`) stays
+    for name in inputs:
+        if name not in labels:
+            label = f"grad_{name}_"
+            while label in taken:
+                label += "_"
+            labels[name] = label
+            taken.add(label)
+    return labels
 
 
 def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
