@@ -119,6 +119,17 @@ def trailing_defaults(has_default: list[bool]) -> int:
     return start
 
 
+def keyword_only_from(has_default: list[bool]) -> int:
+    """Where keyword-only parameters start so that every declared default is kept (`len(has_default)`
+    when none need be): at the first parameter without a default that follows one with a default.
+    Python allows a default only when every later positional parameter has one; a keyword-only
+    parameter may go without (`def __init__(self, eps=1e-05, *, normalized_shape, bias=True)`)."""
+    for k, default in enumerate(has_default):
+        if not default and any(has_default[:k]):
+            return k
+    return len(has_default)
+
+
 def typed_params(inputs: list[Input], types: TypeNames, defaults: dict[str, str] | None = None) -> list[str]:
     """Each input as an annotated parameter; `defaults`: input -> its default's source."""
     defaults = defaults or {}

@@ -84,9 +84,12 @@ def default_text(value: Scalar | None, has_default: bool, math: str) -> str:
 
 
 def _defaults(module: Module, math: str, types: typed.TypeNames) -> list[str]:
-    start = typed.trailing_defaults([a.type.has_default for a in module.args])
-    defaults = {a.name: default_text(a.type.default, True, math) for a in module.args[start:]}
-    return typed.typed_params(list(module.args), types, defaults)
+    """The constructor's parameters with every declared default; those from the first argument without
+    a default after one with a default are keyword-only (`opgen.emit.annotations.keyword_only_from`)."""
+    defaults = {a.name: default_text(a.type.default, True, math) for a in module.args if a.type.has_default}
+    params = typed.typed_params(list(module.args), types, defaults)
+    start = typed.keyword_only_from([a.type.has_default for a in module.args])
+    return params[:start] + (["*"] if start < len(params) else []) + params[start:]
 
 
 def module_context(

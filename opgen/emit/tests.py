@@ -117,23 +117,20 @@ def _module_args(spec: Spec, math: str) -> tuple[list[str], dict[str, str]]:
 
     An int arg named like a dimension (`in_features`) gets that dimension's sample size;
     one that sizes a parameter, the size of the parameter's input (`parameter_sizes`); an
-    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`), passed
-    when the constructor cannot default it (`opgen.emit.annotations.trailing_defaults`).
+    arg with a finite default keeps it (a NaN or infinite one is replaced, as `Spec.test_value`) and is
+    left out: the constructor keeps every declared default (`opgen.emit.annotations.keyword_only_from`).
     """
     assert spec.module is not None
     values: dict[str, Scalar] = {**parameter_sizes(spec), **dim_sizes(spec), **dict(spec.tests.values)}
     args = []
     chosen: dict[str, str] = {}
-    kept_from = typed.trailing_defaults([arg.type.has_default for arg in spec.module.args])
-    for k, arg in enumerate(spec.module.args):
+    for arg in spec.module.args:
         default = arg.type.default
         if arg.name in values:
             value = values[arg.name]
         elif arg.type.has_default and default is not None and _finite(default):
             chosen[arg.name] = quote.number(default, math)
-            if k >= kept_from:
-                continue
-            value = default  # a default the constructor cannot keep (a later arg has none): passed
+            continue
         else:
             value = DEFAULT_ARG[arg.type.kind]
         args.append(f"{arg.name}={quote.number(value, math)}")
