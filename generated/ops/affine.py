@@ -80,6 +80,7 @@ class _AffineFunctionNoJvp(AffineFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Elementwise affine map, the learnable scale and shift of normalization layers:
     x * weight + bias, with `bias` optional.
@@ -127,6 +128,13 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bias = None if bias is None else bias.to(dtype)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
+
+
+affine.__script_unsupported = (  # type: ignore[attr-defined]
+    "affine runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class Affine(torch.nn.Module):

@@ -87,6 +87,7 @@ class _AttentionScoresFunctionNoJvp(AttentionScoresFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside
     F.scaled_dot_product_attention.
@@ -123,3 +124,10 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(function, q, k)
     return function.apply(q, k)
+
+
+attention_scores.__script_unsupported = (  # type: ignore[attr-defined]
+    "attention_scores runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

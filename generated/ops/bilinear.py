@@ -112,6 +112,7 @@ class _BilinearFunctionNoJvp(BilinearFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def bilinear(
     x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -162,6 +163,13 @@ def bilinear(
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(function, x1, x2, weight, bias)
     return function.apply(x1, x2, weight, bias)
+
+
+bilinear.__script_unsupported = (  # type: ignore[attr-defined]
+    "bilinear runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class Bilinear(torch.nn.Module):

@@ -62,6 +62,7 @@ class _ClipGradFunctionNoJvp(ClipGradFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
     """The identity forward; backward clamps each element of the incoming gradient to
     [-bound, bound].
@@ -90,3 +91,10 @@ def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
         )
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
     return function.apply(x, bound)
+
+
+clip_grad.__script_unsupported = (  # type: ignore[attr-defined]
+    "clip_grad runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -99,6 +99,7 @@ class _CosineSimilarityFunctionNoJvp(CosineSimilarityFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) -> torch.Tensor:
     """Cosine similarity along the last dimension, each side divided by its norm (at least eps);
     F.cosine_similarity(x1, x2, dim=-1).
@@ -143,3 +144,10 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
         x2 = x2.to(dtype)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)
+
+
+cosine_similarity.__script_unsupported = (  # type: ignore[attr-defined]
+    "cosine_similarity runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

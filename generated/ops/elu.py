@@ -58,6 +58,7 @@ class _EluFunctionNoJvp(EluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
@@ -82,3 +83,10 @@ def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         return torch.nn.functional.elu(x, alpha)
     function = _EluFunctionNoJvp if torch.compiler.is_compiling() else EluFunction
     return function.apply(x, alpha)
+
+
+elu.__script_unsupported = (  # type: ignore[attr-defined]
+    "elu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

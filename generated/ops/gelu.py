@@ -55,6 +55,7 @@ class _GeluFunctionNoJvp(GeluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the exact Gaussian CDF, x * Phi(x); torch.nn.functional.gelu.
 
@@ -79,3 +80,10 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x)
     function = _GeluFunctionNoJvp if torch.compiler.is_compiling() else GeluFunction
     return function.apply(x)
+
+
+gelu.__script_unsupported = (  # type: ignore[attr-defined]
+    "gelu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

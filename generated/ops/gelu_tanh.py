@@ -60,6 +60,7 @@ class _GeluTanhFunctionNoJvp(GeluTanhFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation; torch.nn.functional.gelu(x, approximate=\"tanh\").
 
@@ -85,3 +86,10 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x, approximate="tanh")
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
     return function.apply(x)
+
+
+gelu_tanh.__script_unsupported = (  # type: ignore[attr-defined]
+    "gelu_tanh runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

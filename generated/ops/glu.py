@@ -65,6 +65,7 @@ class _GluFunctionNoJvp(GluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def glu(x: torch.Tensor) -> torch.Tensor:
     """Gated linear unit: the first half of `x`'s last dimension gated by the sigmoid of the second half;
     F.glu(x, dim=-1).
@@ -92,3 +93,10 @@ def glu(x: torch.Tensor) -> torch.Tensor:
         )
     function = _GluFunctionNoJvp if torch.compiler.is_compiling() else GluFunction
     return function.apply(x)
+
+
+glu.__script_unsupported = (  # type: ignore[attr-defined]
+    "glu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -65,6 +65,7 @@ class _HardsigmoidFunctionNoJvp(HardsigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     """relu6(x + 3) / 6, as torch.nn.functional.hardsigmoid: slope 1/6 strictly between -3 and 3,
     0 at -3 and 3 themselves.
@@ -87,3 +88,10 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
         )
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction
     return function.apply(x)
+
+
+hardsigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+    "hardsigmoid runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -61,6 +61,7 @@ class _HardtanhFunctionNoJvp(HardtanhFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> torch.Tensor:
     """x clipped to [min_val, max_val], as torch.nn.functional.hardtanh: the gradient is 0 at
     the bounds themselves (max/min against a number; `clamp` would pass it there).
@@ -86,3 +87,10 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
         return torch.nn.functional.hardtanh(x, min_val, max(max_val, min_val))
     function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction
     return function.apply(x, min_val, max_val)
+
+
+hardtanh.__script_unsupported = (  # type: ignore[attr-defined]
+    "hardtanh runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

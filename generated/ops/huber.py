@@ -90,6 +90,7 @@ class _HuberFunctionNoJvp(HuberFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
     """Huber loss per element (smooth L1 scaled by delta): quadratic within delta of the
     target, linear beyond; torch.nn.functional.huber_loss(..., reduction=\"none\").
@@ -129,3 +130,10 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
         target = target.to(dtype)
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
     return function.apply(input, target, delta)
+
+
+huber.__script_unsupported = (  # type: ignore[attr-defined]
+    "huber runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -70,6 +70,7 @@ class _KlDivFunctionNoJvp(KlDivFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Kullback-Leibler divergence of a target distribution from log-probabilities `input`, summed
     over the classes and averaged over the batch, 0 * log(0) taken as 0;
@@ -109,3 +110,10 @@ def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         target = target.to(dtype)
     function = _KlDivFunctionNoJvp if torch.compiler.is_compiling() else KlDivFunction
     return function.apply(input, target)
+
+
+kl_div.__script_unsupported = (  # type: ignore[attr-defined]
+    "kl_div runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -99,6 +99,7 @@ class _LabelSmoothingCeFunctionNoJvp(LabelSmoothingCeFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
     """Cross-entropy with probability targets smoothed towards the uniform distribution, averaged
     over the batch; F.cross_entropy(input, target, label_smoothing=smoothing).
@@ -140,3 +141,10 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
         target = target.to(dtype)
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction
     return function.apply(input, target, smoothing)[0]
+
+
+label_smoothing_ce.__script_unsupported = (  # type: ignore[attr-defined]
+    "label_smoothing_ce runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

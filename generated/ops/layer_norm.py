@@ -129,6 +129,7 @@ class _LayerNormFunctionNoJvp(LayerNormFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-05
 ) -> torch.Tensor:
@@ -173,6 +174,13 @@ def layer_norm(
         )
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
     return function.apply(x, weight, bias, eps)[0]
+
+
+layer_norm.__script_unsupported = (  # type: ignore[attr-defined]
+    "layer_norm runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class LayerNorm(torch.nn.Module):

@@ -58,6 +58,7 @@ class _LeakyReluFunctionNoJvp(LeakyReluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """x where positive, negative_slope * x elsewhere, as torch.nn.functional.leaky_relu.
 
@@ -82,3 +83,10 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
         return torch.nn.functional.leaky_relu(x, negative_slope)
     function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction
     return function.apply(x, negative_slope)
+
+
+leaky_relu.__script_unsupported = (  # type: ignore[attr-defined]
+    "leaky_relu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -91,6 +91,7 @@ class _LinearFunctionNoJvp(LinearFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Forward:
         out = input @ weight.T + bias
@@ -130,6 +131,13 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
         return _autocast_apply(function, input, weight, bias)
     return function.apply(input, weight, bias)
+
+
+linear.__script_unsupported = (  # type: ignore[attr-defined]
+    "linear runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class Linear(torch.nn.Module):

@@ -55,6 +55,7 @@ class _LogSoftmaxFunctionNoJvp(LogSoftmaxFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """Log-softmax over the last dimension; torch.log_softmax(x, dim=-1).
 
@@ -80,3 +81,10 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         )
     function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction
     return function.apply(x)
+
+
+log_softmax.__script_unsupported = (  # type: ignore[attr-defined]
+    "log_softmax runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

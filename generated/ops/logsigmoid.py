@@ -71,6 +71,7 @@ class _LogsigmoidFunctionNoJvp(LogsigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def logsigmoid(x: torch.Tensor) -> torch.Tensor:
     """Log-sigmoid, log(1 / (1 + exp(-x))); torch.nn.functional.logsigmoid.
 
@@ -95,3 +96,10 @@ def logsigmoid(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.logsigmoid(x)
     function = _LogsigmoidFunctionNoJvp if torch.compiler.is_compiling() else LogsigmoidFunction
     return function.apply(x)
+
+
+logsigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+    "logsigmoid runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -56,6 +56,7 @@ class _LogsumexpFunctionNoJvp(LogsumexpFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """log(sum(exp(x))) over the last dimension, without overflow; torch.logsumexp(x, dim=-1).
 
@@ -81,3 +82,10 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
         )
     function = _LogsumexpFunctionNoJvp if torch.compiler.is_compiling() else LogsumexpFunction
     return function.apply(x)
+
+
+logsumexp.__script_unsupported = (  # type: ignore[attr-defined]
+    "logsumexp runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -87,6 +87,7 @@ class _MishFunctionNoJvp(MishFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def mish(x: torch.Tensor) -> torch.Tensor:
     """Mish, x * tanh(softplus(x)) (Misra, 2019); torch.nn.functional.mish.
 
@@ -111,3 +112,10 @@ def mish(x: torch.Tensor) -> torch.Tensor:
         return x * torch.tanh(torch.nn.functional.softplus(x))
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
     return function.apply(x)
+
+
+mish.__script_unsupported = (  # type: ignore[attr-defined]
+    "mish runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -54,6 +54,7 @@ class _MulConstantFunctionNoJvp(MulConstantFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     """Forward:
         out = constant*tensor
@@ -76,3 +77,10 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
         return constant * tensor
     function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
     return function.apply(tensor, constant)
+
+
+mul_constant.__script_unsupported = (  # type: ignore[attr-defined]
+    "mul_constant runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -55,6 +55,7 @@ class _Relu6FunctionNoJvp(Relu6Function):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def relu6(x: torch.Tensor) -> torch.Tensor:
     """min(max(x, 0), 6), as torch.nn.functional.relu6 (gradient 0 at 0 and at 6).
 
@@ -79,3 +80,10 @@ def relu6(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.hardtanh(x, 0, 6)
     function = _Relu6FunctionNoJvp if torch.compiler.is_compiling() else Relu6Function
     return function.apply(x)
+
+
+relu6.__script_unsupported = (  # type: ignore[attr-defined]
+    "relu6 runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

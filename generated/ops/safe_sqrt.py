@@ -53,6 +53,7 @@ class _SafeSqrtFunctionNoJvp(SafeSqrtFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """sqrt(x) for positive x and 0 elsewhere, with finite gradients of every order at and
     below 0 (the branch not taken is guarded, see the README's \"Gradients at kinks\").
@@ -81,3 +82,10 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
         )
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
     return function.apply(x)
+
+
+safe_sqrt.__script_unsupported = (  # type: ignore[attr-defined]
+    "safe_sqrt runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -66,6 +66,7 @@ class _ScaledWeightFunctionNoJvp(ScaledWeightFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = weights*x
@@ -101,6 +102,13 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         weights = weights.to(dtype)
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
     return function.apply(x, weights)
+
+
+scaled_weight.__script_unsupported = (  # type: ignore[attr-defined]
+    "scaled_weight runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class ScaledWeight(torch.nn.Module):

@@ -57,6 +57,7 @@ class _SeluFunctionNoJvp(SeluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def selu(x: torch.Tensor) -> torch.Tensor:
     """SELU (Klambauer et al., 2017), a scaled ELU with fixed constants; torch.nn.functional.selu.
 
@@ -83,3 +84,10 @@ def selu(x: torch.Tensor) -> torch.Tensor:
         return 1.0507009873554805 * torch.nn.functional.elu(x, 1.6732632423543772)
     function = _SeluFunctionNoJvp if torch.compiler.is_compiling() else SeluFunction
     return function.apply(x)
+
+
+selu.__script_unsupported = (  # type: ignore[attr-defined]
+    "selu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -55,6 +55,7 @@ class _SigmoidFunctionNoJvp(SigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """The logistic function; torch.sigmoid.
 
@@ -79,3 +80,10 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(x)
     function = _SigmoidFunctionNoJvp if torch.compiler.is_compiling() else SigmoidFunction
     return function.apply(x)
+
+
+sigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+    "sigmoid runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -53,6 +53,7 @@ class _SignSteFunctionNoJvp(SignSteFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = sign(x)
@@ -78,3 +79,10 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
         )
     function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
     return function.apply(x)
+
+
+sign_ste.__script_unsupported = (  # type: ignore[attr-defined]
+    "sign_ste runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

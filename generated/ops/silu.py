@@ -63,6 +63,7 @@ class _SiluFunctionNoJvp(SiluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU (sigmoid-weighted linear unit), x * sigmoid(x); torch.nn.functional.silu.
 
@@ -87,3 +88,10 @@ def silu(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(x)
     function = _SiluFunctionNoJvp if torch.compiler.is_compiling() else SiluFunction
     return function.apply(x)
+
+
+silu.__script_unsupported = (  # type: ignore[attr-defined]
+    "silu runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

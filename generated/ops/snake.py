@@ -73,6 +73,7 @@ class _SnakeFunctionNoJvp(SnakeFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """The Snake activation (Ziyin et al., 2020), x + sin(a x)**2 / a, with a learnable
     frequency `a` per feature (last dimension); `a` must not be 0.
@@ -111,6 +112,13 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         a = a.to(dtype)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction
     return function.apply(x, a)
+
+
+snake.__script_unsupported = (  # type: ignore[attr-defined]
+    "snake runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)
 
 
 class Snake(torch.nn.Module):

@@ -55,6 +55,7 @@ class _SoftmaxFunctionNoJvp(SoftmaxFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, written through logsumexp so that it cannot overflow; torch.softmax(x, dim=-1).
 
@@ -80,3 +81,10 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         )
     function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction
     return function.apply(x)
+
+
+softmax.__script_unsupported = (  # type: ignore[attr-defined]
+    "softmax runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -55,6 +55,7 @@ class _SoftmaxNaiveFunctionNoJvp(SoftmaxNaiveFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def softmax_naive(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, written the textbook way; opgen computes it as
     torch.softmax(x, dim=-1), which cannot overflow (exp(x) alone is inf at x = 89 in float32).
@@ -81,3 +82,10 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
         )
     function = _SoftmaxNaiveFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxNaiveFunction
     return function.apply(x)
+
+
+softmax_naive.__script_unsupported = (  # type: ignore[attr-defined]
+    "softmax_naive runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

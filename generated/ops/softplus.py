@@ -58,6 +58,7 @@ class _SoftplusFunctionNoJvp(SoftplusFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def softplus(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Softplus with a sharpness beta, log(1 + exp(beta * x)) / beta; torch.nn.functional.softplus.
 
@@ -82,3 +83,10 @@ def softplus(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
         return torch.nn.functional.softplus(x, beta)
     function = _SoftplusFunctionNoJvp if torch.compiler.is_compiling() else SoftplusFunction
     return function.apply(x, beta)
+
+
+softplus.__script_unsupported = (  # type: ignore[attr-defined]
+    "softplus runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -55,6 +55,7 @@ class _SoftsignFunctionNoJvp(SoftsignFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def softsign(x: torch.Tensor) -> torch.Tensor:
     """Softsign, x / (1 + |x|); torch.nn.functional.softsign.
 
@@ -79,3 +80,10 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
         return x / (torch.abs(x) + 1)
     function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction
     return function.apply(x)
+
+
+softsign.__script_unsupported = (  # type: ignore[attr-defined]
+    "softsign runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -59,6 +59,7 @@ class _SpikeFunctionNoJvp(SpikeFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch.Tensor:
     """Spiking neuron firing (Heaviside step at `threshold`) with the fast-sigmoid surrogate
     gradient of SuperSpike: d spike / d v = 1 / (1 + slope * |v - threshold|)**2.
@@ -87,3 +88,10 @@ def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch
         )
     function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
     return function.apply(v, threshold, slope)
+
+
+spike.__script_unsupported = (  # type: ignore[attr-defined]
+    "spike runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -62,6 +62,7 @@ class _SwishFunctionNoJvp(SwishFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Forward:
         y = x*sigmoid(beta*x)
@@ -84,3 +85,10 @@ def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
         return x * torch.sigmoid(beta * x)
     function = _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
     return function.apply(x, beta)
+
+
+swish.__script_unsupported = (  # type: ignore[attr-defined]
+    "swish runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -63,6 +63,7 @@ class _TanhshrinkFunctionNoJvp(TanhshrinkFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
+@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def tanhshrink(x: torch.Tensor) -> torch.Tensor:
     """Tanhshrink, x - tanh(x); torch.nn.functional.tanhshrink.
 
@@ -88,3 +89,10 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
         return x - torch.tanh(x)
     function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
     return function.apply(x)[0]
+
+
+tanhshrink.__script_unsupported = (  # type: ignore[attr-defined]
+    "tanhshrink runs a torch.autograd.Function,"
+    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
+    " or capture it with torch.compile, torch.export or torch.jit.trace"
+)

@@ -51,6 +51,18 @@ def _signature(spec: Spec, math: str, types: typed.TypeNames) -> list[str]:
     return params
 
 
+# Note [TorchScript]
+# ~~~~~~~~~~~~~~~~~~
+# TorchScript compiles Python source and cannot compile a `torch.autograd.Function`, nor the
+# functional's checks around it. The functional is `@torch.jit.ignore`d: scripted code that calls it
+# (a scripted module, the user's scripted function) runs it as a Python call, with the op's gradient,
+# as `torch.jit.trace` records it; `torch.jit.save` refuses such code ("Could not export Python
+# function call"). Scripting the functional itself raises TorchScript's error for a function marked
+# `__script_unsupported` (as torch.autocast's decorator does), with a message that names what works:
+# calling it from scripted code, torch.compile, torch.export, torch.jit.trace. It used to fail on the
+# first line TorchScript cannot read ("annotated assignments without assigned value").
+
+
 def emit_op(plan: Plan, renderer: Renderer) -> str:
     derived = plan.derived
     spec = derived.spec
