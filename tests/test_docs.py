@@ -251,3 +251,14 @@ def test_the_readme_is_short() -> None:
     assert len(readme) - sum(len(s) for s in moving) < 8000
     for page in ("docs/index.md", "docs/tutorial.md", "docs/spec-format.md", "docs/formula-language.md"):
         assert f"]({page}" in readme, f"the README links {page}"
+
+
+@pytest.mark.parametrize("page", ["spec-format.md", "formula-language.md"])
+def test_the_native_whitelist_is_listed_whole(page: str) -> None:
+    """The pages list every op `tests.native` takes: both had left out the ones added since (silu, gelu, ...)."""
+    from opgen.spec.native import NATIVE_OPS
+
+    text = (ROOT / "docs" / page).read_text()
+    listed = re.search(r"`(abs relu [a-z0-9_ ]+)`", text)
+    assert listed is not None
+    assert listed.group(1).split() == list(NATIVE_OPS)
