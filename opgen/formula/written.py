@@ -219,7 +219,9 @@ def widened(shape: Shape, as_written: Callable[[ast.expr], Pieces] | None, node:
 # taken at call time as every named dimension's; a reduction over every dimension of a term that
 # lacks the batch dimensions `...` (`sum(where(x > 9, 1, 1) * w)`, `w` a Tensor[D]) counts the batch
 # of the inputs the term has as written too, as torch does (`size:%x`, Note [counts of unknown
-# shapes]). The norm of a number is its absolute value.
+# shapes]); one of a term that keeps the batch but is narrower elsewhere (`[..., 1, M]` of `[..., N, M]`)
+# is read from the mean over every dimension of the term, which counts its own entries at call time
+# (`_whole_with_batch`). The norm of a number is its absolute value.
 
 
 def batch_names(as_written: Callable[[ast.expr], Pieces] | None, node: ast.expr) -> tuple[str, ...]:
@@ -242,10 +244,7 @@ def constant_reduction(
     assert full is not None
     rank = 0 if not shape else len(split(shape)[1]) + (BATCH in shape)
     if not found and BATCH in full and (BATCH in (shape or ()) or not batch):
-        raise ShapeError(
-            f"a reduction over every dimension of a term of {show(shape)}, {show(full)} as written: name the"
-            " dimensions it reduces (dim=-1) first, the batch dimensions `...` then"
-        )
+        return _whole_with_batch(kind, operand, (shape, full), correction, batch)
     dims = found or tuple(range(-len(full), 0))
     own = tuple(d for d in dims if -d <= rank and shape[d] == full[d])  # type: ignore[index]
     kept = tuple(d for d in dims if -d <= rank)  # the operand's dims: own, and those it has as 1
@@ -271,6 +270,29 @@ def constant_reduction(
             result = tensor.Unsqueeze(result, sympy.Integer(-rank - 1))
             rank += 1
     return result
+
+
+def _whole_with_batch(
+    kind: str, operand: sympy.Expr, shapes: tuple[Shape, Shape], correction: int, batch: tuple[str, ...]
+) -> sympy.Expr:
+    """A reduction over every dimension of an operand of shape `shape` with the batch dimensions `...`,
+    narrower than the shape `full` it has as written (`sum(l * y)` of a [..., 1, M] that is [..., N, M]
+    as written): each of its entries stands for equally many entries of the term as written, so the
+    term's mean, maximum and population variance are the operand's, and its sum is its entries'
+    count (`batch`'s batch count times its named dims, at call time) times the mean."""
+    shape, full = shapes
+    assert full is not None
+    if kind == "norm" or not batch:
+        raise ShapeError(
+            f"{kind}() over every dimension of a term of {show(shape)}, {show(full)} as written: reduce"
+            f" its named dimensions first ({kind}({kind}(..., dim=-1)))"
+        )
+    entries = batch_count_size(batch) * sympy.Mul(*(dim_size(str(d)) for d in full if d not in (BATCH, 1)))
+    if kind in ("mean", "amax"):
+        return tensor.reduction(kind, operand, (), False)
+    if kind == "sum":
+        return entries * tensor.reduction("mean", operand, (), False)
+    return tensor.reduction("var", operand, (), False, 0) * entries / (entries - correction)
 
 
 def number_or_operand(operand: sympy.Expr, shape: Shape, full: Shape, scope: Any) -> tuple[sympy.Expr, Shape]:
