@@ -80,7 +80,6 @@ class _AffineFunctionNoJvp(AffineFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Elementwise affine map, the learnable scale and shift of normalization layers:
     x * weight + bias, with `bias` optional.
@@ -130,7 +129,9 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return function.apply(x, weight, bias)
 
 
-affine.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(affine)  # type: ignore[no-untyped-call, unused-ignore]
+affine.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "affine runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -87,7 +87,6 @@ class _AttentionScoresFunctionNoJvp(AttentionScoresFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside
     F.scaled_dot_product_attention.
@@ -126,7 +125,9 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return function.apply(q, k)
 
 
-attention_scores.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(attention_scores)  # type: ignore[no-untyped-call, unused-ignore]
+attention_scores.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "attention_scores runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -66,7 +66,6 @@ class _BceWithLogitsFunctionNoJvp(BceWithLogitsFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy on logits per element;
     torch.nn.functional.binary_cross_entropy_with_logits(..., reduction=\"none\").
@@ -107,7 +106,9 @@ def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return function.apply(logits, target)
 
 
-bce_with_logits.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(bce_with_logits)  # type: ignore[no-untyped-call, unused-ignore]
+bce_with_logits.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "bce_with_logits runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

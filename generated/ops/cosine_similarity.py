@@ -99,7 +99,6 @@ class _CosineSimilarityFunctionNoJvp(CosineSimilarityFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) -> torch.Tensor:
     """Cosine similarity along the last dimension, each side divided by its norm (at least eps);
     F.cosine_similarity(x1, x2, dim=-1).
@@ -146,7 +145,9 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
     return function.apply(x1, x2, eps)
 
 
-cosine_similarity.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(cosine_similarity)  # type: ignore[no-untyped-call, unused-ignore]
+cosine_similarity.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "cosine_similarity runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

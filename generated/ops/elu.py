@@ -58,7 +58,6 @@ class _EluFunctionNoJvp(EluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
@@ -85,7 +84,9 @@ def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     return function.apply(x, alpha)
 
 
-elu.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(elu)  # type: ignore[no-untyped-call, unused-ignore]
+elu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "elu runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

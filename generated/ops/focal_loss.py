@@ -98,7 +98,6 @@ class _FocalLossFunctionNoJvp(FocalLossFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
     """The focal-loss term of Lin et al. (2017) for binary targets, per element:
     -alpha_t * (1 - p_t)**gamma * log(p_t), with p = sigmoid(logits); as torchvision's
@@ -151,7 +150,9 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
     return function.apply(logits, target, alpha, gamma)
 
 
-focal_loss.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(focal_loss)  # type: ignore[no-untyped-call, unused-ignore]
+focal_loss.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "focal_loss runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -62,7 +62,6 @@ class _GradReverseFunctionNoJvp(GradReverseFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """Gradient reversal layer (domain-adversarial training): the identity forward, the
     incoming gradient scaled by -alpha backward.
@@ -93,7 +92,9 @@ def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     return function.apply(x, alpha)
 
 
-grad_reverse.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(grad_reverse)  # type: ignore[no-untyped-call, unused-ignore]
+grad_reverse.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "grad_reverse runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

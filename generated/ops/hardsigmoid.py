@@ -65,7 +65,6 @@ class _HardsigmoidFunctionNoJvp(HardsigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     """relu6(x + 3) / 6, as torch.nn.functional.hardsigmoid: slope 1/6 strictly between -3 and 3,
     0 at -3 and 3 themselves.
@@ -90,7 +89,9 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-hardsigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(hardsigmoid)  # type: ignore[no-untyped-call, unused-ignore]
+hardsigmoid.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "hardsigmoid runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -55,7 +55,6 @@ class _HardswishFunctionNoJvp(HardswishFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def hardswish(x: torch.Tensor) -> torch.Tensor:
     """x * relu6(x + 3) / 6 (MobileNetV3), as torch.nn.functional.hardswish: gradient 0 at -3
     and 1 at 3, the slopes of min/max there (`clamp` would pass -1/2 and 3/2).
@@ -83,7 +82,9 @@ def hardswish(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-hardswish.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(hardswish)  # type: ignore[no-untyped-call, unused-ignore]
+hardswish.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "hardswish runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

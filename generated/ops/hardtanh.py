@@ -61,7 +61,6 @@ class _HardtanhFunctionNoJvp(HardtanhFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> torch.Tensor:
     """x clipped to [min_val, max_val], as torch.nn.functional.hardtanh: the gradient is 0 at
     the bounds themselves (max/min against a number; `clamp` would pass it there).
@@ -89,7 +88,9 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
     return function.apply(x, min_val, max_val)
 
 
-hardtanh.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(hardtanh)  # type: ignore[no-untyped-call, unused-ignore]
+hardtanh.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "hardtanh runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

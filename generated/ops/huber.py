@@ -90,7 +90,6 @@ class _HuberFunctionNoJvp(HuberFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
     """Huber loss per element (smooth L1 scaled by delta): quadratic within delta of the
     target, linear beyond; torch.nn.functional.huber_loss(..., reduction=\"none\").
@@ -132,7 +131,9 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
     return function.apply(input, target, delta)
 
 
-huber.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(huber)  # type: ignore[no-untyped-call, unused-ignore]
+huber.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "huber runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

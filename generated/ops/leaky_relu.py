@@ -58,7 +58,6 @@ class _LeakyReluFunctionNoJvp(LeakyReluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """x where positive, negative_slope * x elsewhere, as torch.nn.functional.leaky_relu.
 
@@ -85,7 +84,9 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     return function.apply(x, negative_slope)
 
 
-leaky_relu.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(leaky_relu)  # type: ignore[no-untyped-call, unused-ignore]
+leaky_relu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "leaky_relu runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -91,7 +91,6 @@ class _LinearFunctionNoJvp(LinearFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Forward:
         out = input @ weight.T + bias
@@ -133,7 +132,9 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return function.apply(input, weight, bias)
 
 
-linear.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(linear)  # type: ignore[no-untyped-call, unused-ignore]
+linear.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "linear runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

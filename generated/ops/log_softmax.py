@@ -55,7 +55,6 @@ class _LogSoftmaxFunctionNoJvp(LogSoftmaxFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """Log-softmax over the last dimension; torch.log_softmax(x, dim=-1).
 
@@ -83,7 +82,9 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-log_softmax.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(log_softmax)  # type: ignore[no-untyped-call, unused-ignore]
+log_softmax.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "log_softmax runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -71,7 +71,6 @@ class _LogsigmoidFunctionNoJvp(LogsigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def logsigmoid(x: torch.Tensor) -> torch.Tensor:
     """Log-sigmoid, log(1 / (1 + exp(-x))); torch.nn.functional.logsigmoid.
 
@@ -98,7 +97,9 @@ def logsigmoid(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-logsigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(logsigmoid)  # type: ignore[no-untyped-call, unused-ignore]
+logsigmoid.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "logsigmoid runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

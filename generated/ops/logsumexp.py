@@ -56,7 +56,6 @@ class _LogsumexpFunctionNoJvp(LogsumexpFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """log(sum(exp(x))) over the last dimension, without overflow; torch.logsumexp(x, dim=-1).
 
@@ -84,7 +83,9 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-logsumexp.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(logsumexp)  # type: ignore[no-untyped-call, unused-ignore]
+logsumexp.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "logsumexp runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

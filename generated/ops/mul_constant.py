@@ -54,7 +54,6 @@ class _MulConstantFunctionNoJvp(MulConstantFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     """Forward:
         out = constant*tensor
@@ -79,7 +78,9 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     return function.apply(tensor, constant)
 
 
-mul_constant.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(mul_constant)  # type: ignore[no-untyped-call, unused-ignore]
+mul_constant.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "mul_constant runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -59,7 +59,6 @@ class _QuantizeSteFunctionNoJvp(QuantizeSteFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uniform quantization to the integer codes -8..7 of step `scale`, with a straight-through
     gradient inside the representable range and none outside it. `code` (the integer level)
@@ -94,7 +93,9 @@ def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, tor
     return function.apply(x, scale)
 
 
-quantize_ste.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(quantize_ste)  # type: ignore[no-untyped-call, unused-ignore]
+quantize_ste.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "quantize_ste runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

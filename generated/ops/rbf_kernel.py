@@ -86,7 +86,6 @@ class _RbfKernelFunctionNoJvp(RbfKernelFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Tensor:
     """Gaussian (RBF) kernel matrix exp(-gamma * |x_i - y_j|^2) between the rows of x and of y;
     torch.exp(-gamma * torch.cdist(x, y) ** 2).
@@ -125,7 +124,9 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
     return function.apply(x, y, gamma)
 
 
-rbf_kernel.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(rbf_kernel)  # type: ignore[no-untyped-call, unused-ignore]
+rbf_kernel.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "rbf_kernel runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -55,7 +55,6 @@ class _Relu6FunctionNoJvp(Relu6Function):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def relu6(x: torch.Tensor) -> torch.Tensor:
     """min(max(x, 0), 6), as torch.nn.functional.relu6 (gradient 0 at 0 and at 6).
 
@@ -82,7 +81,9 @@ def relu6(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-relu6.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(relu6)  # type: ignore[no-untyped-call, unused-ignore]
+relu6.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "relu6 runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -82,7 +82,6 @@ class _RmsNormFunctionNoJvp(RmsNormFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
     """RMS normalization over the last dimension, scaled by a learnable weight;
     F.rms_norm(x, (D,), weight, eps).
@@ -124,7 +123,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
     return function.apply(x, weight, eps)[0]
 
 
-rms_norm.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(rms_norm)  # type: ignore[no-untyped-call, unused-ignore]
+rms_norm.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "rms_norm runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

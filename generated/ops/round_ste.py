@@ -49,7 +49,6 @@ class _RoundSteFunctionNoJvp(RoundSteFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def round_ste(x: torch.Tensor) -> torch.Tensor:
     """Rounding with a straight-through gradient (quantization-aware training): forward rounds
     half to even like torch.round, backward passes the incoming gradient through unchanged.
@@ -80,7 +79,9 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-round_ste.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(round_ste)  # type: ignore[no-untyped-call, unused-ignore]
+round_ste.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "round_ste runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

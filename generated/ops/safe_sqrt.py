@@ -53,7 +53,6 @@ class _SafeSqrtFunctionNoJvp(SafeSqrtFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """sqrt(x) for positive x and 0 elsewhere, with finite gradients of every order at and
     below 0 (the branch not taken is guarded, see the README's \"Gradients at kinks\").
@@ -84,7 +83,9 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-safe_sqrt.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(safe_sqrt)  # type: ignore[no-untyped-call, unused-ignore]
+safe_sqrt.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "safe_sqrt runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

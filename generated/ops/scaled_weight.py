@@ -66,7 +66,6 @@ class _ScaledWeightFunctionNoJvp(ScaledWeightFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = weights*x
@@ -104,7 +103,9 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return function.apply(x, weights)
 
 
-scaled_weight.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(scaled_weight)  # type: ignore[no-untyped-call, unused-ignore]
+scaled_weight.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "scaled_weight runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -57,7 +57,6 @@ class _SeluFunctionNoJvp(SeluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def selu(x: torch.Tensor) -> torch.Tensor:
     """SELU (Klambauer et al., 2017), a scaled ELU with fixed constants; torch.nn.functional.selu.
 
@@ -86,7 +85,9 @@ def selu(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-selu.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(selu)  # type: ignore[no-untyped-call, unused-ignore]
+selu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "selu runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

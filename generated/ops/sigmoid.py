@@ -55,7 +55,6 @@ class _SigmoidFunctionNoJvp(SigmoidFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """The logistic function; torch.sigmoid.
 
@@ -82,7 +81,9 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-sigmoid.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(sigmoid)  # type: ignore[no-untyped-call, unused-ignore]
+sigmoid.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "sigmoid runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -53,7 +53,6 @@ class _SignSteFunctionNoJvp(SignSteFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = sign(x)
@@ -81,7 +80,9 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-sign_ste.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(sign_ste)  # type: ignore[no-untyped-call, unused-ignore]
+sign_ste.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "sign_ste runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

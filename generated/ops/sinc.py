@@ -62,7 +62,6 @@ class _SincFunctionNoJvp(SincFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def sinc(x: torch.Tensor) -> torch.Tensor:
     """The normalized sinc, sin(pi x) / (pi x), and 1 at 0, as torch.sinc; a Taylor polynomial
     near 0 keeps values and derivatives of every order accurate and finite there.
@@ -93,7 +92,9 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-sinc.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(sinc)  # type: ignore[no-untyped-call, unused-ignore]
+sinc.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "sinc runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

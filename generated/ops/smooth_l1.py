@@ -84,7 +84,6 @@ class _SmoothL1FunctionNoJvp(SmoothL1Function):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Smooth L1 loss per element (Fast R-CNN): quadratic within beta of the target, linear
     beyond; torch.nn.functional.smooth_l1_loss(..., reduction=\"none\", beta=beta).
@@ -126,7 +125,9 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
     return function.apply(input, target, beta)
 
 
-smooth_l1.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(smooth_l1)  # type: ignore[no-untyped-call, unused-ignore]
+smooth_l1.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "smooth_l1 runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

@@ -55,7 +55,6 @@ class _SoftmaxFunctionNoJvp(SoftmaxFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, written through logsumexp so that it cannot overflow; torch.softmax(x, dim=-1).
 
@@ -83,7 +82,9 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-softmax.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(softmax)  # type: ignore[no-untyped-call, unused-ignore]
+softmax.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "softmax runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

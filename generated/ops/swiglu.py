@@ -66,7 +66,6 @@ class _SwigluFunctionNoJvp(SwigluFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU gate of the two halves of `x`'s last dimension, silu of the first (`gate`) times the
     second (`up`), as in LLaMA's MLP: gate, up = x.chunk(2, dim=-1); F.silu(gate) * up.
@@ -98,7 +97,9 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     return function.apply(x)
 
 
-swiglu.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(swiglu)  # type: ignore[no-untyped-call, unused-ignore]
+swiglu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "swiglu runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

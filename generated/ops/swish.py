@@ -62,7 +62,6 @@ class _SwishFunctionNoJvp(SwishFunction):
     jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
 
 
-@torch.jit.ignore  # scripted code calls it in Python (Note [TorchScript])
 def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Forward:
         y = x*sigmoid(beta*x)
@@ -87,7 +86,9 @@ def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     return function.apply(x, beta)
 
 
-swish.__script_unsupported = (  # type: ignore[attr-defined]
+# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
+torch.jit.ignore(swish)  # type: ignore[no-untyped-call, unused-ignore]
+swish.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
     "swish runs a torch.autograd.Function,"
     " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
     " or capture it with torch.compile, torch.export or torch.jit.trace"

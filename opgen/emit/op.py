@@ -54,7 +54,8 @@ def _signature(spec: Spec, math: str, types: typed.TypeNames) -> list[str]:
 # Note [TorchScript]
 # ~~~~~~~~~~~~~~~~~~
 # TorchScript compiles Python source and cannot compile a `torch.autograd.Function`, nor the
-# functional's checks around it. The functional is `@torch.jit.ignore`d: scripted code that calls it
+# functional's checks around it. The functional is `torch.jit.ignore`d (by a call after it, not as a
+# decorator: an untyped decorator would make it untyped for mypy): scripted code that calls it
 # (a scripted module, the user's scripted function) runs it as a Python call, with the op's gradient,
 # as `torch.jit.trace` records it; `torch.jit.save` refuses such code ("Could not export Python
 # function call"). Scripting the functional itself raises TorchScript's error for a function marked
