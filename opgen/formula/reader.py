@@ -179,7 +179,8 @@ class _Reader:
         if isinstance(op, ast.BitXor):
             raise self.fail(node, hints.power(node, self.formula.text))
         if isinstance(op, ast.MatMult):
-            narrow = self.narrowed((node.left, a), (node.right, b))  # Note [products along a constant inner ...]
+            # Note [products along a constant inner dimension] in opgen.formula.written
+            narrow = self.narrowed((node.left, a), (node.right, b))
             product = written.constant_matmul(a, b, narrow) if narrow else None
             return self.checked(node, Value(tensor.MatMul(a, b) if product is None else product, NUM))
         if isinstance(op, ast.Add):
