@@ -33,6 +33,13 @@ OPS = {
         "where(abs(x - y) < t, (x - y)**2, t * abs(x - y))",
         lambda x, y, t, m: torch.where((x - y).abs() < t, (x - y) ** 2, t * (x - y).abs()),
     ),
+    # A kink both gradients share (Note [shared kinks]) whose product a temporary of CSE reads: the
+    # product was defined after it (UnboundLocalError in backward).
+    "guarded": (
+        "x, y",
+        "where(x > y, sqrt(x - y), 0)",
+        lambda x, y, m: torch.where(x > y, torch.sqrt(torch.where(x > y, x - y, 1)), 0),
+    ),
 }
 COMPARISONS = {"gt", "lt", "ge", "le", "eq", "ne"}
 # Left: the incoming gradient times a part two gradients share (squared) is computed for each; it is
