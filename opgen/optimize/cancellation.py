@@ -70,10 +70,9 @@ def _root(term: Expr) -> tuple[Expr, Expr] | None:
         return None
     if isinstance(body, sympy.Pow) and body.exp == S.Half:
         return coeff, body.base
-    if isinstance(body, sympy.Function) and hasattr(body, "_as_elementary"):  # hypot(a, b)
-        plain = body._as_elementary()
-        if isinstance(plain, sympy.Pow) and plain.exp == S.Half:
-            return coeff, plain.base
+    if getattr(body, "root_of_squares", False):  # hypot(a, b), of opgen.optimize.rewrite
+        a, b = body.args
+        return coeff, a**2 + b**2
     return None
 
 

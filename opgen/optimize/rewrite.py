@@ -132,6 +132,8 @@ class logaddexp(_Binary):  # noqa: N801
 class hypot(_Binary):  # noqa: N801
     """sqrt(a**2 + b**2)."""
 
+    root_of_squares = True  # a square root to the conjugate form (Note [conjugate form])
+
     def fdiff(self, argindex: int = 1) -> Expr:
         return self.args[argindex - 1] / self
 
