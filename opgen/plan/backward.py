@@ -145,7 +145,7 @@ def _plan_variant(
         factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
         shared += kinks
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
-    temps, reduced = inline_conditions(replacements, reduced)
+    temps, reduced = inline_conditions(replacements, reduced, masks=True)
     temps, reduced = read_multiples(temps, reduced)
     temps, reduced = _named_shares(temps, reduced, shared)
     temps, reduced = _gated_inline(temps, reduced, {r.grad for r in residuals if r.differentiable})
