@@ -61,6 +61,15 @@ def test_sums_that_cannot_cancel_or_gain_nothing_stay_as_written():
         assert rw.rewrite(formula) == formula, formula
 
 
+def test_a_number_every_term_shares_stays_outside_the_form():
+    """`(x + sqrt(x**2 + b)) / 2` is `where(x < 0, b / (sqrt(x**2 + b) + |x|), x + sqrt(x**2 + b)) / 2`: no
+    branch halves its terms one by one (squareplus's forward: 11 full-size passes, 14 before)."""
+    form = rw.rewrite((x + sympy.sqrt(x**2 + b)) / 2)
+    assert form.as_coeff_Mul()[0] == sympy.Rational(1, 2)
+    (node,) = form.atoms(fn.where)
+    assert node.args[2] == x + sympy.sqrt(x**2 + b)
+
+
 def test_the_conjugate_form_is_rewritten_once():
     once = rw.rewrite((x + sympy.sqrt(x**2 + b)) / 2)
     assert rw.rewrite(once) == once and len(once.atoms(fn.where)) == 1

@@ -88,7 +88,14 @@ def _split(node: Expr) -> tuple[Expr, Expr, Expr, Expr] | None:
 
 
 def conjugate(node: sympy.Add) -> Expr | None:
-    """`r + c * sqrt(w)` in the conjugate form where it cancels (Note [conjugate form]); None if it cannot."""
+    """`r + c * sqrt(w)` in the conjugate form where it cancels (Note [conjugate form]); None if it cannot.
+
+    A number every term shares is taken out first (`x/2 + sqrt(x**2 + b)/2` is `(x + sqrt(x**2 + b)) / 2`):
+    the form of the sum without it has no division of each branch by it."""
+    content, primitive = node.as_content_primitive()
+    if content != 1 and isinstance(primitive, sympy.Add):
+        inner = conjugate(primitive)
+        return None if inner is None else content * inner
     for term in node.args:
         found = _root(term)
         if found is None:
