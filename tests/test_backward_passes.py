@@ -26,13 +26,17 @@ SPECS = {
     ),
 }
 LSE_POOL = "inputs:\n  x: Tensor[..., D]\n  r: float = 5.0\noutputs:\n  y: log(mean(exp(r * x), dim=-1)) / r\n"
+TRIPLET = (
+    "inputs:\n  a: Tensor[..., D]\n  p: Tensor[..., D]\n  n: Tensor[..., D]\n  margin: float = 1.0\n"
+    "outputs:\n  loss: mean(relu(norm(a - p, dim=-1) - norm(a - n, dim=-1) + margin))\n"
+)
 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
     root = tmp_path_factory.mktemp("backward_passes")
     (root / "specs").mkdir()
-    for name, text in [*((n, t) for n, (t, _, _) in SPECS.items()), ("lse_pool", LSE_POOL)]:
+    for name, text in [*((n, t) for n, (t, _, _) in SPECS.items()), ("lse_pool", LSE_POOL), ("triplet", TRIPLET)]:
         (root / "specs" / f"{name}.yaml").write_text(f"name: {name}\n{text}", encoding="utf-8")
     assert main(["generate", str(root / "specs"), "-o", str(root / "pass_ops"), "--no-cache"]) == 0
     return import_package(root, "pass_ops")
@@ -106,3 +110,28 @@ def test_a_parameter_cancels_across_unsqueeze(ops):
     mine, theirs = _passes(op, [x]), _passes(plain, [x])
     assert mine[1] == 4
     assert sum(mine) <= sum(theirs)
+
+
+def test_a_norms_gradient_is_masked_on_its_rows(ops):
+    """A norm's gradient `where(norm == 0, 0, grad / norm) * a`: the mask and the quotient on the reduced
+    rows, one full-size product (it was `grad * where(norm == 0, 0, a / norm)`, three): the triplet loss
+    makes plain autograd's 7 full-size tensors in backward (11 before), with its values, first and second
+    derivatives, and 0 where a row's difference is 0, as PyTorch's norm gives."""
+    generator = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(16, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    p[3] = a[3]  # a zero norm
+    xs = [t.requires_grad_() for t in (a, p, n)]
+
+    def plain(a, p, n):
+        return torch.relu(torch.linalg.vector_norm(a - p, dim=-1) - torch.linalg.vector_norm(a - n, dim=-1) + 1).mean()
+
+    got = torch.autograd.grad(ops.triplet(*xs, 1.0), xs, create_graph=True)
+    want = torch.autograd.grad(plain(*xs), xs, create_graph=True)
+    torch.testing.assert_close(got, want)
+    second = torch.autograd.grad(sum((g * g).sum() for g in got), xs)
+    wanted = torch.autograd.grad(sum((w * w).sum() for w in want), xs)
+    rows = torch.arange(16) != 3  # plain autograd's second derivative at a zero norm is NaN, ours 0
+    torch.testing.assert_close([s[rows] for s in second], [w[rows] for w in wanted])
+    assert all(torch.isfinite(s).all() for s in second)
+    assert torch.autograd.gradgradcheck(lambda *t: ops.triplet(*t, 1.0), [x[:4].detach().requires_grad_() for x in xs])
+    assert _backward_passes(lambda *t: ops.triplet(*t, 1.0), xs) == 7 <= _backward_passes(plain, xs)

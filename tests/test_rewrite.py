@@ -59,6 +59,8 @@ RULES = [
     (E(x) * (1 - fn.sigmoid(x**2)) ** 2, fn.sigmoid, [{x: v} for v in ("-3", "0.5", "4")]),
     (E(x) / sympy.cosh(E(x)), fn.sigmoid, [{x: v} for v in ("-30", "0.5", "3")]),
     (x * E(x) / sympy.cosh(x**2) ** 3, fn.sigmoid, [{x: v} for v in ("-3", "0.5", "2")]),
+    # Note [sums beside a decaying exponential]: the sum's growing term joins the exponential
+    ((1 - 2 * E(x)) * E(x - 2 * E(x)), E, [{x: v} for v in ("-30", "-0.7", "0.5", "3")]),
     (sympy.sinh(x**2) / sympy.cosh(x**2) ** 3, sympy.tanh, [{x: v} for v in ("-3", "0.5", "2")]),
     (x * sympy.sinh(x) / sympy.cosh(x), sympy.tanh, [{x: v} for v in ("-30", "0.5", "3")]),
     (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
@@ -72,6 +74,15 @@ RULES = [
     (-sympy.sin(x) * sympy.log(sympy.sin(x)) * y, fn.xlogy, [{x: v, y: "3"} for v in ("1e-20", "1.5")]),
     ((sympy.sin(x) - x) * sympy.log(x - sympy.sin(x)), fn.xlogy, [{x: v} for v in ("1e-5", "2")]),
 ]
+
+
+def test_a_sum_beside_a_decaying_exponential_is_multiplied_in():
+    """`(1 - 2 exp(x)) exp(x - 2 exp(x))` is -inf * 0 in float32 at x = 100; multiplied out, 0."""
+    rewritten = rw.rewrite((1 - 2 * E(x)) * E(x - 2 * E(x)))
+    assert rewritten == E(x - 2 * E(x)) - 2 * E(2 * x - 2 * E(x))
+    value = sympy.lambdify(x, rewritten, "math")
+    assert value(100.0) == 0.0 and value(-30.0) != 0.0
+    assert rw.rewrite((1 - 2 * E(x)) * E(x - 2 * x**2)) == (1 - 2 * E(x)) * E(x - 2 * x**2)  # no doubly fast decay
 
 
 def test_powers_of_one_base_combine():

@@ -1,8 +1,9 @@
 """A condition several gradients share has its operands computed once in backward (Note [conditions
 shared by gradients] in opgen/plan/conditions.py), and a sum SymPy multiplied a number into reads the
-temporary it is a multiple of (Note [sums that are multiples of a temporary]): no aten call but the
-comparison itself repeats on the same tensors; values, gradients, second derivatives and forward-mode
-derivatives are plain autograd's of the formula, in float64."""
+temporary it is a multiple of (Note [sums that are multiples of a temporary]), and a condition used
+several times is computed once (Note [conditions computed once]): no aten call repeats on the same
+tensors; values, gradients, second derivatives and forward-mode derivatives are plain autograd's of
+the formula, in float64."""
 
 from __future__ import annotations
 
@@ -33,11 +34,24 @@ OPS = {
         "where(abs(x - y) < t, (x - y)**2, t * abs(x - y))",
         lambda x, y, t, m: torch.where((x - y).abs() < t, (x - y) ** 2, t * (x - y).abs()),
     ),
+    # The guard of the branch and the branch's own condition (Note [double where]): one comparison. A kink
+    # both gradients share (Note [shared kinks]) whose product a temporary of CSE reads: the product was
+    # defined after it (UnboundLocalError in backward).
+    "guarded": (
+        "x, y",
+        "where(x > y, sqrt(x - y), 0)",
+        lambda x, y, m: torch.where(x > y, torch.sqrt(torch.where(x > y, x - y, 1)), 0),
+    ),
+    # max's and min's ties compare the same pair both ways, in both gradients: two comparisons in all.
+    "ties": (
+        "x, y",
+        "max(x, y)**2 - min(x, y) * margin",
+        lambda x, y, m: torch.maximum(x, y) ** 2 - torch.minimum(x, y) * m,
+    ),
 }
-COMPARISONS = {"gt", "lt", "ge", "le", "eq", "ne"}
 # Left: the incoming gradient times a part two gradients share (squared) is computed for each; it is
 # checked for its values only.
-REPEAT_FREE = ["band", "clipped", "hinge", "ranking"]
+REPEAT_FREE = ["band", "clipped", "guarded", "hinge", "ranking"]
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +95,10 @@ def _inputs(name: str, dtype: torch.dtype = torch.float64) -> list[torch.Tensor]
 
 
 def _repeats(calls: list[tuple[str, tuple[object, ...]]]) -> list[str]:
+    """The calls made again on the same tensors; comparisons too (Note [conditions computed once])."""
     seen, repeated = set(), []
     for name, key in calls:
-        if (name, key) in seen and name.split(".")[1] not in COMPARISONS:
+        if (name, key) in seen:
             repeated.append(name)
         seen.add((name, key))
     return repeated
@@ -97,6 +112,16 @@ def test_backward_computes_a_shared_condition_once(ops, name):
     with _Calls() as mode:
         torch.autograd.grad(y, args, g)
     assert _repeats(mode.calls) == []
+
+
+def test_ties_compare_each_pair_once(ops):
+    """`max(x, y)` and `min(x, y)` in both gradients: `x < y` and `y < x` once each (`x > y` is `y < x`);
+    eight full-size comparisons before. (`2 * max(x, y)` is still computed for each gradient.)"""
+    args = _inputs("ties")
+    y = ops.ties(*args)
+    with _Calls() as mode:
+        torch.autograd.grad(y, args, torch.ones_like(y))
+    assert sorted(name for name, _ in mode.calls if name.split(".")[1] in ("gt", "lt")) == ["aten.lt.Tensor"] * 2
 
 
 @pytest.mark.parametrize("name", sorted(OPS))

@@ -37,7 +37,8 @@ class SafeSqrtFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y * torch.where(x > 0, torch.rsqrt(torch.where(x > 0, x, 1)) / 2, 0)
+            tmp0 = x > 0
+            grad_x = grad_y * torch.where(tmp0, torch.rsqrt(torch.where(tmp0, x, 1)) / 2, 0)
         return grad_x
 
     @staticmethod

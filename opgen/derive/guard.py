@@ -19,6 +19,9 @@ differentiates our backward) inherits the guard:
   is guarded with `~c`. Nested branches combine their conditions with `&`.
 - the value is unchanged wherever the branch is taken, so forward needs no guard and
   keeps the formula as written.
+- a `where` whose derivative does not read its branches (`derivative_reads_branches`: the
+  conjugate form of Note [derivative of the conjugate form] in opgen/optimize/cancellation.py)
+  keeps them unguarded; what is inside them is guarded for the `where`s around it as usual.
 - differentiating a guard gives indicators `where(c, 1, 0)`; inside the branch taken
   when `c` holds they are the constant 1 (`settle_indicators`), which keeps the printed
   backward as short as the unguarded one plus the guards themselves.
@@ -70,7 +73,7 @@ def _guard(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> sympy.Basic:
     if not expr.args or not expr.has(fn.where):
         return expr
     args = [_guard(a, tensors) for a in expr.args]
-    if isinstance(expr, fn.where):
+    if isinstance(expr, fn.where) and expr.derivative_reads_branches:
         cond, a, b = args
         return fn.where(cond, _restrict(a, cond, tensors), _restrict(b, sympy.Not(cond), tensors))
     return expr.func(*args)
@@ -140,7 +143,7 @@ def _settle(expr: sympy.Basic, known: dict[sympy.Basic, sympy.Basic]) -> sympy.B
             return fn.where(_assume(cond, known), a, b)
         a = _settle(a, known | _facts(cond, S.true))
         b = _settle(b, known | _facts(cond, S.false))
-        return fn.where(cond, a, b)
+        return expr.func(cond, a, b)  # a subclass stays itself (`derivative_reads_branches`)
     if not expr.has(fn.where):
         return expr
     return expr.func(*(_settle(a, known) for a in expr.args))

@@ -255,9 +255,10 @@ class _Vjp:
             mask = fn.indicator(sympy.Eq(a, kept, evaluate=False))
             self.push(a, full * mask / ReduceSum(mask, dims, S.Zero if node.every_dim else S.One))
         elif isinstance(node, ReduceNorm):
-            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0 (Note [norm at zero] in opgen.derive.jvp).
+            # PyTorch's norm gradient: `a / norm`, and 0 where the norm is 0 (Note [norm at zero] in opgen.derive.jvp);
+            # the mask and the quotient on the reduced gradient, then one product with the operand.
             zero = sympy.Eq(kept, 0, evaluate=False)
-            self.push(a, full * fn.where(zero, S.Zero, a / fn.where(zero, S.One, kept)))
+            self.push(a, fn.where(zero, S.Zero, full / fn.where(zero, S.One, kept)) * a)
         elif isinstance(node, ReduceVar):
             centered = a - ReduceMean(a, dims, S.Zero if node.every_dim else S.One)
             self.push(a, full * 2 * centered / (self.count(a, node) - node.correction))

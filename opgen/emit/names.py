@@ -17,7 +17,7 @@ from opgen.derive.gradients import Derived
 from opgen.emit.annotations import TypeNames, type_names
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.dims import size_stem
-from opgen.formula.kinds import with_definitions
+from opgen.formula.kinds import Mask, with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.plan.backward import BackwardPlan, Plan, Temp
 from opgen.spec.model import Spec
@@ -160,6 +160,8 @@ def with_temp_shapes(printer: TorchPrinter, plan: Plan) -> TorchPrinter:
     for bp in plan.backward:
         for group in bp.groups:
             for temp in group.temps:
+                if isinstance(temp.symbol, Mask):
+                    printer.masks[temp.symbol] = temp.expr
                 try:
                     printer.tensor_shapes[temp.symbol] = shape_of(temp.expr, printer.tensor_shapes)
                 except ShapeError:
@@ -176,4 +178,5 @@ def variant_printer(printer: TorchPrinter, bp: BackwardPlan, names: OpNames) -> 
     variant = copy.copy(printer)
     temps = [(t.symbol, t.expr) for t in variant_temps(bp)]
     variant.tensors = with_definitions(printer.tensors - frozenset(names.temps), temps)
+    variant.masks = printer.masks | {symbol: expr for symbol, expr in temps if isinstance(symbol, Mask)}
     return variant

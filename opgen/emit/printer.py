@@ -94,7 +94,7 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         self.torch = torch
         self.math = math
         self.functional = functional
-        self.tensor_shapes = dict(self.tensor_shapes)
+        self.tensor_shapes, self.masks = dict(self.tensor_shapes), dict[sympy.Basic, sympy.Basic]()
 
     def with_symbols(
         self, names: dict[sympy.Symbol, str], tensors: frozenset[sympy.Symbol], **settings: Any
@@ -108,7 +108,7 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             functional=self.functional,
             settings={key: self._settings[key] for key in ("no_grad",)} | settings,
         )
-        printer.tensor_shapes = dict(self.tensor_shapes)
+        printer.tensor_shapes, printer.masks = dict(self.tensor_shapes), dict(self.masks)
         return printer
 
     # -- helpers ---------------------------------------------------------------------
@@ -117,7 +117,7 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         return is_tensor_valued(expr, self.tensors)
 
     def _dtype_source(self, expr: sympy.Basic) -> str:
-        symbols = sorted(expr.free_symbols & self.tensors, key=lambda s: s.name)
+        symbols = sorted(expr.xreplace(self.masks).free_symbols & self.tensors, key=lambda s: s.name)
         return self._print(symbols[0])
 
     def _call(self, name: str, *args: sympy.Basic) -> str:

@@ -184,6 +184,9 @@ class where(Function):  # noqa: N801
 
     nargs = 3
     is_real = True  # every value of the formula language is (Note [real kinks])
+    # False for a subclass whose derivative is not that of its branches: they need no guard
+    # (Note [double where] in opgen/derive/guard.py).
+    derivative_reads_branches = True
 
     def _eval_is_extended_real(self) -> bool | None:
         return _real(self.args[1:])

@@ -50,3 +50,9 @@ def with_definitions(
         if not new:
             return frozenset(found)
         found |= new
+
+
+class Mask(sympy.Symbol):
+    """A temporary that holds a comparison: a bool tensor, which gives no dtype to the numbers and
+    indicators beside it; the printer takes theirs from the comparison (its `masks`, Note [conditions
+    computed once] in opgen.plan.conditions)."""

@@ -4,6 +4,8 @@
     exp(v) (1 - tanh(u)**2) -> 4 exp(v - 2u) sigmoid(2u)**2  (`exp_decaying`, u >= 0: no inf * 0;
     exp(v) sigmoid(-u)      -> exp(v - u) sigmoid(u)          the same for (1 - sigmoid(u))**k,
     exp(v) cosh(u)**-k      -> 2**k exp(v - k u) sigmoid(2u)**k   Note [decaying factors])
+    (a + b exp(v)) exp(-k exp(t)) -> a exp(-k exp(t)) + b exp(v - k exp(t))  (`exp_into_sum`, after
+                                                        `exp_decaying`: Note [sums beside a decaying exponential])
     sinh(u) cosh(u)**-k     -> tanh(u) cosh(u)**(1 - k)  (`sinh_over_cosh`: no inf / inf)
     u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0)
     (1 + v) * log1p(v)      -> xlog1py(1 + v, v)       (the same, where `log(1 - p)` became `log1p(-p)`)
@@ -138,7 +140,38 @@ def exp_decaying(factors: list[Expr]) -> Expr | None:
         form = _decaying(factor)
         if form is not None:
             return form * sympy.Mul(*[f for f in factors if f is not factor])
+    return exp_into_sum(factors)
+
+
+def exp_into_sum(factors: list[Expr]) -> Expr | None:
+    """(a + b exp(v)) exp(u - k exp(t)) q -> (a exp(u - k exp(t)) + b exp(v + u - k exp(t))) q, k > 0.
+
+    Note [sums beside a decaying exponential]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The decaying factors of Note [decaying factors] leave an exponential that falls doubly fast
+    beside a sum that grows: the slope of `exp(x) / (1 + exp(exp(x)))**2` holds
+    `(1 - 2 exp(x)) exp(x - 2 exp(x))`, -inf * 0 = NaN in float32 past x = 88, where the exact
+    value is 0. Multiplied into the sum, each growing term joins the exponential (the power rule
+    of the next pass: `exp(x) exp(x - 2 exp(x)) = exp(2x - 2 exp(x))`), 0 there:
+    `exp(x - 2 exp(x)) - 2 exp(2x - 2 exp(x))`. Only for an exponent with a term `-k exp(t)` and a
+    sum with a term that holds an exponential; elsewhere the product is the cheaper form.
+    """
+    decaying = [f for f in factors if isinstance(f, sympy.exp) and any(map(_falls, sympy.Add.make_args(f.args[0])))]
+    if not decaying:
+        return None
+    for factor in factors:
+        if isinstance(factor, sympy.Add) and any(
+            isinstance(f, sympy.exp) for t in factor.args for f in sympy.Mul.make_args(t)
+        ):
+            rest = [f for f in factors if f is not factor and f is not decaying[0]]
+            return sympy.Mul(sympy.Add(*(sympy.Mul(t, decaying[0]) for t in factor.args)), *rest)
     return None
+
+
+def _falls(term: Expr) -> bool:
+    """`term` is `-k exp(t)`, k > 0 a number."""
+    coeff, body = term.as_coeff_Mul()
+    return bool(coeff.is_negative) and isinstance(body, sympy.exp)
 
 
 def sinh_over_cosh(factors: list[Expr]) -> Expr | None:

@@ -132,6 +132,8 @@ class logaddexp(_Binary):  # noqa: N801
 class hypot(_Binary):  # noqa: N801
     """sqrt(a**2 + b**2)."""
 
+    root_of_squares = True  # a square root to the conjugate form (Note [conjugate form])
+
     def fdiff(self, argindex: int = 1) -> Expr:
         return self.args[argindex - 1] / self
 
@@ -306,7 +308,7 @@ def _equality(node: sympy.Basic) -> sympy.Basic | None:
 
 
 def _sum(node: sympy.Add) -> Expr | None:
-    return _add(node) or conjugate(node, hypot)
+    return _add(node) or conjugate(node)
 
 
 _RULES = {
@@ -333,7 +335,7 @@ _TENSOR_RULES = {
 def _once(expr: sympy.Basic, shapes: Shapes | None) -> sympy.Basic:
     if expr.is_Atom or not expr.args:
         return expr
-    if isinstance(expr, fn.where) and is_conjugate_form(expr, hypot):
+    if isinstance(expr, fn.where) and is_conjugate_form(expr):
         return expr  # its last branch is the sum as written, taken where it does not cancel
     args = tuple(_once(a, shapes) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr

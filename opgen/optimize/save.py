@@ -44,7 +44,7 @@ from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import ReduceAmax, shape_of
-from opgen.optimize import norms, save_tensors
+from opgen.optimize import cancellation, norms, save_tensors
 from opgen.spec.model import POLICIES
 
 
@@ -79,6 +79,7 @@ COST: dict[type, float] = {
     sympy.tanh: 20,
     sympy.sinh: 10,
     sympy.cosh: 10,
+    cancellation.where: 8,  # the conjugate form: a root, a quotient and a select (Note [conjugate form])
     **save_tensors.COST,  # a pass over a tensor (Note [saved tensor operations] in opgen.optimize.save_tensors)
 }
 DEFAULT_COST = 1.0

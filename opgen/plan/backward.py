@@ -145,7 +145,7 @@ def _plan_variant(
         factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
         shared += kinks
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
-    temps, reduced = inline_conditions(replacements, reduced)
+    temps, reduced = inline_conditions(replacements, reduced, masks=True)
     temps, reduced = read_multiples(temps, reduced)
     temps, reduced = _named_shares(temps, reduced, shared)
     temps, reduced = _gated_inline(temps, reduced, {r.grad for r in residuals if r.differentiable})
@@ -258,7 +258,11 @@ def _named_shares(
     names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=start)
     renamed = {symbol: next(names) for symbol, _ in shared}
     temps = [Temp(t.symbol, t.expr.xreplace(renamed)) for t in temps]
-    temps += [Temp(renamed[symbol], expr, kernel=True) for (symbol, _), expr in zip(shared, products, strict=True)]
+    for (symbol, _), expr in zip(shared, products, strict=True):
+        # After the temporaries it reads, before the first that reads it (CSE may make one of its quotient).
+        after = 1 + max((k for k, t in enumerate(temps) if t.symbol in expr.free_symbols), default=-1)
+        first = next((k for k, t in enumerate(temps) if renamed[symbol] in t.expr.free_symbols), len(temps))
+        temps.insert(max(after, first), Temp(renamed[symbol], expr, kernel=True))
     return temps, [e.xreplace(renamed) for e in reduced]
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr
 
+from opgen.formula.kinds import Mask
+
 
 @dataclass(frozen=True)
 class Temp:
@@ -20,12 +22,19 @@ class Temp:
 
 
 def inline_conditions(
-    replacements: list[tuple[sympy.Symbol, sympy.Basic]], exprs: list[Expr]
+    replacements: list[tuple[sympy.Symbol, sympy.Basic]],
+    exprs: list[Expr],
+    masks: bool = False,
 ) -> tuple[list[Temp], list[Expr]]:
     """Put boolean temporaries back where they are used, and those that are a number.
 
-    A condition kept as its own variable would be a bool tensor; the printer takes the
-    dtype of `(cond).to(...)` from the condition's float symbols, so conditions stay inline.
+    Note [conditions computed once]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A condition CSE finds several times (`where(x > 0, rsqrt(where(x > 0, x, 1)) / 2, 0)`, a guard
+    and the branch it guards; the ties of `max(l1, l2)` in two gradients) was a full-size comparison
+    per use. With `masks`, it is computed once, a `Mask` temporary: a bool tensor, which the printer
+    never takes a dtype from (`(cond).to(...)`, the numbers of `where(cond, 2, 0)` take theirs from
+    the comparison it holds). Without (forward mode), conditions stay inline.
     A number is one when CSE rebuilt a part the reader kept unevaluated (`grad * where(n > n, 1, 0)`
     is 0): put back, the nodes that read it fold (Note [kernels of a zero gradient] in
     opgen.formula.tensor) where `tmp0 = 0` would meet `tmp0 @ x` at run time.
@@ -37,12 +46,15 @@ def inline_conditions(
         expr = expr.xreplace(inline)
         if expr.is_number:
             inline[symbol] = expr
-        elif isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr):
+        elif not isinstance(expr, sympy.logic.boolalg.Boolean) or isinstance(expr, Expr):
+            temps.append(Temp(symbol, expr))
+        elif masks and symbol not in exprs:
+            inline[symbol] = Mask(symbol.name)
+            temps.append(Temp(inline[symbol], expr))
+        else:
             sides, expr = _condition_sides(expr, {t.expr: t.symbol for t in temps}, names)
             temps += sides
             inline[symbol] = expr
-        else:
-            temps.append(Temp(symbol, expr))
     return temps, [e.xreplace(inline) for e in exprs]
 
 
@@ -116,6 +128,21 @@ def cse_as_written(
         if isinstance(node, sympy.core.relational.Relational) and node.func(*node.args) != node
     }
     held = {node: sympy.Dummy("held") for node in sorted(decided, key=sympy.default_sort_key)}
+    exprs = _one_side(exprs)
     replacements, reduced = sympy.cse([e.xreplace(held) for e in exprs], symbols=symbols, order="canonical")
     back = {d: node for node, d in held.items()}
     return [(s, e.xreplace(back)) for s, e in replacements], [e.xreplace(back) for e in reduced]
+
+
+def _one_side(exprs: list[sympy.Basic]) -> list[sympy.Basic]:
+    """`b < a` written `a > b` where the formulas compare both ways (max's and min's ties of the same
+    pair), so CSE sees one comparison (Note [conditions computed once])."""
+    relations = {
+        n for e in exprs for n in sympy.preorder_traversal(e) if isinstance(n, sympy.core.relational.Relational)
+    }
+    turned = {}
+    for node in sorted(relations, key=sympy.default_sort_key):
+        twin = node.reversed
+        if twin in relations and twin not in turned and twin != node:
+            turned[node] = twin
+    return [e.xreplace(turned) for e in exprs] if turned else exprs
