@@ -62,6 +62,8 @@ RULES = [
     (sympy.sinh(x**2) / sympy.cosh(x**2) ** 3, sympy.tanh, [{x: v} for v in ("-3", "0.5", "2")]),
     (x * sympy.sinh(x) / sympy.cosh(x), sympy.tanh, [{x: v} for v in ("-30", "0.5", "3")]),
     (sympy.log((E(x) + E(-x)) / 2), rw.logcosh, [{x: v} for v in ("-200", "1e-3", "0.5", "200")]),
+    (sympy.log(1 - E(-x)), rw.log1mexp, [{x: v} for v in ("1e-8", "1e-3", "0.6", "0.75", "40", "200")]),
+    (fn.log1p(-E(x * y)), rw.log1mexp, [{x: v, y: "-2"} for v in ("1e-9", "0.3", "30")]),
     (sympy.sqrt(x**2 + y**2), rw.hypot, [{x: "1e30", y: "3e29"}, {x: "3", y: "-4"}, {x: "1e-30", y: "2e-30"}]),
     ((1 - x) * sympy.log(1 - x), fn.xlog1py, [{x: v} for v in ("1e-30", "0.5", "-3", "0.999999")]),
     (-(1 - x) * sympy.log(1 - x) * y, fn.xlog1py, [{x: v, y: "3"} for v in ("1e-20", "0.25")]),

@@ -494,6 +494,11 @@ def _lsq(x, s, qn, qp):
     return ((v.round() - v).detach() + v) * s
 
 
+def _log1mexp(x):
+    """log(1 - exp(-x)) to float64's digits: `1 - exp(-x)` cancels near 0, `expm1(-x)` rounds to -1 past 37."""
+    return torch.where(x < math.log(2), torch.log(-torch.expm1(-x)), torch.log1p(-torch.exp(-x)))
+
+
 def _gumbel_hard(z, tau):
     p = torch.softmax(z / tau, -1)
     return _through((z >= z.amax(-1, keepdim=True)).to(z.dtype), p)
@@ -560,7 +565,7 @@ REFERENCE = {
     "hinge": lambda y, t, m, sq: (F.relu(m - y * t) ** (2 if sq else 1),),
     "temperature_scale": lambda z, T: (torch.log_softmax(z / T, -1),),
     "gem_pool": lambda x, p, eps: (x.clamp(min=eps).pow(p).mean(-1).pow(1 / p),),
-    "log1mexp": lambda x: (torch.log(-torch.expm1(-x)),),
+    "log1mexp": lambda x: (_log1mexp(x),),
     "softplus_threshold": lambda x, beta, th: (F.softplus(x, beta, th),),
     "logit_eps": lambda p, eps: (torch.logit(p, eps),),
     "barron_loss": _barron,
@@ -696,3 +701,14 @@ def test_overrides_that_are_no_gradient(ops, name):
 @pytest.mark.parametrize("name", sorted(EXTREME))
 def test_float32_at_extreme_inputs(ops, name):
     user_ops.check_float32(getattr(ops, name), REFERENCE[name], list(EXTREME[name]()))
+
+
+def test_log1mexp_keeps_its_digits_in_float32(ops):
+    """`log(1 - exp(-x))` is Mächler's two-sided form: `1 - exp(-x)` cancels near 0 and rounds to 1 past 17."""
+    x = torch.tensor([1e-6, 1e-3, 0.5, 0.69, 0.7, 5.0, 18.9, 30.0, 80.0], requires_grad=True)
+    y = ops.log1mexp(x)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    exact = x.detach().double()
+    want = _log1mexp(exact)
+    torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(grad.double(), 1 / torch.expm1(exact), rtol=1e-6, atol=0)
