@@ -510,8 +510,8 @@ def _softmax_stats(x):
 
 
 def _barron(x, alpha, c):
-    b = (alpha - 2).abs()
-    return (b / alpha * (((x / c) ** 2 / b + 1) ** (alpha / 2) - 1),)
+    b = (alpha - 2).abs()  # as robust_loss_pytorch computes it: `u**a - 1` cancels even in float64 at a = 1e-6
+    return (b / alpha * torch.expm1(alpha / 2 * torch.log1p((x / c) ** 2 / b)),)
 
 
 def _student_t(x, mu, log_sigma, nu):
@@ -712,3 +712,17 @@ def test_log1mexp_keeps_its_digits_in_float32(ops):
     want = _log1mexp(exact)
     torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=0)
     torch.testing.assert_close(grad.double(), 1 / torch.expm1(exact), rtol=1e-6, atol=0)
+
+
+def test_barron_loss_keeps_its_digits_near_alpha_zero(ops):
+    """`u**(a/2) - 1` is `expm1(a/2 * log1p(x**2/|a-2|))` (Note [powers less one]): float32 keeps the value's
+    digits at a = 1e-6, where the power is 1 + 5e-7 * log(u), and at a = 1e4, where `u` rounds."""
+    x = torch.tensor([1e-3, 0.5, 3.0, 100.0, 1e4, 0.03], requires_grad=True)
+    alpha = torch.tensor([1e-6, 1e-6, -1e-6, 1e-6, 1e-6, 1e4])
+    y = ops.barron_loss(x, alpha)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    x64 = x.detach().double().requires_grad_()
+    want = _barron(x64, alpha.double(), 1.0)[0]
+    (want_grad,) = torch.autograd.grad(want.sum(), x64)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=0)
+    torch.testing.assert_close(grad.double(), want_grad, rtol=1e-5, atol=0)

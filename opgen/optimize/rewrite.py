@@ -22,6 +22,7 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     log(sigmoid(u))         -> logsigmoid(u)
     log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
+    u**a - 1                -> expm1(a log(u))         (u > 0 by its form: Note [powers less one])
     log(1 - exp(u))         -> log1mexp(u)             (log(-expm1(u)) or log1p(-exp(u)), as Mächler;
                                                         also log1p(-exp(u)) as written)
     r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
@@ -146,16 +147,51 @@ def _scaled_exps(expr: sympy.Basic) -> tuple[tuple[Expr, Expr], tuple[Expr, Expr
 
 
 def _add(node: sympy.Add) -> Expr | None:
-    """`c*exp(u) - c + rest` -> `c*expm1(u) + rest` (SymPy distributes `2*(exp(u) - 1)`)."""
+    """`c*exp(u) - c + rest` -> `c*expm1(u) + rest` (SymPy distributes `2*(exp(u) - 1)`), and
+    `c*u**a - c + rest` -> `c*expm1(a*log(u)) + rest` for a positive base (Note [powers less one])."""
     constants = [a for a in node.args if a.is_Number]
     if not constants:
         return None
     for term in sorted(node.args, key=sympy.default_sort_key):
         coeff, rest = term.as_coeff_Mul()
-        if _is_exp(rest) and coeff == -constants[0]:
-            others = [a for a in node.args if a is not term and a is not constants[0]]
+        if coeff != -constants[0]:
+            continue
+        others = [a for a in node.args if a is not term and a is not constants[0]]
+        if _is_exp(rest):
             return sympy.Add(coeff * fn.expm1(_exp_arg(rest)), *others)
+        if isinstance(rest, sympy.Pow) and not rest.exp.is_Integer and _positive(rest.base):
+            return sympy.Add(coeff * fn.expm1(rest.exp * sympy.log(rest.base)), *others)
     return None
+
+
+# Note [powers less one]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# `u**a - 1` cancels where `u**a` is near 1: Barron's robust loss `|a-2|/a * ((x**2/|a-2| + 1)**(a/2) - 1)`
+# keeps one digit in float32 at a = 1e-6. For `u > 0` it is exactly `expm1(a*log(u))`, and with
+# `u = 1 + v`, `expm1(a*log1p(v))` (the loss's reference code computes it so), exact at small `a` and at
+# small `v`. Only a base known positive is rewritten (`1 +` a sum of squares, absolute values,
+# exponentials, ...): `x**p - 1` with a negative `x` and a whole `p` is a number where `log(x)` is NaN.
+
+
+def _nonnegative(expr: sympy.Basic) -> bool:
+    """Whether `expr` is >= 0 (or +inf) for every real value of its symbols, by its form alone."""
+    if expr.is_nonnegative or isinstance(expr, (sympy.Abs, sympy.exp)):
+        return True
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return all(_nonnegative(a) for a in expr.args)
+    if isinstance(expr, sympy.Pow):
+        return bool(expr.exp.is_even) or _nonnegative(expr.base)
+    return False
+
+
+def _positive(expr: sympy.Basic) -> bool:
+    """Whether `expr` is > 0: positive as SymPy knows, or a positive number plus terms that are >= 0."""
+    if expr.is_positive:
+        return True
+    if not isinstance(expr, sympy.Add):
+        return False
+    constant, terms = expr.as_coeff_Add()
+    return bool(constant.is_positive) and _nonnegative(terms)
 
 
 def _pow(node: sympy.Pow) -> Expr | None:
