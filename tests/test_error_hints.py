@@ -191,6 +191,11 @@ def _message(text: str) -> str:
         ("x ^ (a + 1)", "write `x ** (a + 1)`"),
         ("sqaure(x + a)", "did you mean 'square'?"),
         ("sofmax(x, dim=-1)", "did you mean 'softmax'?"),
+        # Stopping a gradient: the override says what the gradient is instead.
+        ("x * detach(sigmoid(x))", "under `gradients:`"),
+        ("x * sigmoid(x).detach()", "`sigmoid(x).detach()` is not part of the formula language"),
+        ("x + jax.lax.stop_gradient(a - x)", "the argument in its place (the same value)"),
+        ("x + stop_gradient(a - x)", "(for `x * detach(v)`: `x: grad * v`)"),
     ],
 )
 def test_messages_say_what_to_write(text, expected):
