@@ -726,3 +726,46 @@ def test_barron_loss_keeps_its_digits_near_alpha_zero(ops):
     (want_grad,) = torch.autograd.grad(want.sum(), x64)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=0)
     torch.testing.assert_close(grad.double(), want_grad, rtol=1e-5, atol=0)
+
+
+def test_modules_start_from_their_args_and_train_their_parameters(ops):
+    x = torch.randn(5, 4, dtype=torch.float64)
+    prelu = ops.PReLUChannels(4, init=0.1)
+    assert torch.equal(prelu.a, torch.full((4,), 0.1)) and "num_parameters=4, init=0.1" in repr(prelu)
+    prelu = prelu.double()
+    one = ops.PReLUChannels().double()  # nn.PReLU's defaults: one slope of 0.25
+    torch.testing.assert_close(one(x), F.prelu(x, one.a))
+    snake = ops.SnakeBeta(4, alpha=0.5).double()
+    torch.testing.assert_close(snake.log_alpha, torch.full((4,), math.log(0.5), dtype=torch.float64))
+    torch.testing.assert_close(snake(x), REFERENCE["snake_beta"](x, snake.log_alpha, snake.log_beta)[0])
+    gem = ops.GeM(p=2.5).double()
+    assert gem.p.shape == () and gem.p.item() == 2.5 and "2.5" in repr(gem)
+    pos = x.abs() + 0.1
+    torch.testing.assert_close(gem(pos), pos.pow(2.5).mean(-1).pow(1 / 2.5))
+    temperature = ops.TemperatureScaling().double()
+    swish = ops.SwishBeta().double()
+    for module, reference in (
+        (prelu, lambda m: REFERENCE["prelu_channels"](x, m.a)[0]),
+        (snake, lambda m: REFERENCE["snake_beta"](x, m.log_alpha, m.log_beta)[0]),
+        (gem, lambda m: REFERENCE["gem_pool"](pos, m.p, 1e-6)[0]),
+        (temperature, lambda m: REFERENCE["temperature_scale"](x, m.T)[0]),
+        (swish, lambda m: REFERENCE["swish_learnable"](x, m.beta)[0]),
+    ):
+        params = list(module.parameters())
+        out = module(pos if module is gem else x)
+        got = torch.autograd.grad(out.square().sum(), params)
+        want = torch.autograd.grad(reference(module).square().sum(), params)
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("log_input", [True, False])
+def test_poisson_nll_both_ways(ops, log_input):
+    """`where(log_input, ...)` on a bool input: each value picks one formula, as F.poisson_nll_loss's flag."""
+    x = torch.rand(3, 4, dtype=torch.float64) * 3 + 0.1
+    t = torch.rand(3, 4, dtype=torch.float64) * 4
+    xs = (x.requires_grad_(), t.requires_grad_())
+    got = ops.poisson_nll(*xs, log_input)
+    want = F.poisson_nll_loss(*xs, log_input=log_input, eps=1e-8, reduction="none")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), xs), torch.autograd.grad(want.sum(), xs))
+    assert torch.autograd.gradgradcheck(lambda a, b: ops.poisson_nll(a, b, log_input), xs)
