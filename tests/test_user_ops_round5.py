@@ -163,6 +163,35 @@ outputs:
 gradients:
   x: clamp(grad_y * w * (1 - tanh(x)**2) + grad_z * w, -c, c)
 """,
+    # A learnable threshold (a `Tensor[]`) with the fast-sigmoid surrogate, and the firing rate as a metric.
+    "spike_learned_threshold": """
+inputs:
+  v: Tensor
+  thr: Tensor[]
+  k: float = 5.0
+let:
+  sg: 1 / (1 + k * abs(v - thr))**2
+outputs:
+  s: heaviside(v - thr)
+  rate: {formula: mean(heaviside(v - thr)), differentiable: false}
+gradients:
+  v: grad_s * sg
+  thr: -sum(grad_s * sg)
+""",
+    # The threshold's gradient scaled down by a number outside the sum: still linear in the gradient.
+    "spike_slow_threshold": """
+inputs:
+  v: Tensor
+  thr: Tensor[]
+  k: float = 5.0
+let:
+  sg: 1 / (1 + k * abs(v - thr))**2
+outputs:
+  s: heaviside(v - thr)
+gradients:
+  v: grad * sg
+  thr: -sum(grad * sg) / k
+""",
     "bce_with_accuracy": """
 inputs:
   z: Tensor
@@ -544,6 +573,10 @@ REFERENCE = {
     "spike_triangle": lambda v, th, w: (_through((v >= th).to(v.dtype), _triangle(v, th, w)),),
     "spike_sigmoid": lambda v, k: (_through((v >= 0).to(v.dtype), torch.sigmoid(k * v)),),
     "detached_gate": lambda x: (_through(F.silu(x), F.softplus(x)),),
+    "spike_learned_threshold": lambda v, thr, k: (
+        _through((v >= thr).to(v.dtype), (v - thr) / (1 + k * (v - thr).abs())),
+        (v >= thr).to(v.dtype).mean(),
+    ),
     "vq_straight_through": lambda z, q: (z + (q - z).detach(),),
     "gumbel_hard": lambda z, tau: (_gumbel_hard(z, tau),),
     "lsq_quant": lambda x, s, qn, qp: (_lsq(x, s, qn, qp),),
@@ -769,3 +802,15 @@ def test_poisson_nll_both_ways(ops, log_input):
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got.sum(), xs), torch.autograd.grad(want.sum(), xs))
     assert torch.autograd.gradgradcheck(lambda a, b: ops.poisson_nll(a, b, log_input), xs)
+
+
+def test_forward_and_reverse_mode_agree_on_a_scaled_sum_override(ops):
+    """`thr: -sum(grad * sg) / k` of a `Tensor[]` input is `-grad * sg / k` summed to its shape: forward mode
+    along `thr` works (it was refused as not linear in the gradient), and jvp and vjp are transposes."""
+    op, args, tensors = user_ops.case(ops, "spike_slow_threshold")
+    primals = tuple(args[k] for k in tensors)
+    forward = torch.func.jacfwd(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
+    reverse = torch.func.jacrev(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
+    torch.testing.assert_close(forward, reverse)
+    v, thr = primals
+    torch.testing.assert_close(forward[0][1], -((1 + 5.0 * (v - thr).abs()) ** -2) / 5.0)
