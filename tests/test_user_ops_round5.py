@@ -807,10 +807,5 @@ def test_poisson_nll_both_ways(ops, log_input):
 def test_forward_and_reverse_mode_agree_on_a_scaled_sum_override(ops):
     """`thr: -sum(grad * sg) / k` of a `Tensor[]` input is `-grad * sg / k` summed to its shape: forward mode
     along `thr` works (it was refused as not linear in the gradient), and jvp and vjp are transposes."""
-    op, args, tensors = user_ops.case(ops, "spike_slow_threshold")
-    primals = tuple(args[k] for k in tensors)
-    forward = torch.func.jacfwd(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
-    reverse = torch.func.jacrev(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
-    torch.testing.assert_close(forward, reverse)
-    v, thr = primals
+    forward, (v, thr) = user_ops.jacobians_both_ways(ops, "spike_slow_threshold")
     torch.testing.assert_close(forward[0][1], -((1 + 5.0 * (v - thr).abs()) ** -2) / 5.0)

@@ -92,3 +92,14 @@ def check_float32(op, reference, args) -> None:
         assert torch.isfinite(g).all(), g
         finite = torch.isfinite(w)  # plain autograd in float64 overflows too at 1e4 (exp(1e4) * 0)
         torch.testing.assert_close(g.double()[finite], w[finite], rtol=1e-3, atol=1e-4)
+
+
+def jacobians_both_ways(ops, name: str):
+    """(the Jacobian of op `name` in every sampled tensor by forward mode, after checking it equals the one
+    by reverse mode: jvp and vjp are transposes), and the tensors it was taken at."""
+    op, args, tensors = case(ops, name)
+    primals = tuple(args[k] for k in tensors)
+    argnums = tuple(range(len(primals)))
+    forward = torch.func.jacfwd(of(op, args, tensors), argnums=argnums)(*primals)
+    torch.testing.assert_close(forward, torch.func.jacrev(of(op, args, tensors), argnums=argnums)(*primals))
+    return forward, primals
