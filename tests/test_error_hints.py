@@ -44,6 +44,7 @@ TORCH = {
     "softsign": F.softsign,
     "mish": F.mish,
     "elu": F.elu,
+    "leaky_relu": F.leaky_relu,
     "celu": F.celu,
     "selu": F.selu,
     "hardtanh": F.hardtanh,
@@ -121,7 +122,7 @@ LANGUAGE["true"] = True
 
 
 # Activations whose negative side is a formula of its own: sampled on both sides.
-SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "tanhshrink")
+SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "tanhshrink", "leaky_relu")
 
 
 def test_every_alternative_has_a_reference():

@@ -336,6 +336,23 @@ inputs:
 outputs:
   y: where(beta * x > threshold, x, log(1 + exp(beta * x)) / beta)
 """,
+    # PyTorch's parameters of activations, as F.* takes them (they were refused: "takes no keyword arguments").
+    "softplus_torch_style": """
+inputs:
+  x: Tensor
+  beta: float = 2.0
+  threshold: float = 20.0
+outputs:
+  y: softplus(x, beta=beta, threshold=threshold)
+""",
+    "leaky_elu": """
+inputs:
+  x: Tensor
+  slope: float = 0.1
+  alpha: float = 0.5
+outputs:
+  y: leaky_relu(x, slope) + elu(x, alpha=alpha) + celu(x, alpha) + hardtanh(x, -alpha, 2 * alpha)
+""",
     "logit_eps": """
 inputs:
   p: Tensor
@@ -601,6 +618,8 @@ REFERENCE = {
     "log1mexp": lambda x: (_log1mexp(x),),
     "softplus_threshold": lambda x, beta, th: (F.softplus(x, beta, th),),
     "logit_eps": lambda p, eps: (torch.logit(p, eps),),
+    "softplus_torch_style": lambda x, beta, th: (F.softplus(x, beta, th),),
+    "leaky_elu": lambda x, s, a: (F.leaky_relu(x, s) + F.elu(x, a) + F.celu(x, a) + F.hardtanh(x, -a, 2 * a),),
     "barron_loss": _barron,
     "student_t_nll": _student_t,
     "focal_optional_alpha": _focal,
@@ -657,6 +676,8 @@ WIDE = (-1e4, -100.0, -10.0, -1.0, 0.0, 1.0, 10.0, 100.0, 1e4)
 EXTREME = {
     "log1mexp": lambda: (_t(1e-6, 1e-3, 0.1, 0.7, 5.0, 20.0, 100.0, 1e4),),
     "softplus_threshold": lambda: (_t(*WIDE), 2.0, 20.0),
+    "softplus_torch_style": lambda: (_t(*WIDE), 2.0, 20.0),
+    "leaky_elu": lambda: (_t(*WIDE), 0.1, 0.5),
     # 1 - eps is rounded in float32 (torch.logit's own float32 value at p = 1 is off by 1e-3 for eps 1e-6).
     "logit_eps": lambda: (_t(0.0, 1e-8, 1e-3, 0.5, 0.999, 1.0), 1e-4),
     "barron_loss": lambda: (_t(*WIDE), torch.full((9,), 1.0), 1.0),

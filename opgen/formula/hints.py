@@ -15,7 +15,7 @@ import io
 import tokenize
 
 from opgen.formula.vocabulary import ALL_FUNCTIONS, CONSTANTS
-from opgen.formula.words import ALTERNATIVES, arity
+from opgen.formula.words import ALTERNATIVES, arity, defaults
 from opgen.spec.parse_common import plausible
 
 _PLACEHOLDERS = ("x", "a", "b")
@@ -50,7 +50,8 @@ def spelled(name: str, args: list[ast.expr]) -> str:
     needed = arity(name)
     if len(texts) != needed:
         texts = list(_PLACEHOLDERS[:needed])
-    return ast.unparse(ast.parse(template.format(*texts), mode="eval"))  # only the parentheses it needs
+    text = template.format(*texts, **defaults(name))
+    return ast.unparse(ast.parse(text, mode="eval"))  # only the parentheses it needs
 
 
 def _text(node: ast.expr) -> str:
