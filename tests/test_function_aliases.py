@@ -176,6 +176,8 @@ PARAMETERS = {
     "softplus(x, beta=2)": lambda x, a: F.softplus(x, beta=2),
     "softplus(x, 2, 3)": lambda x, a: F.softplus(x, 2, 3),
     "softplus(x, beta=a, threshold=1)": lambda x, a: F.softplus(x, a, 1),
+    "logit(x / 20 + 0.5, eps=0.1)": lambda x, a: torch.logit(x / 20 + 0.5, eps=0.1),
+    "logit(x / 20 + 0.5, a)": lambda x, a: torch.logit(x / 20 + 0.5, a),
 }
 
 

@@ -78,11 +78,13 @@ PARAMETERS: dict[str, tuple[tuple[str, str], ...]] = {
     "leaky_relu": (("negative_slope", "0.01"),),
     "hardtanh": (("min_val", "-1.0"), ("max_val", "1.0")),
     "softplus": (("beta", "1.0"), ("threshold", "20.0")),
+    "logit": (("eps", "None"),),  # None: no clamp
 }
-# Functions of the language itself that PyTorch's parameters make another formula: read as this one
-# only when a parameter is given (`softplus(x, beta=2)` as F.softplus, linear past the threshold).
+# Functions that PyTorch's parameters make another formula: read as this one only when a parameter
+# is given (`softplus(x, beta=2)` as F.softplus, linear past the threshold; torch.logit's `eps` clamps).
 PARAMETRIZED: dict[str, str] = {
     "softplus": "where({beta} * {0} > {threshold}, {0}, softplus({beta} * {0}) / {beta})",
+    "logit": "log(clamp({0}, {eps}, 1 - {eps}) / (1 - clamp({0}, {eps}, 1 - {eps})))",
 }
 
 
