@@ -112,6 +112,7 @@ def generated_aliases(tmp_path_factory):
         ("elu(x, 0.5, alpha=1)", "elu() got `alpha` twice, by position and as `alpha=`"),
         ("softplus(x, inplace=true)", "softplus() takes `beta=` and `threshold=`, not `inplace=`"),
         ("leaky_relu(x, dim=-1)", "leaky_relu() takes `negative_slope=`, not `dim=`"),
+        ("gelu(x, approximate='tan')", "gelu() takes `approximate='none'` or `approximate='tanh'`, as torch does"),
     ],
 )
 def test_a_call_an_alias_cannot_take_is_located(tmp_path, formula, message):
@@ -178,6 +179,8 @@ PARAMETERS = {
     "softplus(x, beta=a, threshold=1)": lambda x, a: F.softplus(x, a, 1),
     "logit(x / 20 + 0.5, eps=0.1)": lambda x, a: torch.logit(x / 20 + 0.5, eps=0.1),
     "logit(x / 20 + 0.5, a)": lambda x, a: torch.logit(x / 20 + 0.5, a),
+    "gelu(x, approximate='tanh')": lambda x, a: F.gelu(x, approximate="tanh"),
+    'gelu(x, approximate="none")': lambda x, a: F.gelu(x),
 }
 
 

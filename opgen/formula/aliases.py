@@ -16,7 +16,8 @@ read twice: the same SymPy expression). `softmax` and `log_softmax` need `dim=`,
 `torch.softmax` does; `amin` and `average` take `dim=` and `keepdim=` like the reductions and
 pass them on. PyTorch's parameters of an activation are taken as it takes them, by position or
 keyword, with its defaults (`elu(x, alpha=0.5)`, `leaky_relu(x, 0.1)`, `hardtanh(x, -2, 2)`), and
-`softplus` with `beta` or `threshold` is F.softplus's formula. A template's own nodes carry the
+`softplus` with `beta` or `threshold` is F.softplus's formula; `gelu(x, approximate='tanh')` picks the
+tanh form as its string says. A template's own nodes carry the
 call's position, so an error inside one points at the call. Expansion is bottom-up and counted
 against the 'formula size' limit as it grows, so nested aliases that double their argument cannot
 build a tree the limit would refuse.
@@ -28,7 +29,7 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.words import ALTERNATIVES, PARAMETERS, PARAMETRIZED, REDUCTIONS, arity
+from opgen.formula.words import ALTERNATIVES, CHOICES, PARAMETERS, PARAMETRIZED, REDUCTIONS, arity
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
@@ -104,6 +105,22 @@ def _clamp_bounds(node: ast.Call) -> None:
     node.keywords = [kw for kw in node.keywords if kw.arg not in ("min", "max")]
 
 
+def _chosen(node: ast.Call, name: str) -> str | None:
+    """The formula a string parameter picks (`gelu(x, approximate='tanh')`), taken out of the call."""
+    if name not in CHOICES:
+        return None
+    keyword, formulas = CHOICES[name]
+    given = next((kw for kw in node.keywords if kw.arg == keyword), None)
+    if given is None:
+        return None
+    value = given.value
+    if not (isinstance(value, ast.Constant) and value.value in formulas):
+        options = " or ".join(f"`{keyword}={v!r}`" for v in formulas)
+        raise AliasError(node, f"{name}() takes {options}, as torch does, not `{keyword}={ast.unparse(value)}`")
+    node.keywords = [kw for kw in node.keywords if kw is not given]
+    return formulas[value.value]
+
+
 def _parameters(node: ast.Call, name: str, needed: int) -> dict[str, ast.expr]:
     """PyTorch's parameters of the call (`PARAMETERS`), taken out of it: by position after the tensor
     (`leaky_relu(x, 0.1)`, `hardtanh(x, -2, 2)`) or by keyword (`elu(x, alpha=0.5)`), else their defaults."""
@@ -145,7 +162,7 @@ class _Expand(ast.NodeTransformer):
         if name in PARAMETRIZED and (len(node.args) > 1 or node.keywords):
             template = PARAMETRIZED[name]
         elif name in ALIASES:
-            template = ALTERNATIVES[name]
+            template = _chosen(node, name) or ALTERNATIVES[name]
         else:
             return node
         needed = arity(name)

@@ -88,6 +88,15 @@ PARAMETRIZED: dict[str, str] = {
 }
 
 
+# A parameter of a function that PyTorch gives as a string: name -> (the keyword, its values' formulas).
+CHOICES: dict[str, tuple[str, dict[str, str]]] = {
+    "gelu": (
+        "approximate",
+        {"none": ALTERNATIVES["gelu"], "tanh": "0.5 * {0} * (1 + tanh(sqrt(2 / pi) * ({0} + 0.044715 * {0}**3)))"},
+    ),
+}
+
+
 def defaults(name: str) -> dict[str, str]:
     """The parameters of `name` (`PARAMETERS`) at their defaults, as formula text."""
     return dict(PARAMETERS.get(name, ()))
