@@ -86,6 +86,8 @@ def test_a_formula_with_no_stable_form_that_keeps_no_digit_is_warned_of(run_cli,
         ("log(1/(1 + exp(-x)))", "-30, 30", lambda m, x: m.log(1 / (1 + m.exp(-x)))),  # logsigmoid
         ("exp(x) - 1", "-1e-8, 1e-8", lambda m, x: m.exp(x) - 1),  # expm1
         ("log(cosh(x))", "-1e-4, 1e-4", lambda m, x: m.log(m.cosh(x))),  # logcosh
+        ("log(1 - exp(-x))", "10, 30", lambda m, x: m.log(1 - m.exp(-x))),  # log1mexp
+        ("(1 + x**2)**1e-6 - 1", "1e-3, 1", lambda m, x: (1 + x**2) ** 1e-6 - 1),  # expm1(a log1p(u))
     ],
 )
 def test_a_formula_that_keeps_no_digit_as_written_but_opgen_computes_stably_is_not_warned_of(
@@ -134,3 +136,10 @@ def test_an_overflow_that_float32_takes_back_is_not_warned_of(run_cli, tmp_path,
     y = package.op(x)
     (grad,) = torch.autograd.grad(y.sum(), x)
     assert torch.isfinite(y).all() and torch.isfinite(grad).all()
+
+
+def test_a_function_zero_where_the_rounded_constants_are_not_is_not_warned_of(run_cli, tmp_path):
+    """Note [constants both ways]: `sqrt(x**2 + eps**2) - eps` is 0 at x = 0, where the exact rows, with
+    `eps**2` and `eps` each rounded to float32, make it -4.9e-11; opgen's conjugate form gives 0."""
+    text = "name: op\ninputs:\n  x: Tensor\n  eps: float = 1e-3\noutputs:\n  y: sqrt(x**2 + eps**2) - eps\n"
+    assert generate(run_cli, tmp_path, text) == []

@@ -44,6 +44,7 @@ TORCH = {
     "softsign": F.softsign,
     "mish": F.mish,
     "elu": F.elu,
+    "leaky_relu": F.leaky_relu,
     "celu": F.celu,
     "selu": F.selu,
     "hardtanh": F.hardtanh,
@@ -121,7 +122,7 @@ LANGUAGE["true"] = True
 
 
 # Activations whose negative side is a formula of its own: sampled on both sides.
-SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "tanhshrink")
+SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "tanhshrink", "leaky_relu")
 
 
 def test_every_alternative_has_a_reference():
@@ -191,6 +192,11 @@ def _message(text: str) -> str:
         ("x ^ (a + 1)", "write `x ** (a + 1)`"),
         ("sqaure(x + a)", "did you mean 'square'?"),
         ("sofmax(x, dim=-1)", "did you mean 'softmax'?"),
+        # Stopping a gradient: the override says what the gradient is instead.
+        ("x * detach(sigmoid(x))", "under `gradients:`"),
+        ("x * sigmoid(x).detach()", "`sigmoid(x).detach()` is not part of the formula language"),
+        ("x + jax.lax.stop_gradient(a - x)", "the argument in its place (the same value)"),
+        ("x + stop_gradient(a - x)", "(for `x * detach(v)`: `x: grad * v`)"),
     ],
 )
 def test_messages_say_what_to_write(text, expected):

@@ -3,7 +3,7 @@
 Each spec in `specs/` is taken from the committed `generated/` package with its generated test
 module (its plain-torch `reference` and `sample_inputs`). Derived inputs are compared with
 `torch.func.jvp` of the reference; overridden inputs with the transpose of the op's own
-backward (Note [jvp of an override] in opgen.derive.jvp): `<v, J t> == <J^T v, t>`.
+backward (Note [jvp of an override] in opgen.derive.override_jvp): `<v, J t> == <J^T v, t>`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spec_ops import build_ops
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p.stem for p in (ROOT / "specs").glob("*.yaml"))
 # Forward mode along these is refused: an override that is not `grad * h`; an output that is its input
-# as-is (a view) with an override that scales the gradient (Note [jvp of an override] in opgen.derive.jvp).
+# as-is (a view) with an override that scales the gradient (Note [jvp of an override] in opgen.derive.override_jvp).
 REFUSED = {"clip_grad": ["x"], "grad_reverse": ["x"]}
 DTYPE = torch.float64
 

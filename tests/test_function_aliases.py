@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from opgen.emit.render import Renderer
 from opgen.formula.aliases import ALIASES
@@ -29,8 +30,8 @@ ALONG = {
 }
 DOMAIN = {"arccosh": (1.1, 3.0), "arcsin": (0.05, 0.95), "arccos": (0.05, 0.95), "arctanh": (0.05, 0.95)}
 DOMAIN["logit"] = DOMAIN["arcsin"]
-DOMAIN.update({name: (-4.0, 4.0) for name in ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish")})
-DOMAIN["tanhshrink"] = (-4.0, 4.0)
+SIGNED = ("mish", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "leaky_relu", "tanhshrink")
+DOMAIN.update({name: (-4.0, 4.0) for name in SIGNED})
 
 
 def _spec(name: str) -> str:
@@ -107,6 +108,11 @@ def generated_aliases(tmp_path_factory):
         ("sum(x, 0, true, 1)", "sum() takes one tensor argument and `dim=` and `keepdim=`, got 4 arguments"),
         ("var(x, 0, true)", "var() takes one tensor argument and `dim=` and `keepdim=` and `correction=`, got 3"),
         ("softmax(" * 9 + "x" + ", dim=-1)" * 9, "'formula size' limit"),  # each level doubles its argument
+        ("elu(x, 1, 2)", "elu() takes (x, alpha), got 3 arguments"),
+        ("elu(x, 0.5, alpha=1)", "elu() got `alpha` twice, by position and as `alpha=`"),
+        ("softplus(x, inplace=true)", "softplus() takes `beta=` and `threshold=`, not `inplace=`"),
+        ("leaky_relu(x, dim=-1)", "leaky_relu() takes `negative_slope=`, not `dim=`"),
+        ("gelu(x, approximate='tan')", "gelu() takes `approximate='none'` or `approximate='tanh'`, as torch does"),
     ],
 )
 def test_a_call_an_alias_cannot_take_is_located(tmp_path, formula, message):
@@ -155,6 +161,44 @@ def test_dim_and_keepdim_by_position_read_as_torch_does(tmp_path):
         weights = torch.randn(theirs.shape, generator=generator, dtype=torch.float64)
         (got,) = torch.autograd.grad((ours * weights).sum(), x)
         (want,) = torch.autograd.grad((theirs * weights).sum(), x)
+        torch.testing.assert_close(got, want)
+
+
+# PyTorch's parameters of activations, by position or keyword, numbers or a `float` input `a` (0.3).
+PARAMETERS = {
+    "elu(x, alpha=0.5)": lambda x, a: F.elu(x, alpha=0.5),
+    "elu(x, a)": F.elu,
+    "celu(x, alpha=2.0)": lambda x, a: F.celu(x, 2.0),
+    "leaky_relu(x)": lambda x, a: F.leaky_relu(x),
+    "leaky_relu(x, 0.2)": lambda x, a: F.leaky_relu(x, 0.2),
+    "leaky_relu(x, negative_slope=a)": F.leaky_relu,
+    "hardtanh(x, -2, 2)": lambda x, a: F.hardtanh(x, -2.0, 2.0),
+    "hardtanh(x, min_val=-0.5, max_val=a)": lambda x, a: F.hardtanh(x, -0.5, a),
+    "softplus(x, beta=2)": lambda x, a: F.softplus(x, beta=2),
+    "softplus(x, 2, 3)": lambda x, a: F.softplus(x, 2, 3),
+    "softplus(x, beta=a, threshold=1)": lambda x, a: F.softplus(x, a, 1),
+    "logit(x / 20 + 0.5, eps=0.1)": lambda x, a: torch.logit(x / 20 + 0.5, eps=0.1),
+    "logit(x / 20 + 0.5, a)": lambda x, a: torch.logit(x / 20 + 0.5, a),
+    "gelu(x, approximate='tanh')": lambda x, a: F.gelu(x, approximate="tanh"),
+    'gelu(x, approximate="none")': lambda x, a: F.gelu(x),
+}
+
+
+def test_activation_parameters_read_as_torch_takes_them(tmp_path):
+    """Values and gradients against torch.nn.functional, at the kinks too (0, the bounds, the threshold)."""
+    specs = {
+        f"par{k}": f"name: par{k}\ninputs:\n  x: Tensor\n  a: float = 0.3\noutputs:\n  y: {formula}\n"
+        for k, formula in enumerate(PARAMETERS)
+    }
+    ops = build_ops(tmp_path, "parameter_ops", specs)
+    points = [0.0, -0.5, 0.3, 1.5, 1 / 0.3, 2.0, -2.0, 0.5, 3.0, -4.0, 20.0, 1e-3]
+    x = torch.cat([torch.tensor(points, dtype=torch.float64), 4 * torch.randn(20, dtype=torch.float64)])
+    x.requires_grad_()
+    for k, reference in enumerate(PARAMETERS.values()):
+        ours, theirs = getattr(ops, f"par{k}")(x), reference(x, 0.3)
+        torch.testing.assert_close(ours, theirs)
+        (got,) = torch.autograd.grad(ours.sum(), x)
+        (want,) = torch.autograd.grad(theirs.sum(), x)
         torch.testing.assert_close(got, want)
 
 

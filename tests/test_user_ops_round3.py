@@ -179,10 +179,5 @@ def test_float32_at_extreme_inputs(ops, name):
 def test_forward_mode_of_a_summed_override_of_a_scalar_input(ops):
     """`alpha: sum(grad * h)` of a `Tensor[]` input is `grad * h` summed to its shape: forward mode along
     `alpha` works (it was refused as not linear in the gradient), and jvp and vjp are transposes."""
-    op, args, tensors = user_ops.case(ops, "pact")
-    primals = tuple(args[k] for k in tensors)
-    forward = torch.func.jacfwd(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
-    reverse = torch.func.jacrev(user_ops.of(op, args, tensors), argnums=(0, 1))(*primals)
-    torch.testing.assert_close(forward, reverse)
-    x, alpha = primals
+    forward, (x, alpha) = user_ops.jacobians_both_ways(ops, "pact")
     torch.testing.assert_close(forward[0][1], (x >= alpha).to(x.dtype))

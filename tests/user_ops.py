@@ -44,16 +44,18 @@ def of(fn, args, tensors):
 
 
 def weighted(fn, weights):
-    return lambda *xs: sum((o * w).sum() for o, w in zip(fn(*xs), weights, strict=True))
+    """The sum of `fn`'s outputs times `weights`, leaving out those without a weight (masks)."""
+    return lambda *xs: sum((o * w).sum() for o, w in zip(fn(*xs), weights, strict=True) if w is not None)
 
 
-def check_float64(mine, theirs, primals, hessian: bool = False) -> None:
+def check_float64(mine, theirs, primals, hessian: bool = False, forward_mode: bool = True) -> None:
     """Values, gradients, gradgradcheck and `torch.func.jvp` of `mine` against `theirs` at `primals`,
-    and with `hessian`, `torch.func.hessian` of a weighted sum of the outputs."""
+    and with `hessian`, `torch.func.hessian` of a weighted sum of the outputs; without `forward_mode`
+    (an op that refuses it), neither of the last two."""
     want = theirs(*primals)
     torch.testing.assert_close(mine(*primals), want)
     generator = torch.Generator().manual_seed(0)
-    weights = [torch.rand(w.shape, generator=generator, dtype=w.dtype) for w in want]
+    weights = [torch.rand(w.shape, generator=generator, dtype=w.dtype) if w.is_floating_point() else None for w in want]
     xs = [p.clone().requires_grad_() for p in primals]
     got = torch.autograd.grad(weighted(mine, weights)(*xs), xs, allow_unused=True)
     expected = torch.autograd.grad(weighted(theirs, weights)(*xs), xs, allow_unused=True)
@@ -62,6 +64,8 @@ def check_float64(mine, theirs, primals, hessian: bool = False) -> None:
             g if g is not None else torch.zeros_like(x), e if e is not None else torch.zeros_like(x)
         )
     assert torch.autograd.gradgradcheck(weighted(mine, weights), xs)
+    if not forward_mode:
+        return
     tangents = tuple(torch.rand(p.shape, generator=generator, dtype=p.dtype) for p in primals)
     torch.testing.assert_close(torch.func.jvp(mine, primals, tangents)[1], torch.func.jvp(theirs, primals, tangents)[1])
     if hessian:
@@ -88,3 +92,14 @@ def check_float32(op, reference, args) -> None:
         assert torch.isfinite(g).all(), g
         finite = torch.isfinite(w)  # plain autograd in float64 overflows too at 1e4 (exp(1e4) * 0)
         torch.testing.assert_close(g.double()[finite], w[finite], rtol=1e-3, atol=1e-4)
+
+
+def jacobians_both_ways(ops, name: str):
+    """(the Jacobian of op `name` in every sampled tensor by forward mode, after checking it equals the one
+    by reverse mode: jvp and vjp are transposes), and the tensors it was taken at."""
+    op, args, tensors = case(ops, name)
+    primals = tuple(args[k] for k in tensors)
+    argnums = tuple(range(len(primals)))
+    forward = torch.func.jacfwd(of(op, args, tensors), argnums=argnums)(*primals)
+    torch.testing.assert_close(forward, torch.func.jacrev(of(op, args, tensors), argnums=argnums)(*primals))
+    return forward, primals

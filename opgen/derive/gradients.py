@@ -227,12 +227,28 @@ def _forward(
     return forward, inlined
 
 
+# Note [overrides that read an output]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# An override may read an output (`clamp(grad * w * (1 - y**2 / w**2), -c, c)` for `y: tanh(x) * w`).
+# Read from the saved output, double backward would differentiate `y` through the op's own backward,
+# that is through the override where `y` depends on an overridden input: the second derivative
+# would not be that of the override formula (gradgradcheck fails). Such an output is written out as
+# its formula in the override; an output of no overridden input is read as saved (its gradient in
+# the op is its formula's).
+
+
 def _override(
     formulas: Formulas, name: str, inlined: dict[sympy.Symbol, Expr], absent: frozenset[sympy.Symbol]
 ) -> Gradient:
     """The gradient of input `name` as `gradients:` gives it, in terms of the inputs."""
     symbols = formulas.symbols
     lets_inlined = {s: inlined[s] for s in symbols.lets.values() if s in inlined}
+    overridden = {symbols.inputs[n] for n in formulas.overrides}
+    # Note [overrides that read an output]: written out where an override stands in its own gradient.
+    for output in formulas.spec.outputs:
+        value = inlined.get(symbols.outputs[output.name])
+        if output.differentiable and value is not None and value.free_symbols & overridden:
+            lets_inlined[symbols.outputs[output.name]] = value
     written_out = formulas.overrides[name].xreplace(lets_inlined)
     where = next(g.formula.loc for g in formulas.spec.gradients if g.input == name)
     limits.check_inlined(written_out, where, f"the gradient of '{name}'")

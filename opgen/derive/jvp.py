@@ -6,19 +6,7 @@ tangent as a sum of terms, one per Tensor input, each the directional derivative
 along that input's tangent symbol. Elementwise formulas reuse the gradient factors
 (`d out / d in` times the tangent: the same rewrites, the same kink conventions as backward);
 formulas with tensor operations go through exact forward rules (`_Jvp`); gradient overrides
-give the transpose-consistent JVP (Note [jvp of an override]).
-
-Note [jvp of an override]
-~~~~~~~~~~~~~~~~~~~~~~~~~
-An override `x: grad * h` (linear in the incoming gradients: `sum_o grad_o * h_o`) says the
-Jacobian of each output `o` with respect to `x` is, as far as backward is concerned, `h_o`
-elementwise. Forward mode uses the same Jacobian: the tangent of `o` along `x` is
-`h_o * tangent_x` (broadcast as the forward broadcasts), so `jvp` and `vjp` are transposes of
-each other, as for any PyTorch op (for `sign_ste`: `(abs(x) <= 1) * tangent_x`). For a `Tensor[]`
-input, `sum(grad * h)` is the same override, the sum written out (PACT's clip). An override
-that is not linear in the incoming gradients (`clamp(grad, -c, c)`) or uses a tensor
-operation of it has no such Jacobian: forward mode along that input is refused at call time,
-naming the spec and the input.
+give the transpose-consistent JVP (Note [jvp of an override] in opgen.derive.override_jvp).
 
 Note [broadcast tangents]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -43,6 +31,7 @@ from sympy import Expr, S
 
 from opgen.derive.gradients import Derived, Gradient, Variant, _clean
 from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.derive.override_jvp import Refused, override_terms
 from opgen.derive.vjp import substitute_outputs
 from opgen.errors import Loc, located
 from opgen.formula import functions as fn
@@ -107,10 +96,6 @@ class Tangents:
 
 def tangent_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol("tangent:" + name, real=True)
-
-
-class _Refused(Exception):
-    """Forward mode along one input cannot be derived; the message says why."""
 
 
 class _Jvp:
@@ -283,28 +268,6 @@ def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
     return found
 
 
-def _override_terms(derived: Derived, gradient: Gradient, names: list[str]) -> dict[str, Expr]:
-    """Each output's `h_o` of an override `sum_o grad_o * h_o` (Note [jvp of an override])."""
-    grads = {name: derived.symbols.grads[name] for name in names}
-    expr = gradient.contributions[0].factor if gradient.contributions else S.Zero
-    if (
-        isinstance(expr, ReduceSum)
-        and expr.every_dim
-        and derived.shapes.get(derived.symbols.inputs[gradient.input]) == ()
-    ):
-        expr = expr.operand  # `sum(grad * h)` of a scalar input is `grad * h` summed to its shape (PACT's clip)
-    linear = expr.atoms(TensorOp) == {op for op in expr.atoms(TensorOp) if not (op.free_symbols & set(grads.values()))}
-    factors = {name: sympy.diff(expr, g) for name, g in grads.items()} if linear else {}
-    rest = expr - sum((g * factors[name] for name, g in grads.items()), S.Zero) if linear else expr
-    at_zero = rest.xreplace({g: S.Zero for g in grads.values()}) if linear else expr
-    if not linear or any(f.free_symbols & set(grads.values()) for f in factors.values()) or at_zero != 0:
-        raise _Refused(
-            "its gradient override is not `grad * h` for some h (linear in the incoming gradient), so it has no"
-            " Jacobian to push a tangent through; use reverse mode, or write the override as grad * h"
-        )
-    return {name: f for name, f in factors.items() if f != 0}
-
-
 def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:
     return lambda e: _clean(settle_indicators(e), loc, what)
 
@@ -317,7 +280,7 @@ def _output_terms(
     names = [o.name for o in spec.outputs if o.differentiable]
     t = tangent_symbol(gradient.input)
     if gradient.overridden:
-        return {name: h * t for name, h in _override_terms(derived, gradient, names).items()}
+        return {name: h * t for name, h in override_terms(derived, gradient, names).items()}
     if gradient.fit is None:  # elementwise: the gradient factors are d out / d in
         terms: dict[str, Expr] = {}
         for c in gradient.contributions:
@@ -336,10 +299,10 @@ def _output_terms(
             engine = _Jvp(dict(table), _cleaner(loc, what), x)
             try:
                 value = engine.tangent(guard_branches(inlined[name], symbols.tensors))
-            except (ShapeError, _Refused) as error:
+            except (ShapeError, Refused) as error:
                 refused = str(error)
         if refused is not None:
-            raise _Refused(refused)
+            raise Refused(refused)
         value = substitute_outputs(value, outputs)
         if value != 0:
             found[name] = value
@@ -356,7 +319,7 @@ def _variant_tangents(
     for gradient in variant.gradients:
         try:
             found = _output_terms(derived, variant, gradient, dict(derived.shapes))
-        except _Refused as why:
+        except Refused as why:
             refused.append((gradient.input, str(why)))
             continue
         x, t = symbols.inputs[gradient.input], tangent_symbol(gradient.input)

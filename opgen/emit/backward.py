@@ -13,6 +13,7 @@ from opgen.emit.names import OpNames, variant_printer
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, indent_lines, unpack, variant_branches
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan
+from opgen.plan.forward import filled_incoming
 
 
 def _needs(names: OpNames, plan: Plan, inputs: tuple[str, ...]) -> str:
@@ -184,9 +185,29 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
     return lines
 
 
+def _filled_lines(plan: Plan, names: OpNames) -> Lines:
+    """None for every input when no output has a gradient, else zeros for those without one (Note
+    [refused tangents] in opgen.plan.forward)."""
+    incoming = [names.grads_in[name] for name in filled_incoming(plan)]
+    if not incoming:
+        return []
+    nones = ", ".join("None" for _ in plan.derived.spec.inputs)
+    lines = [f"if {' and '.join(f'{g} is None' for g in incoming)}:", f"    return {nones}"]
+    for name, grad in zip(filled_incoming(plan), incoming, strict=True):
+        others = [g for g in incoming if g != grad]
+        if not others:
+            continue
+        present = others[-1]
+        for other in reversed(others[:-1]):
+            present = f"({other} if {other} is not None else {present})"
+        lines.append(f"if {grad} is None:")
+        lines.append(f"    {grad} = {present}.new_zeros({names.ctx}.{names.shape_attrs[name]})")
+    return lines
+
+
 def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     spec = plan.derived.spec
-    lines: Lines = []
+    lines: Lines = _filled_lines(plan, names)
     if plan.saved:
         lines.append(f"{unpack(list(plan.saved))} = {names.ctx}.saved_tensors")
     for name in plan.ctx_values:

@@ -22,6 +22,7 @@ from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
 from opgen.optimize.norms import Rstd
 from opgen.plan.backward import Plan
+from opgen.plan.forward import filled_incoming, filled_shapes
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer
 
@@ -173,7 +174,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         lines.append(f"{unpack(targets)} = {names.inputs}")
     outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
-    needed_outputs |= set(plan.gated_residuals)
+    needed_outputs |= set(plan.gated_residuals) | set(filled_shapes(plan))
     needed_outputs |= forward.outputs if forward else set()
     if needed_outputs & set(outputs):
         if len(outputs) == 1:
@@ -192,6 +193,8 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where, names.torch)}")
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
+    for name in filled_shapes(plan):  # Note [refused tangents] in opgen.plan.forward
+        lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
     lines += forward.lines if forward else ()
     if plan.varies:
         for inp in spec.tensor_inputs:
@@ -201,7 +204,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
     non_differentiable += [r.name for r in plan.residuals if not r.differentiable]
     if non_differentiable:
         lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
-    if plan.gate_none or plan.gated_residuals:
+    if plan.gate_none or plan.gated_residuals or filled_incoming(plan):
         lines.append(f"{ctx}.set_materialize_grads(False)")
     if not lines:
         lines.append("pass")

@@ -249,6 +249,9 @@ class KernelPrinting:
     def _print_logcosh(self, expr: Any) -> str:
         return self._print(expr.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
 
+    def _print_log1mexp(self, expr: Any) -> str:
+        return self._print(expr.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
+
     def _print_hypot(self, expr: sympy.Function) -> str:
         if not self.is_tensor(expr):
             return self._call(f"{self.math}.hypot", *expr.args)

@@ -20,6 +20,7 @@ from opgen.formula.dims import size_stem
 from opgen.formula.kinds import Mask, with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.plan.backward import BackwardPlan, Plan, Temp
+from opgen.plan.forward import filled_shapes
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer, ctx_namer
 
@@ -78,7 +79,7 @@ def make_names(plan: Plan) -> OpNames:
     temps = {t: namer.fresh(f"tmp{t.name.split(':')[1]}") for t in sorted(plan.temps, key=sympy.default_sort_key)}
     attrs = ctx_namer()
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
-    shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals)}
+    shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals, *filled_shapes(plan))}
     size_attrs = {n: attrs.fresh(size_stem(n)) for n in plan.dim_sizes}
     size_locals = {
         d: namer.fresh(size_stem(d)) for d in forward_dims(plan.derived, tuple(r.expr for r in plan.residuals))

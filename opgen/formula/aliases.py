@@ -14,9 +14,13 @@ the shapes as written and the stable rewrites (softmax is recognised as `torch.s
 one language. The arguments are copied into the template as written (an argument used twice is
 read twice: the same SymPy expression). `softmax` and `log_softmax` need `dim=`, as
 `torch.softmax` does; `amin` and `average` take `dim=` and `keepdim=` like the reductions and
-pass them on. A template's own nodes carry the call's position, so an error inside one points at
-the call. Expansion is bottom-up and counted against the 'formula size' limit as it grows, so
-nested aliases that double their argument cannot build a tree the limit would refuse.
+pass them on. PyTorch's parameters of an activation are taken as it takes them, by position or
+keyword, with its defaults (`elu(x, alpha=0.5)`, `leaky_relu(x, 0.1)`, `hardtanh(x, -2, 2)`), and
+`softplus` with `beta` or `threshold` is F.softplus's formula; `gelu(x, approximate='tanh')` picks the
+tanh form as its string says. A template's own nodes carry the
+call's position, so an error inside one points at the call. Expansion is bottom-up and counted
+against the 'formula size' limit as it grows, so nested aliases that double their argument cannot
+build a tree the limit would refuse.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import ast
 import copy
 
 from opgen import limits
-from opgen.formula.words import ALTERNATIVES, REDUCTIONS, arity
+from opgen.formula.words import ALTERNATIVES, CHOICES, PARAMETERS, PARAMETRIZED, REDUCTIONS, arity
 
 # `norm` is a reduction of the language itself; the others are read as their formula.
 ALIASES = frozenset(ALTERNATIVES) - {"norm"}
@@ -101,6 +105,47 @@ def _clamp_bounds(node: ast.Call) -> None:
     node.keywords = [kw for kw in node.keywords if kw.arg not in ("min", "max")]
 
 
+def _chosen(node: ast.Call, name: str) -> str | None:
+    """The formula a string parameter picks (`gelu(x, approximate='tanh')`), taken out of the call."""
+    if name not in CHOICES:
+        return None
+    keyword, formulas = CHOICES[name]
+    given = next((kw for kw in node.keywords if kw.arg == keyword), None)
+    if given is None:
+        return None
+    value = given.value
+    if not (isinstance(value, ast.Constant) and value.value in formulas):
+        options = " or ".join(f"`{keyword}={v!r}`" for v in formulas)
+        raise AliasError(node, f"{name}() takes {options}, as torch does, not `{keyword}={ast.unparse(value)}`")
+    node.keywords = [kw for kw in node.keywords if kw is not given]
+    return formulas[value.value]
+
+
+def _parameters(node: ast.Call, name: str, needed: int) -> dict[str, ast.expr]:
+    """PyTorch's parameters of the call (`PARAMETERS`), taken out of it: by position after the tensor
+    (`leaky_relu(x, 0.1)`, `hardtanh(x, -2, 2)`) or by keyword (`elu(x, alpha=0.5)`), else their defaults."""
+    names = [p for p, _ in PARAMETERS.get(name, ())]
+    if not names:
+        return {}
+    extra = node.args[needed:]
+    if len(extra) > len(names) or any(isinstance(a, ast.Starred) for a in node.args):
+        takes = ", ".join(["x" if needed == 1 else "the tensors", *names])
+        raise AliasError(node, f"{name}() takes ({takes}), got {len(node.args)} arguments")
+    given = dict(zip(names, extra, strict=False))
+    node.args = node.args[:needed]
+    for kw in node.keywords:
+        if kw.arg is None or kw.arg not in names:
+            continue
+        if kw.arg in given:
+            raise AliasError(node, f"{name}() got `{kw.arg}` twice, by position and as `{kw.arg}=`")
+        given[kw.arg] = kw.value
+    node.keywords = [kw for kw in node.keywords if kw.arg not in names]
+    for parameter, default in PARAMETERS[name]:
+        if parameter not in given:
+            given[parameter] = _placed(ast.parse(default, mode="eval").body, node)
+    return given
+
+
 class _Expand(ast.NodeTransformer):
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -111,24 +156,33 @@ class _Expand(ast.NodeTransformer):
             _keywords_by_position(node)
         if isinstance(node.func, ast.Name) and node.func.id in ("clamp", "clip"):
             _clamp_bounds(node)
-        if not isinstance(node.func, ast.Name) or node.func.id not in ALIASES:
+        if not isinstance(node.func, ast.Name):
             return node
         name = node.func.id
-        template = ALTERNATIVES[name]
+        if name in PARAMETRIZED and (len(node.args) > 1 or node.keywords):
+            template = PARAMETRIZED[name]
+        elif name in ALIASES:
+            template = _chosen(node, name) or ALTERNATIVES[name]
+        else:
+            return node
         needed = arity(name)
+        parameters = _parameters(node, name, needed)
         if len(node.args) != needed or any(isinstance(a, ast.Starred) for a in node.args):
             plural = "s" if needed != 1 else ""
             raise AliasError(node, f"{name}() takes {needed} argument{plural}, got {len(node.args)}")
         allowed = _KEYWORDS.get(name, ())
         for kw in node.keywords:
             if kw.arg not in allowed:
-                takes = " and ".join(f"`{k}=`" for k in allowed) if allowed else "no keyword arguments"
+                words = [*allowed, *(p for p, _ in PARAMETERS.get(name, ()))]
+                takes = " and ".join(f"`{k}=`" for k in words) if words else "no keyword arguments"
                 raise AliasError(node, f"{name}() takes {takes}, not `{kw.arg}=`")
         if name in _NEEDS_DIM and not any(kw.arg == "dim" for kw in node.keywords):
             raise AliasError(node, f"{name}() needs `dim=`, as torch.{name} does, e.g. {name}(x, dim=-1)")
         holes = [f"__opgen_arg{k}__" for k in range(needed)]
-        tree = _placed(ast.parse(template.format(*holes), mode="eval").body, node)
-        tree = _Fill(dict(zip(holes, node.args, strict=True)), node.keywords, name in _KEYWORDS).visit(tree)
+        named = {p: f"__opgen_{p}__" for p in parameters}
+        tree = _placed(ast.parse(template.format(*holes, **named), mode="eval").body, node)
+        filled = dict(zip(holes, node.args, strict=True)) | {named[p]: v for p, v in parameters.items()}
+        tree = _Fill(filled, node.keywords, name in _KEYWORDS).visit(tree)
         if _size(tree) > self.budget:
             limit = limits.FORMULA_NODES
             raise AliasError(
@@ -162,7 +216,7 @@ class _Fill(ast.NodeTransformer):
 def expand(tree: ast.expr) -> ast.expr:
     """`tree` with its alias calls written out (Note [aliases]); `AliasError` for a bad call."""
     calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
-    rewritten = ALIASES | set(_POSITIONAL) | {"clamp"}
+    rewritten = ALIASES | set(_POSITIONAL) | set(PARAMETRIZED) | {"clamp"}
     if not any(call.func.id in rewritten for call in calls):  # type: ignore[attr-defined]
         return tree
     return _Expand(limits.FORMULA_NODES.value).visit(copy.deepcopy(tree))

@@ -15,7 +15,7 @@ import io
 import tokenize
 
 from opgen.formula.vocabulary import ALL_FUNCTIONS, CONSTANTS
-from opgen.formula.words import ALTERNATIVES, arity
+from opgen.formula.words import ALTERNATIVES, arity, defaults
 from opgen.spec.parse_common import plausible
 
 _PLACEHOLDERS = ("x", "a", "b")
@@ -23,9 +23,20 @@ _PLACEHOLDERS = ("x", "a", "b")
 _CONSTANTS = {"pi": "pi", "inf": "inf", "e": "exp(1)", "Inf": "inf", "infty": "inf", "PINF": "inf"}
 
 
+# PyTorch's and JAX's ways to stop a gradient part-way through a formula.
+_STOPPERS = {"detach", "stop_gradient", "no_grad", "detach_", "requires_grad_"}
+_STOP_HINT = (
+    "; a formula is differentiated as a whole and cannot stop a gradient part-way: write the formula with"
+    " the argument in its place (the same value) and the gradient you want under `gradients:` (for"
+    " `x * detach(v)`: `x: grad * v`)"
+)
+
+
 def unknown_function(name: str, args: list[ast.expr]) -> str:
     """What follows "unknown function 'NAME'": a typo fix, or what exists. PyTorch's names for the
     functions (`ALTERNATIVES`) are read as their formula before this is asked (opgen.formula.aliases)."""
+    if name in _STOPPERS:
+        return _STOP_HINT
     close = plausible(name, (*ALL_FUNCTIONS, *ALTERNATIVES))
     if close:
         return f"; did you mean '{close}'?"
@@ -39,7 +50,8 @@ def spelled(name: str, args: list[ast.expr]) -> str:
     needed = arity(name)
     if len(texts) != needed:
         texts = list(_PLACEHOLDERS[:needed])
-    return ast.unparse(ast.parse(template.format(*texts), mode="eval"))  # only the parentheses it needs
+    text = template.format(*texts, **defaults(name))
+    return ast.unparse(ast.parse(text, mode="eval"))  # only the parentheses it needs
 
 
 def _text(node: ast.expr) -> str:
@@ -64,6 +76,8 @@ def qualified_call(node: ast.Call, names: set[str]) -> str:
     method = dotted is None or dotted[0] in names  # a method of a value: `u.exp()`
     args = [receiver, *node.args] if method else list(node.args)
     written = ast.unparse(node.func)
+    if name in _STOPPERS:
+        return f"`{written}()` is not part of the formula language{_STOP_HINT}"
     if name in ALL_FUNCTIONS or name in ALTERNATIVES:  # the language's name, or an alias of one
         instead = ast.unparse(ast.Call(ast.Name(name), args, node.keywords))
     else:

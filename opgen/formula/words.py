@@ -33,10 +33,11 @@ ALTERNATIVES: dict[str, str] = {
     "gelu": "{0} * (1 + erf({0} / sqrt(2))) / 2",
     "softsign": "{0} / (1 + abs({0}))",
     "mish": "{0} * tanh(softplus({0}))",
-    "elu": "where({0} > 0, {0}, expm1({0}))",
-    "celu": "where({0} > 0, {0}, expm1({0}))",
+    "elu": "where({0} > 0, {0}, {alpha} * expm1({0}))",
+    "celu": "where({0} > 0, {0}, {alpha} * expm1({0} / {alpha}))",
+    "leaky_relu": "where({0} > 0, {0}, {negative_slope} * {0})",
     "selu": "1.0507009873554804934193349852946 * where({0} > 0, {0}, 1.6732632423543772848170429916717 * expm1({0}))",
-    "hardtanh": "max(min({0}, 1), -1)",
+    "hardtanh": "max(min({0}, {max_val}), {min_val})",
     "hardsigmoid": "max(min({0} + 3, 6), 0) / 6",
     "hardswish": "{0} * max(min({0} + 3, 6), 0) / 6",
     "tanhshrink": "{0} - tanh({0})",
@@ -69,6 +70,39 @@ ALTERNATIVES: dict[str, str] = {
 }
 
 
+# PyTorch's parameters of a function, in the order its signature has them after the tensor, with
+# their defaults: `{alpha}` in the formula (`elu(x, alpha=0.5)`, `leaky_relu(x, 0.1)`).
+PARAMETERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "elu": (("alpha", "1.0"),),
+    "celu": (("alpha", "1.0"),),
+    "leaky_relu": (("negative_slope", "0.01"),),
+    "hardtanh": (("min_val", "-1.0"), ("max_val", "1.0")),
+    "softplus": (("beta", "1.0"), ("threshold", "20.0")),
+    "logit": (("eps", "None"),),  # None: no clamp
+}
+# Functions that PyTorch's parameters make another formula: read as this one only when a parameter
+# is given (`softplus(x, beta=2)` as F.softplus, linear past the threshold; torch.logit's `eps` clamps).
+PARAMETRIZED: dict[str, str] = {
+    "softplus": "where({beta} * {0} > {threshold}, {0}, softplus({beta} * {0}) / {beta})",
+    "logit": "log(clamp({0}, {eps}, 1 - {eps}) / (1 - clamp({0}, {eps}, 1 - {eps})))",
+}
+
+
+# A parameter of a function that PyTorch gives as a string: name -> (the keyword, its values' formulas).
+CHOICES: dict[str, tuple[str, dict[str, str]]] = {
+    "gelu": (
+        "approximate",
+        {"none": ALTERNATIVES["gelu"], "tanh": "0.5 * {0} * (1 + tanh(sqrt(2 / pi) * ({0} + 0.044715 * {0}**3)))"},
+    ),
+}
+
+
+def defaults(name: str) -> dict[str, str]:
+    """The parameters of `name` (`PARAMETERS`) at their defaults, as formula text."""
+    return dict(PARAMETERS.get(name, ()))
+
+
 def arity(name: str) -> int:
     """How many arguments the function `name` of `ALTERNATIVES` takes: its template's placeholders."""
-    return max((int(t) + 1 for t in "012" if "{" + t + "}" in ALTERNATIVES[name]), default=0)
+    template = ALTERNATIVES.get(name) or PARAMETRIZED[name]
+    return max((int(t) + 1 for t in "012" if "{" + t + "}" in template), default=0)

@@ -70,7 +70,7 @@ def _root(term: Expr) -> tuple[Expr, Expr] | None:
         return None
     if isinstance(body, sympy.Pow) and body.exp == S.Half:
         return coeff, body.base
-    if getattr(body, "root_of_squares", False):  # hypot(a, b), of opgen.optimize.rewrite
+    if getattr(body, "root_of_squares", False):  # hypot(a, b), of opgen.optimize.stable_functions
         a, b = body.args
         return coeff, a**2 + b**2
     return None

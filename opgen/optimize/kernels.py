@@ -30,7 +30,8 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
-from opgen.optimize.rewrite import logsigmoid, rewrite
+from opgen.optimize.rewrite import rewrite
+from opgen.optimize.stable_functions import logsigmoid
 
 
 class _Primitive(sympy.Function):

@@ -34,7 +34,7 @@ from opgen.optimize.kernels import (
     smooth_l1,
     softplus_beta,
 )
-from opgen.optimize.rewrite import logsigmoid
+from opgen.optimize.stable_functions import logsigmoid
 
 __all__ = [
     "PRIMITIVES",

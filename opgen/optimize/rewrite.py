@@ -22,6 +22,9 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     log(sigmoid(u))         -> logsigmoid(u)
     log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
+    u**a - 1                -> expm1(a log(u))         (u > 0 by its form: Note [powers less one])
+    log(1 - exp(u))         -> log1mexp(u)             (log(-expm1(u)) or log1p(-exp(u)), as Mächler;
+                                                        also log1p(-exp(u)) as written)
     r + c * sqrt(w)         -> where(r < 0, ...)       (the conjugate form where they cancel: Note
                                                         [conjugate form] in opgen/optimize/cancellation.py)
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
@@ -66,80 +69,9 @@ from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
 from opgen.optimize.product_rules import double_angle, exp_decaying, sinh_over_cosh, to_sinc, unsinc, x_log_x
 from opgen.optimize.reductions import Shapes
+from opgen.optimize.stable_functions import hypot, log1mexp, logaddexp, logcosh, logsigmoid
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
-
-
-class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
-    """log(sigmoid(u)) = -softplus(-u)."""
-
-    def fdiff(self, argindex: int = 1) -> Expr:
-        return fn.sigmoid(-self.args[0])
-
-    def _as_elementary(self) -> Expr:
-        return -sympy.log(1 + sympy.exp(-self.args[0]))
-
-
-class logcosh(fn._Elementwise):  # noqa: N801
-    """log(cosh(u)), printed as `|u| + softplus(-2|u|) - log(2)`, which cannot overflow (opgen.emit.kernel_print).
-
-    Its derivative is tanh(u), as plain autograd's of log(cosh(u)): 0 at u = 0, where the
-    printed form has a kink whose derivative would be sign(u) * (1 - 2 sigmoid(-2|u|)).
-    """
-
-    def fdiff(self, argindex: int = 1) -> Expr:
-        return sympy.tanh(self.args[0])
-
-    def stable_form(self) -> Expr:
-        """What forward computes: `|u| + softplus(-2|u|) - log(2)`, and below |u| = 1, where that
-        cancels, `log1p(2 sinh(u/2)**2)` (Note [printed stable forms] in opgen/emit/statements.py)."""
-        u = self.args[0]
-        size = sympy.Abs(u)
-        small = fn.log1p(2 * sympy.sinh(u / 2) ** 2)
-        return fn.where(sympy.StrictLessThan(size, 1), small, size + fn.softplus(-2 * size) - sympy.log(2))
-
-    def _as_elementary(self) -> Expr:
-        return sympy.log(sympy.cosh(self.args[0]))
-
-
-class _Binary(sympy.Function):
-    """A function of two arguments; the torch printer prints it as `torch.<name>` (opgen.emit.kernel_print)."""
-
-    nargs = 2
-    is_real = True
-
-    def _eval_evalf(self, prec: int) -> Expr | None:
-        if all(a.is_number for a in self.args):
-            return self._as_elementary().evalf(prec)
-        return None
-
-    def _as_elementary(self) -> Expr:
-        raise NotImplementedError
-
-
-class logaddexp(_Binary):  # noqa: N801
-    """log(exp(a) + exp(b))."""
-
-    def fdiff(self, argindex: int = 1) -> Expr:
-        a, b = self.args
-        return fn.sigmoid(a - b) if argindex == 1 else fn.sigmoid(b - a)
-
-    def _as_elementary(self) -> Expr:
-        a, b = self.args
-        return sympy.log(sympy.exp(a) + sympy.exp(b))
-
-
-class hypot(_Binary):  # noqa: N801
-    """sqrt(a**2 + b**2)."""
-
-    root_of_squares = True  # a square root to the conjugate form (Note [conjugate form])
-
-    def fdiff(self, argindex: int = 1) -> Expr:
-        return self.args[argindex - 1] / self
-
-    def _as_elementary(self) -> Expr:
-        a, b = self.args
-        return sympy.sqrt(a**2 + b**2)
 
 
 def _is_exp(expr: sympy.Basic) -> bool:
@@ -171,6 +103,8 @@ def _log(node: sympy.log) -> Expr | None:
         return logsigmoid(arg.args[0])
     if isinstance(arg, sympy.cosh):
         return logcosh(arg.args[0])
+    if isinstance(-arg, fn.expm1):  # log(1 - exp(u)), its sum already `-expm1(u)`
+        return log1mexp((-arg).args[0])
     scaled = _scaled_exps(arg)
     if scaled is not None:
         (ca, a), (cb, b) = scaled
@@ -213,16 +147,51 @@ def _scaled_exps(expr: sympy.Basic) -> tuple[tuple[Expr, Expr], tuple[Expr, Expr
 
 
 def _add(node: sympy.Add) -> Expr | None:
-    """`c*exp(u) - c + rest` -> `c*expm1(u) + rest` (SymPy distributes `2*(exp(u) - 1)`)."""
+    """`c*exp(u) - c + rest` -> `c*expm1(u) + rest` (SymPy distributes `2*(exp(u) - 1)`), and
+    `c*u**a - c + rest` -> `c*expm1(a*log(u)) + rest` for a positive base (Note [powers less one])."""
     constants = [a for a in node.args if a.is_Number]
     if not constants:
         return None
     for term in sorted(node.args, key=sympy.default_sort_key):
         coeff, rest = term.as_coeff_Mul()
-        if _is_exp(rest) and coeff == -constants[0]:
-            others = [a for a in node.args if a is not term and a is not constants[0]]
+        if coeff != -constants[0]:
+            continue
+        others = [a for a in node.args if a is not term and a is not constants[0]]
+        if _is_exp(rest):
             return sympy.Add(coeff * fn.expm1(_exp_arg(rest)), *others)
+        if isinstance(rest, sympy.Pow) and not rest.exp.is_Integer and _positive(rest.base):
+            return sympy.Add(coeff * fn.expm1(rest.exp * sympy.log(rest.base)), *others)
     return None
+
+
+# Note [powers less one]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# `u**a - 1` cancels where `u**a` is near 1: Barron's robust loss `|a-2|/a * ((x**2/|a-2| + 1)**(a/2) - 1)`
+# keeps one digit in float32 at a = 1e-6. For `u > 0` it is exactly `expm1(a*log(u))`, and with
+# `u = 1 + v`, `expm1(a*log1p(v))` (the loss's reference code computes it so), exact at small `a` and at
+# small `v`. Only a base known positive is rewritten (`1 +` a sum of squares, absolute values,
+# exponentials, ...): `x**p - 1` with a negative `x` and a whole `p` is a number where `log(x)` is NaN.
+
+
+def _nonnegative(expr: sympy.Basic) -> bool:
+    """Whether `expr` is >= 0 (or +inf) for every real value of its symbols, by its form alone."""
+    if expr.is_nonnegative or isinstance(expr, (sympy.Abs, sympy.exp)):
+        return True
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        return all(_nonnegative(a) for a in expr.args)
+    if isinstance(expr, sympy.Pow):
+        return bool(expr.exp.is_even) or _nonnegative(expr.base)
+    return False
+
+
+def _positive(expr: sympy.Basic) -> bool:
+    """Whether `expr` is > 0: positive as SymPy knows, or a positive number plus terms that are >= 0."""
+    if expr.is_positive:
+        return True
+    if not isinstance(expr, sympy.Add):
+        return False
+    constant, terms = expr.as_coeff_Add()
+    return bool(constant.is_positive) and _nonnegative(terms)
 
 
 def _pow(node: sympy.Pow) -> Expr | None:
@@ -311,8 +280,15 @@ def _sum(node: sympy.Add) -> Expr | None:
     return _add(node) or conjugate(node)
 
 
+def _log1p(node: fn.log1p) -> Expr | None:
+    """`log1p(-exp(u))` -> `log1mexp(u)`: it loses every digit near u = 0, where `exp(u)` rounds to 1."""
+    arg = -node.args[0]
+    return log1mexp(_exp_arg(arg)) if _is_exp(arg) else None
+
+
 _RULES = {
     sympy.log: _log,
+    fn.log1p: _log1p,
     sympy.Add: _sum,
     sympy.Pow: _pow,
     sympy.Mul: _mul,

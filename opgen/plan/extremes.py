@@ -233,6 +233,7 @@ class Oracle:
         bools = {symbols.inputs[i.name] for i in spec.inputs if i.type.kind == "bool"}
         rounded = [_rounded(expr, tensors, bools) for _, expr in derived.full.inlined]
         self.exprs = rounded  # each output as the rows compute it, constants rounded to float32
+        self.unrounded = [expr for _, expr in derived.full.inlined]  # with the constants as the spec has them
         self.outputs = [self.compile(expr) for expr in rounded]
         self.differentiable_sum = sum(
             (e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero
@@ -256,6 +257,12 @@ class Oracle:
                 if not isinstance(value, mpmath.mpc) and abs(value) <= TIE:
                     return True
         return False
+
+    @functools.cached_property
+    def unrounded_outputs(self) -> list[Callable[..., Any]]:
+        """Each output with its constants exact (compiled when first read): Note [constants both ways]
+        in opgen.plan.digits."""
+        return [self.compile(expr) for expr in self.unrounded]
 
     @functools.cached_property
     def total(self) -> Callable[..., Any]:

@@ -192,3 +192,32 @@ def _without(outputs: tuple[OutputTangent | None, ...], absent: tuple[str, ...])
 
 def forward_temps(variant: ForwardVariant) -> tuple[Temp, ...]:
     return tuple(t for group in variant.groups for t in group.temps)
+
+
+# Note [refused tangents]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# jvp raises for the tangent of an input whose gradient override is not linear in the incoming
+# gradient (`clamp(grad * w, -c, c)`): it has no Jacobian. Autograd gives a custom jvp zeros for
+# the inputs that have no tangent unless `ctx.set_materialize_grads(False)`, so forward mode along
+# another input (`w` of `tanh(x) * w`, `torch.func.jacfwd(..., argnums=1)`) raised as well. Such an
+# op turns materializing off: a missing tangent is None. The flag holds for backward too, which
+# then gets None for an output whose gradient autograd does not define; it fills it with zeros (or
+# returns None for every input when no output has a gradient), as autograd would have.
+
+
+def filled_incoming(plan: Plan) -> tuple[str, ...]:
+    """The differentiable outputs whose incoming gradient backward fills with zeros where it is None,
+    because jvp refuses a tangent (Note [refused tangents]); empty where autograd fills them or
+    another rule reads None (`gate_none`, `gated_residuals`)."""
+    refused = {name for v in plan.forward.variants for name, _ in v.refused} if plan.forward else set()
+    others = {i.name for i in plan.derived.spec.tensor_inputs} - refused  # a tangent jvp takes
+    if not refused or not others or plan.gate_none or plan.gated_residuals:
+        return ()
+    return tuple(o.name for o in plan.derived.spec.outputs if o.differentiable)
+
+
+def filled_shapes(plan: Plan) -> tuple[str, ...]:
+    """The outputs of `filled_incoming` whose shape setup_context keeps for backward's zeros: with one,
+    backward only returns early."""
+    filled = filled_incoming(plan)
+    return filled if len(filled) > 1 else ()

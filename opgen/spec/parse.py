@@ -97,7 +97,11 @@ def _parse_gradients(node: Raw, inputs: tuple[Input, ...], problems: Problems) -
                 tensors = tuple(i.name for i in inputs if i.is_tensor)
                 raise SpecError(loc, f"gradient for unknown input '{name}'{suggest(name, tensors)}")
             if not target.is_tensor:
-                raise SpecError(loc, f"input '{name}' is a {target.type.kind}; only Tensor inputs have gradients")
+                raise SpecError(
+                    loc,
+                    f"input '{name}' is a {target.type.kind}; only Tensor inputs have gradients"
+                    f" (declare it `{name}: Tensor[]` for a learnable scalar)",
+                )
             overrides.append(GradientOverride(name, formula(value, f"gradient of '{name}'"), loc))
     return tuple(overrides)
 
