@@ -94,3 +94,19 @@ def test_an_output_that_is_an_input_only_when_an_optional_one_is_none(tmp_path):
             assert [t.shape for t in tangents] == [o.shape for o in outputs], (sx, sp)
         _, tangents = torch.func.jvp(lambda t: op(t, None), (x,), (torch.ones_like(x),))
         torch.testing.assert_close(tangents[1], torch.ones_like(x))
+
+
+def test_an_output_broadcast_as_written_is_a_fresh_tensor(tmp_path):
+    """`where(False, x, exp2(var(x)))` is a number broadcast to x's shape as written. Forward returned it
+    as an expanded view: an in-place op on the output, and torch.func.jvp (which writes the tangent into
+    the output's layout), raised 'more than one element of the written-to tensor refers to a single
+    memory location'. Against plain torch of the formula."""
+    spec = "name: spread\ninputs:\n  x: Tensor\noutputs:\n  y: where(False, x, exp2(var(x)))\n"
+    op = build_ops(tmp_path, "spread_ops", {"spread": spec}).spread
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.tensor(False), x, torch.exp2(x.var()))
+
+    x, t = torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.jvp(op, (x,), (t,)), torch.func.jvp(plain, (x,), (t,)))
+    torch.testing.assert_close(op(x).add_(1), plain(x) + 1)
