@@ -83,6 +83,24 @@ def power_bits(base: sympy.Expr, exponent: sympy.Expr) -> float:
     return bits if math.isfinite(bits) else math.copysign(math.inf, bits)
 
 
+def beyond_float64(expr: sympy.Expr) -> bool:
+    """Whether the number `expr`, or a literal number among its operands or theirs (the coefficients
+    SymPy folds, `1e308 * 1e308 * x`), is finite but at least 2 ** 1024 in size: outside float64.
+    `inf` as written is no such number."""
+    sums = [e for e in (expr, *expr.args) if e.is_Add or e.is_Mul]  # not `log(10**400)`: a function's exact argument
+    literals = [a for e in sums for a in e.args if a.is_Rational or a.is_Float]
+    for sub in (expr, *literals):
+        if not sub.is_number or sub.is_infinite or sub.is_Float and sub.is_nan:
+            continue
+        try:
+            size = abs(sub) if sub.is_Rational or sub.is_Float else abs(sub.evalf(15))
+            if size.is_Number and not size.is_infinite and size >= 2**FLOAT64_BITS:
+                return True
+        except (TypeError, ValueError, OverflowError):
+            continue
+    return False
+
+
 def tree_size_and_depth(expr: sympy.Basic) -> tuple[int, int]:
     """Size and depth of `expr` as a tree (a shared subexpression counts each time it is used).
 

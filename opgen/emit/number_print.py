@@ -97,7 +97,8 @@ class NumberPrinting:
     _print_Min = _print_Max
 
     def _print_Integer(self, expr: sympy.Integer) -> str:  # noqa: N802
-        return str(int(expr))
+        # torch takes a Python int as int64 and raises beyond it (`x ** 10**100`): its float64 value
+        return str(int(expr)) if abs(expr) < 2**63 else float_literal(float(expr))
 
     def _print_Rational(self, expr: sympy.Rational) -> str:  # noqa: N802
         text = decimal(expr)
