@@ -162,3 +162,45 @@ def test_softmax_family_is_safe_for_large_inputs():
         (want,) = torch.autograd.grad(expected, [x], grad)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want)
+
+
+def test_an_input_without_a_batch_met_by_parts_with_and_without_one(tmp_path):
+    """`s: Tensor[]` and `w: Tensor[K]` reach the outputs both through a batched tensor and alone. The
+    parts of the gradient were added first and summed over the batch after, so the parts without the
+    batch were counted once per batch entry (`d/ds` twice too large with a batch of 2). Against plain
+    torch autograd, first and second derivatives."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: mixed
+        inputs:
+          s: Tensor[]
+          w: Tensor[K]
+          x: Tensor[..., N, K]
+        outputs:
+          o: (s + log_softmax(x * w, dim=-2)) / -7
+          p: 2 * s + w
+          q: 0.5 + p * s
+    """
+    op = build_ops(tmp_path, "mixed_ops", {"mixed": spec}).mixed
+
+    def plain(s, w, x):
+        p = 2 * s + w
+        return (s + torch.log_softmax(x * w, -2)) / -7, p, 0.5 + p * s
+
+    gen = torch.Generator().manual_seed(3)
+    args = [torch.rand(shape, generator=gen, dtype=torch.float64).requires_grad_() for shape in ((), (4,), (2, 3, 4))]
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in plain(*args)]
+
+    def loss(f):
+        return sum((o * w).sum() for o, w in zip(f(*args), weights, strict=True))
+
+    got = torch.autograd.grad(loss(op), args, create_graph=True)
+    want = torch.autograd.grad(loss(plain), args, create_graph=True)
+    torch.testing.assert_close(got, want)
+    for mine, theirs in zip(got, want, strict=True):
+        second = torch.autograd.grad(mine.sum(), args, retain_graph=True, materialize_grads=True)
+        torch.testing.assert_close(
+            second, torch.autograd.grad(theirs.sum(), args, retain_graph=True, materialize_grads=True)
+        )
+    assert torch.autograd.gradcheck(op, args)
