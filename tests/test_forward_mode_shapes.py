@@ -110,3 +110,33 @@ def test_an_output_broadcast_as_written_is_a_fresh_tensor(tmp_path):
     x, t = torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64)
     torch.testing.assert_close(torch.func.jvp(op, (x,), (t,)), torch.func.jvp(plain, (x,), (t,)))
     torch.testing.assert_close(op(x).add_(1), plain(x) + 1)
+
+
+def test_a_temporary_that_is_a_number_in_one_variant_and_a_tensor_in_another(tmp_path):
+    """jvp's variants (p None or not) number their temporaries alike: `jvp5` was a Python float when p is
+    None and a tensor otherwise, and one printer for both printed `torch.abs(jvp5)` on the float
+    ('abs(): argument 'input' must be Tensor, not float'). Against torch.func.jvp of plain torch."""
+    spec = """\
+name: mixed
+inputs:
+  a: float = 0.5
+  p: Tensor[M]?
+  x: Tensor[M, K]
+outputs:
+  o: softmax(sum(x, dim=1), dim=-1)
+  q: tanh(log(sigmoid(a)) / (1 + abs(log(sigmoid(a))))) * o + norm(p * o)
+"""
+    op = build_ops(tmp_path, "variant_ops", {"mixed": spec}).mixed
+
+    def plain(a: float, p: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.softmax(x.sum(1), -1)
+        s = torch.log(torch.sigmoid(torch.tensor(a, dtype=torch.float64)))
+        q = torch.tanh(s / (1 + s.abs())) * o
+        return o, q if p is None else q + torch.linalg.vector_norm(p * o, dim=-1)
+
+    generator = torch.Generator().manual_seed(2)
+    x, t = (torch.rand(3, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    for p in (None, torch.rand(3, generator=generator, dtype=torch.float64)):
+        got = torch.func.jvp(lambda x, p=p: op(0.5, p, x), (x,), (t,))
+        want = torch.func.jvp(lambda x, p=p: plain(0.5, p, x), (x,), (t,))
+        torch.testing.assert_close(got, want)
