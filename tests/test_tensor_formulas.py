@@ -204,3 +204,35 @@ def test_an_input_without_a_batch_met_by_parts_with_and_without_one(tmp_path):
             second, torch.autograd.grad(theirs.sum(), args, retain_graph=True, materialize_grads=True)
         )
     assert torch.autograd.gradcheck(op, args)
+
+
+def test_a_whole_reduction_of_a_batch_used_by_a_later_output_with_the_batch(tmp_path):
+    """`m = amax(l)` over a batch is one number; `q` uses it beside `l`, so the gradient of `m` is `grad_m`
+    plus `q`'s part summed over the batch. Added first and summed after, `grad_m` counted once per batch
+    entry. Against plain torch autograd."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: peak
+        inputs:
+          x: Tensor[..., K, M]
+        let:
+          l: log_softmax(expm1(x.T), dim=-2)
+        outputs:
+          m: amax(l) + 0.1
+          q: sin(m - l) * mean(x)
+    """
+    op = build_ops(tmp_path, "peak_ops", {"peak": spec}).peak
+
+    def plain(x):
+        scores = torch.log_softmax(torch.expm1(x.mT), -2)
+        m = scores.amax() + 0.1
+        return m, torch.sin(m - scores) * x.mean()
+
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.rand(2, 3, 2, generator=gen, dtype=torch.float64) - 0.5).requires_grad_()
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in plain(x)]
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(op(x), weights, strict=True)), x)
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(plain(x), weights, strict=True)), x)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(op, (x,))

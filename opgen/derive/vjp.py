@@ -176,6 +176,9 @@ class _Vjp:
                 "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
             )
         have_batch, have_dims = split(have)
+        if want == () and have_batch:  # a number (a whole reduction, a `Tensor[]`) met by a batched gradient:
+            # summed whole here; added first to parts without the batch, they counted once per batch entry
+            return ReduceSum(grad, sympy.Tuple(), S.Zero)
         want_dims = split(want)[1]
         keep = _kept_dims(have_dims, want_dims)
         if keep:
