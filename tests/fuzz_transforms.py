@@ -118,7 +118,10 @@ def check_float32(
     got = function(*(single[d.name] for d in case.inputs))
     got = got if isinstance(got, tuple) else (got,)
     exact = reference(*(values[d.name] for d in case.inputs))
-    plain = reference(*(single[d.name] for d in case.inputs))
+    try:
+        plain = reference(*(single[d.name] for d in case.inputs))
+    except RuntimeError:  # the fuzzer's float32 reference mixing dtypes (a float64 `heaviside` meets `@`)
+        return []
     problems = []
     for out, g, e, p in zip(case.outputs, got, exact, plain, strict=True):
         if not isinstance(g, torch.Tensor):
