@@ -219,6 +219,18 @@ def test_an_exponent_beyond_int64_prints_as_a_float(tmp_path):
     torch.testing.assert_close(torch.autograd.grad(op(x).sum(), x)[0], plain, equal_nan=True)
 
 
+def test_a_number_sympy_evaluates_into_huge_digits_is_its_float(tmp_path):
+    """`lgamma(100000)` is `log(99999!)` to SymPy, and `lgamma(1e5 + 0.5)` a log of a huge fraction: their
+    digits are past Python's limit for writing an int (an internal error), and the fraction's size was
+    taken for the number's (refused as outside float64). Against torch.lgamma in float64."""
+    from spec_ops import build_ops
+
+    op = build_ops(tmp_path, "lgamma_ops", {"op": spec_with("x * lgamma(100000) + lgamma(1e5 + 0.5)")}).op
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    big = torch.tensor([100000.0, 100000.5], dtype=torch.float64).lgamma()
+    torch.testing.assert_close(op(x), x * big[0] + big[1])
+
+
 # -- formulas ----------------------------------------------------------------------------------
 
 

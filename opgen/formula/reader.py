@@ -87,7 +87,8 @@ class _Reader:
 
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
-        expr = value.expr
+        expr = limits.evaluated(value.expr)
+        value = value if expr is value.expr else Value(expr, value.kind)
         if limits.beyond_float64(expr):
             what = "the constant" if expr.is_number else "a number SymPy multiplies out of"
             raise self.fail(node, f"{what} `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
