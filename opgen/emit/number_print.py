@@ -122,6 +122,11 @@ class NumberPrinting:
     def _print_Pi(self, expr: Expr) -> str:  # noqa: N802
         return f"{self.math}.pi"
 
+    def _print_NumberSymbol(self, expr: Expr) -> str:  # noqa: N802
+        """Constants the math module lacks (`digamma(1)` is `-EulerGamma`): their float64 value. SymPy's own
+        rule collects them for a `doprint` this printer does not run (an internal error)."""
+        return float_literal(float(expr))
+
     def _print_number(self, expr: Expr) -> str:
         """A number that is no literal: the expression it is when exact, else its float64 value."""
         if is_exact_constant(expr) and not expr.is_Add:
