@@ -148,6 +148,8 @@ class TensorPrinting(_TensorNodes):
         return f"{self._postfix(expr.operand)}.{expr.spec_name}({', '.join(options)})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        if not self.is_tensor(expr.args[0]):  # a number (a logsumexp of a constant, kept): it broadcasts as it is
+            return self._postfix(expr.args[0])  # parenthesized, as it stands where `x.unsqueeze(...)` would
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
 
     def _print_Slice(self, expr: slicing.Slice) -> str:
