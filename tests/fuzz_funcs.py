@@ -3,7 +3,8 @@
 batch along the last dimension and over two inputs at once, and inputs that are not contiguous, are
 expanded views, or have no dimensions.
 
-The reference of every derivative is reverse mode of plain torch (`jacrev`, twice for the Hessian):
+The reference of every first derivative is reverse mode of plain torch (`jacrev`), of the Hessian
+plain torch's, where its forward-over-reverse and reverse-over-reverse agree:
 the op's forward mode follows its backward's tie conventions (spec-format "Gradients where a formula
 has no derivative"), and PyTorch's own forward formulas break some ties otherwise (`clamp` at
 min == max). In CI a quarter of the cases run these checks (`case.seed % 4 == 0`), so the fuzz tests
@@ -72,7 +73,12 @@ def check_jacobians(function: Any, plain: Any, case: Any, values: dict[str, Any]
         return problems
     gen = torch.Generator().manual_seed(case.seed ^ 0x4E55)
     weights = tuple(torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in ref(*primals))
-    want = _flat(torch.func.jacrev(torch.func.jacrev(_loss(ref, weights), argnums), argnums)(*primals))
+    # Where plain torch's two compositions disagree (a singular point, `xlogy(x, x)` at 0: forward over
+    # reverse and reverse over reverse put their NaNs in different blocks), no entry is compared.
+    loss = _loss(ref, weights)
+    outer = _flat(torch.func.hessian(loss, argnums)(*primals))
+    inner = _flat(torch.func.jacrev(torch.func.jacrev(loss, argnums), argnums)(*primals))
+    want = tuple(torch.where(torch.isclose(a, b), a, torch.nan) for a, b in zip(outer, inner, strict=True))
     got, crashed = _attempt("hessian", tag, lambda: _flat(torch.func.hessian(_loss(op, weights), argnums)(*primals)))
     return crashed or _differences("hessian", got, want, tag, TOL)
 
