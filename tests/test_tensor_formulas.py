@@ -236,3 +236,21 @@ def test_a_whole_reduction_of_a_batch_used_by_a_later_output_with_the_batch(tmp_
     want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(plain(x), weights, strict=True)), x)
     torch.testing.assert_close(got, want)
     assert torch.autograd.gradcheck(op, (x,))
+
+
+def test_a_matrix_product_with_a_reciprocal(tmp_path):
+    """`x @ (1 / w)` printed as `x @ 1 / w`, which Python reads as `(x @ 1) / w`: every call raised
+    ('unsupported operand type(s) for @'). Values, gradients and forward mode against plain torch."""
+    from spec_ops import build_ops
+
+    spec = "name: inverse\ninputs:\n  x: Tensor[N, K]\n  w: Tensor[K, M]\noutputs:\n  y: x @ (1 / w)\n"
+    op = build_ops(tmp_path, "inverse_ops", {"inverse": spec}).inverse
+    gen = torch.Generator().manual_seed(6)
+    x = torch.rand(2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(3, 4, generator=gen, dtype=torch.float64) + 1).requires_grad_()
+    torch.testing.assert_close(op(x, w), x @ (1 / w))
+    assert torch.autograd.gradcheck(op, (x, w))
+    tangent = torch.ones_like(w)
+    got = torch.func.jvp(lambda w: op(x.detach(), w), (w.detach(),), (tangent,))
+    want = torch.func.jvp(lambda w: x.detach() @ (1 / w), (w.detach(),), (tangent,))
+    torch.testing.assert_close(got, want)

@@ -110,7 +110,10 @@ class _TensorNodes:
 
     def _print_MatMul(self, expr: MatMul) -> str:
         level = PRECEDENCE["Mul"]
-        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
+        a, b = (self.parenthesize(arg, level) for arg in expr.args)
+        if expr.args[1].is_Pow and expr.args[1].exp.is_negative and not b.startswith("("):
+            b = f"({b})"  # printed as a division, which binds as `@`: `x @ 1 / y` is `(x @ 1) / y`
+        return f"{a} @ {b}"
 
 
 class TensorPrinting(_TensorNodes):
