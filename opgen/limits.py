@@ -83,6 +83,36 @@ def power_bits(base: sympy.Expr, exponent: sympy.Expr) -> float:
     return bits if math.isfinite(bits) else math.copysign(math.inf, bits)
 
 
+def beyond_float64(expr: sympy.Expr) -> bool:
+    """Whether the number `expr`, or a literal number among its operands or theirs (the coefficients
+    SymPy folds, `1e308 * 1e308 * x`), is finite but at least 2 ** 1024 in size: outside float64.
+    `inf` as written is no such number."""
+    # not `log(10**400)`: a function's exact argument
+    sums = [e for e in (expr, *expr.args) if e.is_Add or e.is_Mul] if expr.is_Add or expr.is_Mul else []
+    literals = [a for e in sums for a in e.args if a.is_Rational or a.is_Float]
+    for sub in (expr, *literals):
+        if not sub.is_number or sub.is_infinite or sub.is_Float and math.isnan(float(sub)):
+            continue
+        try:
+            size = abs(sub) if sub.is_Rational or sub.is_Float else abs(sub.evalf(15))
+            if size.is_Number and not size.is_infinite and size >= 2**FLOAT64_BITS:
+                return True
+        except (TypeError, ValueError, OverflowError):
+            continue
+    return False
+
+
+def evaluated(expr: sympy.Expr) -> sympy.Expr:
+    """A number SymPy evaluated into an exact form that holds an integer beyond float64 (`lgamma(100000)`
+    is `log(99999!)`, whose digits no printer writes): its float64 value; any other `expr` as it is."""
+    if not expr.is_number or expr.is_Rational or expr.is_Float:
+        return expr
+    if not any(a.is_Rational and max(abs(a.p), a.q) >= 2**FLOAT64_BITS for a in expr.atoms()):
+        return expr
+    value = expr.evalf(17)
+    return value if value.is_Float else expr
+
+
 def tree_size_and_depth(expr: sympy.Basic) -> tuple[int, int]:
     """Size and depth of `expr` as a tree (a shared subexpression counts each time it is used).
 

@@ -181,7 +181,7 @@ def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None
                 f"ops/{spec.name}.py": emit_op(planned.plan, renderer),
                 f"tests/test_{spec.name}.py": emit_tests(planned.plan, renderer, planned.rows),
             }
-        except PrintError as error:
+        except (PrintError, OverflowError) as error:  # OverflowError: a number beyond float64
             raise SpecError(spec.loc, f"cannot generate torch code: {error}") from None
         return Entry(files, bool(shape_checks(spec)), planned.warnings)
     return None

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from fuzz_ast import Evaluator
+from fuzz_funcs import check_jacobians, check_layouts, check_vmaps, wanted
 from fuzz_specs import Case
 from fuzz_transforms import check_float32, check_jvp, check_vmap, on_kinks
 
@@ -149,7 +150,7 @@ def check_case(parent: str, package: str, case: Case) -> dict[str, Any]:
 def _transforms(
     case: Case, function: Any, values: dict[str, Any], absent: frozenset[str], tag: str, problems: list[str]
 ) -> None:
-    """Forward mode, vmap and float32 (`fuzz_transforms`), against the same trees."""
+    """Forward mode, vmap, float32 (`fuzz_transforms`), torch.func and views (`fuzz_funcs`), against the same trees."""
     names = [d.name for d in case.inputs]
 
     def plain(*args: Any) -> tuple[torch.Tensor, ...]:
@@ -158,6 +159,9 @@ def _transforms(
     problems += check_jvp(function, plain, case, values, tag)
     problems += check_vmap(function, case, values, tag)
     problems += check_float32(function, plain, case, values, tag)
+    if wanted(case) and not problems:  # torch.func and inputs that are views (`fuzz_funcs`)
+        for check in (check_jacobians, check_vmaps, check_layouts):
+            problems += check(function, plain, case, values, tag)
 
 
 def _compare(

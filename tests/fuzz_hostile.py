@@ -152,6 +152,7 @@ INSERTS = (
     "--- \nname: other\n",
     "\x00",
     "\udcff\udcfe",  # invalid UTF-8 once written (surrogatepass)
+    "module:\n  parameters:\n    x: {shape: [-3], init: ones}",
 )
 
 
@@ -170,6 +171,13 @@ FORMULAS = (
     "max(" * 60 + "{x}" + ", {x})" * 60,
     "where({x} > 0, " * 60 + "{x}" + ", 1)" * 60,
     "sum({x}, dim=" + "9" * 30 + ")",
+    # numbers SymPy folds or evaluates beyond float64 or int64, and Python reaching for its objects
+    "{x} * 1e308 * 1e308",
+    "{x} ** 2 * 1e308",
+    "exp(10 ** 10) * {x}",
+    "{x} ** (10 ** 100)",
+    "{x}.__class__.__mro__",
+    "__import__('os').system('true') * {x}",
 )
 
 

@@ -305,6 +305,8 @@ def _optional_term(draw: Any, builder: Builder, optional: InputDecl, main: Node)
 
 
 def _sum_all(p: Node) -> Node:
+    if p.shape is None:  # a plain Tensor: `sum(p)` (a `dim` needs declared dimensions, a refused spec)
+        return make("whole", (p,), ("sum", None))
     return make("reduce", (p,), ("sum", -1, None))
 
 

@@ -94,3 +94,49 @@ def test_an_output_that_is_an_input_only_when_an_optional_one_is_none(tmp_path):
             assert [t.shape for t in tangents] == [o.shape for o in outputs], (sx, sp)
         _, tangents = torch.func.jvp(lambda t: op(t, None), (x,), (torch.ones_like(x),))
         torch.testing.assert_close(tangents[1], torch.ones_like(x))
+
+
+def test_an_output_broadcast_as_written_is_a_fresh_tensor(tmp_path):
+    """`where(False, x, exp2(var(x)))` is a number broadcast to x's shape as written. Forward returned it
+    as an expanded view: an in-place op on the output, and torch.func.jvp (which writes the tangent into
+    the output's layout), raised 'more than one element of the written-to tensor refers to a single
+    memory location'. Against plain torch of the formula."""
+    spec = "name: spread\ninputs:\n  x: Tensor\noutputs:\n  y: where(False, x, exp2(var(x)))\n"
+    op = build_ops(tmp_path, "spread_ops", {"spread": spec}).spread
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.tensor(False), x, torch.exp2(x.var()))
+
+    x, t = torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.jvp(op, (x,), (t,)), torch.func.jvp(plain, (x,), (t,)))
+    torch.testing.assert_close(op(x).add_(1), plain(x) + 1)
+
+
+def test_a_temporary_that_is_a_number_in_one_variant_and_a_tensor_in_another(tmp_path):
+    """jvp's variants (p None or not) number their temporaries alike: `jvp5` was a Python float when p is
+    None and a tensor otherwise, and one printer for both printed `torch.abs(jvp5)` on the float
+    ('abs(): argument 'input' must be Tensor, not float'). Against torch.func.jvp of plain torch."""
+    spec = """\
+name: mixed
+inputs:
+  a: float = 0.5
+  p: Tensor[M]?
+  x: Tensor[M, K]
+outputs:
+  o: softmax(sum(x, dim=1), dim=-1)
+  q: tanh(log(sigmoid(a)) / (1 + abs(log(sigmoid(a))))) * o + norm(p * o)
+"""
+    op = build_ops(tmp_path, "variant_ops", {"mixed": spec}).mixed
+
+    def plain(a: float, p: torch.Tensor | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.softmax(x.sum(1), -1)
+        s = torch.log(torch.sigmoid(torch.tensor(a, dtype=torch.float64)))
+        q = torch.tanh(s / (1 + s.abs())) * o
+        return o, q if p is None else q + torch.linalg.vector_norm(p * o, dim=-1)
+
+    generator = torch.Generator().manual_seed(2)
+    x, t = (torch.rand(3, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    for p in (None, torch.rand(3, generator=generator, dtype=torch.float64)):
+        got = torch.func.jvp(lambda x, p=p: op(0.5, p, x), (x,), (t,))
+        want = torch.func.jvp(lambda x, p=p: plain(0.5, p, x), (x,), (t,))
+        torch.testing.assert_close(got, want)

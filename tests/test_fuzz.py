@@ -4,7 +4,10 @@ Every run of opgen must exit 0 or 2, print only `FILE:LINE:COL: ...` messages, f
 time, leave OUT byte-identical when it refuses and write nothing outside OUT
 (`fuzz_sandbox.check_run`); every op it generates from a random legal formula must equal
 plain torch autograd of the same formula, values and first and second derivatives, in
-float64 (`fuzz_check`); importing a generated package runs nothing.
+float64 (`fuzz_check`), also under torch.func (jacrev, jacfwd, hessian, vmap of grad, vmap over
+the last dimension) and with views as inputs (`fuzz_funcs`), as a module's parameters
+(`fuzz_modules`) and, in long runs only, under torch.compile (`fuzz_compile`); importing a
+generated package runs nothing.
 
 CI runs a fixed, derandomized set of examples in well under a minute. A longer run:
 
@@ -30,9 +33,10 @@ from typing import Any
 
 import pytest
 from fuzz_hostile import DOCS, NAMES, PATHS, mutated_specs
+from fuzz_modules import module_case
 from fuzz_sandbox import Reply, Sandbox, Worker, check_run, payload, snapshot
 from fuzz_specs import Case, cases, spec_text
-from hypothesis import HealthCheck, Phase, event, given, note, seed, settings
+from hypothesis import HealthCheck, Phase, assume, event, given, note, seed, settings
 from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("OPGEN_FUZZ_EXAMPLES", "0"))  # 0: the CI numbers below
@@ -155,6 +159,48 @@ def test_random_elementwise_formulas_agree_with_autograd(lab: Sandbox, case: Cas
 @given(case=cases(dims=True))
 def test_random_tensor_formulas_agree_with_autograd(lab: Sandbox, case: Case) -> None:
     _formula_case(lab, case)
+
+
+@fuzz(ci_examples=5)
+@given(case=cases(dims=False, depth=2), held=st.integers(1, 2))
+def test_random_modules_agree_with_autograd(lab: Sandbox, case: Case, held: int) -> None:
+    """A `module:` holding some Tensor inputs of a random formula as parameters, its numbers as attributes:
+    parameters as declared, values and gradients through functional_call and .backward() (`fuzz_modules`)."""
+    made = module_case(case, held)
+    assume(made is not None)  # one Tensor input, or an override: draw again
+    assert made is not None
+    case, params = made
+    text = spec_text(case)
+
+    def body() -> None:
+        root, out, status, _ = _generate(lab, {"specs/op.yaml": text.encode()}, ["specs"])
+        if status == 0:
+            reply = lab.worker.call("fuzz_modules", "check_module", str(root), out.name, case, params, cwd=root)
+            assert reply.kind == "ok", f"the generated module crashed: {_crash(reply)}"
+            assert not reply.value, "the module disagrees with plain autograd of the formula:\n" + "\n".join(
+                reply.value
+            )
+        lab.finish(root)
+
+    _property(lab, "module", text, body, case)
+
+
+@pytest.mark.skipif(not EXAMPLES, reason="slow (torch.compile): long runs only, OPGEN_FUZZ_EXAMPLES")
+@fuzz(ci_examples=1)
+@given(case=cases(dims=None, depth=2))
+def test_random_ops_under_torch_compile(lab: Sandbox, case: Case) -> None:
+    """torch.compile(fullgraph=False) of the op, values and gradients against the op itself (`fuzz_compile`)."""
+    text = spec_text(case)
+
+    def body() -> None:
+        root, out, status, _ = _generate(lab, {"specs/op.yaml": text.encode()}, ["specs"])
+        if status == 0:
+            reply = lab.worker.call("fuzz_compile", "check_compiled", str(root), out.name, case, cwd=root, timeout=300)
+            assert reply.kind == "ok", f"the compiled op crashed: {_crash(reply)}"
+            assert not reply.value, "the compiled op disagrees with the op:\n" + "\n".join(reply.value)
+        lab.finish(root)
+
+    _property(lab, "compile", text, body, case)
 
 
 @fuzz(ci_examples=15)

@@ -186,6 +186,51 @@ def test_products_of_constants_beyond_float64_are_refused(tmp_path, existing):
     refuse(tmp_path, existing, spec_with(f"x * ({big} * {big} * {big} * {big})"), pattern)
 
 
+@pytest.mark.parametrize(
+    ("formula", "pattern"),
+    [
+        # SymPy multiplies the numbers out of a product or a sum: the formula held 1e616 (an internal error)
+        ("x * 1e308 * 1e308", r":5:6: in `x \* 1e308 \* 1e308`: a number SymPy multiplies out of .* outside float64"),
+        ("sin(x) + (x * 1e308 + x * 1e308)", r":5:16: .*a number SymPy multiplies out of .* outside float64"),
+        # a function of a number: its value overflowed in the generated code (`math.exp(10000000000)`) at every call
+        (
+            "exp(10 ** 10) * x",
+            r":5:6: in `exp\(10 \*\* 10\) \* x`: the constant `exp\(10 \*\* 10\)` is outside float64",
+        ),
+        # a derived number beyond float64 (`2e308 * x`): an internal error
+        ("x ** 2 * 1e308", r":1:1: cannot generate torch code: a number of the derived formulas is outside float64"),
+    ],
+)
+def test_numbers_that_become_too_large_for_float64_are_refused(tmp_path, existing, formula, pattern):
+    refuse(tmp_path, existing, spec_with(formula), pattern)
+
+
+def test_an_exponent_beyond_int64_prints_as_a_float(tmp_path):
+    """`x ** (10 ** 100)` printed the exponent as a Python int, which torch takes as int64: every call
+    raised 'int too big to convert'. As float64, as plain torch computes the formula with a float exponent."""
+    from spec_ops import build_ops
+
+    spec = spec_with("x ** (10 ** 100) + x ** -(2 ** 70)")
+    op = build_ops(tmp_path, "power_ops", {"op": spec}).op
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    want = x.detach() ** 1e100 + x.detach() ** -(2.0**70)
+    torch.testing.assert_close(op(x), want)
+    plain = torch.autograd.grad((x**1e100 + x ** -(2.0**70)).sum(), x)[0]
+    torch.testing.assert_close(torch.autograd.grad(op(x).sum(), x)[0], plain, equal_nan=True)
+
+
+def test_a_number_sympy_evaluates_into_huge_digits_is_its_float(tmp_path):
+    """`lgamma(100000)` is `log(99999!)` to SymPy, and `lgamma(1e5 + 0.5)` a log of a huge fraction: their
+    digits are past Python's limit for writing an int (an internal error), and the fraction's size was
+    taken for the number's (refused as outside float64). Against torch.lgamma in float64."""
+    from spec_ops import build_ops
+
+    op = build_ops(tmp_path, "lgamma_ops", {"op": spec_with("x * lgamma(100000) + lgamma(1e5 + 0.5)")}).op
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    big = torch.tensor([100000.0, 100000.5], dtype=torch.float64).lgamma()
+    torch.testing.assert_close(op(x), x * big[0] + big[1])
+
+
 # -- formulas ----------------------------------------------------------------------------------
 
 

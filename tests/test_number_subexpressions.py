@@ -660,3 +660,15 @@ def test_an_output_of_numbers_alone_is_refused_at_its_formula(run_cli, tmp_path:
     assert status == 2
     assert f"{spec}:6:6: output 'y' does not depend on any Tensor input" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_constants_the_math_module_lacks(tmp_path):
+    """`digamma(1)` is SymPy's `-EulerGamma`, a constant with no `math` name: printing it was
+    an internal error (SymPy's rule for them collects them for a `doprint`). Against torch.digamma."""
+    from spec_ops import build_ops
+
+    spec = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: digamma(1) * x + digamma(0.5)\n"
+    op = build_ops(tmp_path, "constant_ops", {"op": spec}).op
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    at = torch.tensor([1.0, 0.5], dtype=torch.float64).digamma()
+    torch.testing.assert_close(op(x), at[0] * x + at[1])

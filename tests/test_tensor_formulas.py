@@ -162,3 +162,95 @@ def test_softmax_family_is_safe_for_large_inputs():
         (want,) = torch.autograd.grad(expected, [x], grad)
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want)
+
+
+def test_an_input_without_a_batch_met_by_parts_with_and_without_one(tmp_path):
+    """`s: Tensor[]` and `w: Tensor[K]` reach the outputs both through a batched tensor and alone. The
+    parts of the gradient were added first and summed over the batch after, so the parts without the
+    batch were counted once per batch entry (`d/ds` twice too large with a batch of 2). Against plain
+    torch autograd, first and second derivatives."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: mixed
+        inputs:
+          s: Tensor[]
+          w: Tensor[K]
+          x: Tensor[..., N, K]
+        outputs:
+          o: (s + log_softmax(x * w, dim=-2)) / -7
+          p: 2 * s + w
+          q: 0.5 + p * s
+    """
+    op = build_ops(tmp_path, "mixed_ops", {"mixed": spec}).mixed
+
+    def plain(s, w, x):
+        p = 2 * s + w
+        return (s + torch.log_softmax(x * w, -2)) / -7, p, 0.5 + p * s
+
+    gen = torch.Generator().manual_seed(3)
+    args = [torch.rand(shape, generator=gen, dtype=torch.float64).requires_grad_() for shape in ((), (4,), (2, 3, 4))]
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in plain(*args)]
+
+    def loss(f):
+        return sum((o * w).sum() for o, w in zip(f(*args), weights, strict=True))
+
+    got = torch.autograd.grad(loss(op), args, create_graph=True)
+    want = torch.autograd.grad(loss(plain), args, create_graph=True)
+    torch.testing.assert_close(got, want)
+    for mine, theirs in zip(got, want, strict=True):
+        second = torch.autograd.grad(mine.sum(), args, retain_graph=True, materialize_grads=True)
+        torch.testing.assert_close(
+            second, torch.autograd.grad(theirs.sum(), args, retain_graph=True, materialize_grads=True)
+        )
+    assert torch.autograd.gradcheck(op, args)
+
+
+def test_a_whole_reduction_of_a_batch_used_by_a_later_output_with_the_batch(tmp_path):
+    """`m = amax(l)` over a batch is one number; `q` uses it beside `l`, so the gradient of `m` is `grad_m`
+    plus `q`'s part summed over the batch. Added first and summed after, `grad_m` counted once per batch
+    entry. Against plain torch autograd."""
+    from spec_ops import build_ops
+
+    spec = """
+        name: peak
+        inputs:
+          x: Tensor[..., K, M]
+        let:
+          l: log_softmax(expm1(x.T), dim=-2)
+        outputs:
+          m: amax(l) + 0.1
+          q: sin(m - l) * mean(x)
+    """
+    op = build_ops(tmp_path, "peak_ops", {"peak": spec}).peak
+
+    def plain(x):
+        scores = torch.log_softmax(torch.expm1(x.mT), -2)
+        m = scores.amax() + 0.1
+        return m, torch.sin(m - scores) * x.mean()
+
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.rand(2, 3, 2, generator=gen, dtype=torch.float64) - 0.5).requires_grad_()
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in plain(x)]
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(op(x), weights, strict=True)), x)
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(plain(x), weights, strict=True)), x)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(op, (x,))
+
+
+def test_a_matrix_product_with_a_reciprocal(tmp_path):
+    """`x @ (1 / w)` printed as `x @ 1 / w`, which Python reads as `(x @ 1) / w`: every call raised
+    ('unsupported operand type(s) for @'). Values, gradients and forward mode against plain torch."""
+    from spec_ops import build_ops
+
+    spec = "name: inverse\ninputs:\n  x: Tensor[N, K]\n  w: Tensor[K, M]\noutputs:\n  y: x @ (1 / w)\n"
+    op = build_ops(tmp_path, "inverse_ops", {"inverse": spec}).inverse
+    gen = torch.Generator().manual_seed(6)
+    x = torch.rand(2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(3, 4, generator=gen, dtype=torch.float64) + 1).requires_grad_()
+    torch.testing.assert_close(op(x, w), x @ (1 / w))
+    assert torch.autograd.gradcheck(op, (x, w))
+    tangent = torch.ones_like(w)
+    got = torch.func.jvp(lambda w: op(x.detach(), w), (w.detach(),), (tangent,))
+    want = torch.func.jvp(lambda w: x.detach() @ (1 / w), (w.detach(),), (tangent,))
+    torch.testing.assert_close(got, want)

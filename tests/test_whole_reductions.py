@@ -223,3 +223,27 @@ def test_the_generated_tests_of_a_reduction_over_the_batch_sample_a_batch(tmp_pa
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_whole_reduction_of_a_tensor_of_no_dimensions(tmp_path):
+    """`mean(s)`, `std(s, correction=0)` and `amax(s)` of `s: Tensor[]` take one entry: deriving their gradient
+    refused the spec ('mean() over every dimension of []: its operand is not elementwise'). Against plain
+    torch autograd, first and second derivatives and forward mode."""
+    spec = (
+        "name: single\ninputs:\n  s: Tensor[]\n  x: Tensor\n"
+        "outputs:\n  y: min(mean(s), x) * s + std(s * x, correction=0) + amax(s) * mean(s * s)\n"
+    )
+    op = build_ops(tmp_path, "single_ops", {"single": spec}).single
+
+    def plain(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(s.mean(), x) * s + (s * x).std(correction=0) + s.amax() * (s * s).mean()
+
+    s = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    x = torch.tensor([1.3, 0.2, 0.9], dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(op(s, x), plain(s, x))
+    got = torch.autograd.grad(op(s, x).sum(), (s, x), create_graph=True)
+    want = torch.autograd.grad(plain(s, x).sum(), (s, x), create_graph=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got[0], (s, x)), torch.autograd.grad(want[0], (s, x)))
+    tangents = (torch.tensor(0.3, dtype=torch.float64), torch.tensor([-0.5, 0.1, 2.0], dtype=torch.float64))
+    torch.testing.assert_close(torch.func.jvp(op, (s, x), tangents), torch.func.jvp(plain, (s, x), tangents))

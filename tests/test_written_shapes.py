@@ -212,6 +212,13 @@ CASES = {
         {"x": (4,), "z": (3, 4)},
         lambda x, z: (0 * x + torch.where(z > 0, 2.5, 2.5), x * z),
     ),
+    # log_softmax of a number spread over K as written: `.unsqueeze` of a Python float (an AttributeError)
+    "log_softmax_of_a_number": (
+        {"x": "Tensor[K, M]"},
+        {"o": "log_softmax(where(K < K, amax(x.T, dim=-2), M), dim=-1)"},
+        {"x": (3, 4)},
+        lambda x: (torch.log_softmax(torch.where(torch.tensor(False), x.T.amax(-2), 4.0), -1),),
+    ),
     "softmax_summed_keepdim": (
         {"a": "Tensor[N, K]"},
         {"o": "sum(exp(a - logsumexp(a, dim=-1, keepdim=true)), dim=0, keepdim=true)"},

@@ -176,6 +176,9 @@ class _Vjp:
                 "a tensor operation meets an input of unknown shape; declare its dimensions, e.g. Tensor[..., N]"
             )
         have_batch, have_dims = split(have)
+        if want == () and have_batch:  # a number (a whole reduction, a `Tensor[]`) met by a batched gradient:
+            # summed whole here; added first to parts without the batch, they counted once per batch entry
+            return ReduceSum(grad, sympy.Tuple(), S.Zero)
         want_dims = split(want)[1]
         keep = _kept_dims(have_dims, want_dims)
         if keep:
@@ -185,6 +188,10 @@ class _Vjp:
             # Named dimensions in front of the node's own: by position when they lead, else from the end.
             dims = range(extra) if not have_batch else range(-len(have_dims), -len(want_dims))
             grad = SumDims(grad, sympy.Tuple(*dims), S.Zero)
+        if have_batch and not split(want)[0] and node == self.x:
+            # An input without `...` met by a gradient with it: summed to the input's shape on its own, as it
+            # reaches it; summed after the parts without the batch were added, they counted once per batch entry.
+            return SumTo(grad, broadcast_shape((node.name,)))
         return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:
@@ -343,7 +350,13 @@ def tensor_gradient(
     engine.pieces = table.get(x, ()) is None and any(whole_reduction_of_plain(expr, table) for expr, _ in outputs)
     for expr, grad in outputs:
         engine.push(expr, grad)
-    return engine.run()
+    total = engine.run()
+    own = broadcast_shape((x.name,))
+    fitted = [t.as_coeff_Mul()[1] for t in sympy.Add.make_args(total)]
+    if table.get(x) is not None and all(isinstance(t, SumTo) and t.args[1] == own for t in fitted):
+        # every part has the batch: summed once at run time, as the input's other gradients (`fit`)
+        total = total.xreplace({t: t.args[0] for t in fitted})
+    return total
 
 
 def leaf_fit(grad: Expr, x: sympy.Symbol, table: dict[sympy.Symbol, Shape], batch_inputs: int) -> LeafFit:

@@ -76,8 +76,9 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
             lines += assign(name, expr, printer, indent, shared=True)
-        if name in expand:
-            lines.append(f"{name} = {_expanded(name, expand[name], printer)}")
+        if name in expand:  # a fresh tensor, as PyTorch's ops return: an expanded view fails in-place ops
+            # on the output and forward mode, which writes the tangent into the output's layout.
+            lines.append(f"{name} = {_expanded(name, expand[name], printer)}.contiguous()")
         if name not in differentiable and name not in aliases and (name in expand or _is_view(expr)):
             # A view of an input is rebased by autograd whatever setup_context marks: detach it.
             lines.append(f"{name} = {name}.detach()")

@@ -114,15 +114,18 @@ def jvp_setup(
     return JvpSetup(frozenset(inputs), frozenset(returned), tuple(lines))
 
 
-def _printer(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchPrinter, ctx: str) -> TorchPrinter:
-    """`printer` knowing the tangents, jvp's temporaries and the sizes jvp reads from `ctx`."""
+def _printer(
+    plan: Plan, forward: ForwardPlan, variant: ForwardVariant, jnames: JvpNames, printer: TorchPrinter, ctx: str
+) -> TorchPrinter:
+    """`printer` knowing the tangents, the temporaries of one variant of jvp (variants number theirs alike:
+    `jvp5` may be a number in one and a tensor in another) and the sizes jvp reads from `ctx`."""
     jvp = copy.copy(printer)
     jvp.names = dict(printer.names)
     jvp.names |= {s: jnames.params[n] for n, s in forward.tangents.symbols.items()}
     jvp.names |= jnames.temps
     jvp.names |= {dim_size(d): f"{ctx}.{attr}" for d, attr in jnames.size_attrs.items()}
     tangents = frozenset(forward.tangents.symbols.values())
-    temps = [(t.symbol, t.expr) for v in forward.variants for t in forward_temps(v)]
+    temps = [(t.symbol, t.expr) for t in forward_temps(variant)]
     jvp.tensors = with_definitions(printer.tensors | tangents, temps)
     jvp.tensor_shapes = dict(printer.tensor_shapes)
     for name, symbol in forward.tangents.symbols.items():
@@ -226,7 +229,6 @@ def _variant_lines(
 def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchPrinter, ctx: str) -> Lines:
     """The body of `jvp(ctx, *tangents)`."""
     spec = plan.derived.spec
-    printer = _printer(plan, forward, jnames, printer, ctx)
     lines: Lines = []
     if forward.saved:
         targets = list(forward.saved)
@@ -234,7 +236,10 @@ def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchP
     for name in forward.ctx_values:
         lines.append(f"{name} = {ctx}.{jnames.ctx_attrs[name]}")
     indent = 8 + 4 * forward.varies
-    bodies = [(v.absent, _variant_lines(plan, forward, v, jnames, printer, indent)) for v in forward.variants]
+    bodies = [
+        (v.absent, _variant_lines(plan, forward, v, jnames, _printer(plan, forward, v, jnames, printer, ctx), indent))
+        for v in forward.variants
+    ]
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     if len(bodies) == 1:
         lines += bodies[0][1]

@@ -97,7 +97,8 @@ class NumberPrinting:
     _print_Min = _print_Max
 
     def _print_Integer(self, expr: sympy.Integer) -> str:  # noqa: N802
-        return str(int(expr))
+        # torch takes a Python int as int64 and raises beyond it (`x ** 10**100`): its float64 value
+        return str(int(expr)) if abs(expr) < 2**63 else float_literal(float(expr))
 
     def _print_Rational(self, expr: sympy.Rational) -> str:  # noqa: N802
         text = decimal(expr)
@@ -120,6 +121,11 @@ class NumberPrinting:
 
     def _print_Pi(self, expr: Expr) -> str:  # noqa: N802
         return f"{self.math}.pi"
+
+    def _print_NumberSymbol(self, expr: Expr) -> str:  # noqa: N802
+        """Constants the math module lacks (`digamma(1)` is `-EulerGamma`): their float64 value. SymPy's own
+        rule collects them for a `doprint` this printer does not run (an internal error)."""
+        return float_literal(float(expr))
 
     def _print_number(self, expr: Expr) -> str:
         """A number that is no literal: the expression it is when exact, else its float64 value."""

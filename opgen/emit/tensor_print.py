@@ -110,7 +110,10 @@ class _TensorNodes:
 
     def _print_MatMul(self, expr: MatMul) -> str:
         level = PRECEDENCE["Mul"]
-        return f"{self.parenthesize(expr.args[0], level)} @ {self.parenthesize(expr.args[1], level)}"
+        a, b = (self.parenthesize(arg, level) for arg in expr.args)
+        if expr.args[1].is_Pow and expr.args[1].exp.is_negative and not b.startswith("("):
+            b = f"({b})"  # printed as a division, which binds as `@`: `x @ 1 / y` is `(x @ 1) / y`
+        return f"{a} @ {b}"
 
 
 class TensorPrinting(_TensorNodes):
@@ -148,6 +151,8 @@ class TensorPrinting(_TensorNodes):
         return f"{self._postfix(expr.operand)}.{expr.spec_name}({', '.join(options)})"
 
     def _print_Unsqueeze(self, expr: Unsqueeze) -> str:
+        if not self.is_tensor(expr.args[0]):  # a number (a logsumexp of a constant, kept): it broadcasts as it is
+            return self._postfix(expr.args[0])  # parenthesized, as it stands where `x.unsqueeze(...)` would
         return f"{self._postfix(expr.args[0])}.unsqueeze({int(expr.args[1])})"
 
     def _print_Slice(self, expr: slicing.Slice) -> str:

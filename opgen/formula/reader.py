@@ -94,9 +94,11 @@ class _Reader:
 
     def checked(self, node: ast.AST, value: Value) -> Value:
         self.shape(node, value.expr)
-        expr = value.expr
-        if (expr.is_Rational or expr.is_Float) and abs(expr) >= 2**limits.FLOAT64_BITS:
-            raise self.fail(node, f"the constant `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
+        expr = limits.evaluated(value.expr)
+        value = value if expr is value.expr else Value(expr, value.kind)
+        if limits.beyond_float64(expr):
+            what = "the constant" if expr.is_number else "a number SymPy multiplies out of"
+            raise self.fail(node, f"{what} `{short(ast.unparse(node))}` is outside float64 ({_SIZE_HINT})")
         if expr.is_number and (expr.has(S.NaN, S.ComplexInfinity) or expr.is_extended_real is False):
             # Formulas compute over the reals: SymPy would carry `sqrt(-1)` on as `I`, `log(0)` as `zoo`.
             what = "not a real number"

@@ -77,6 +77,10 @@ def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Ex
     if node.dims:
         return dims_count(shape_of(node.operand, table), node.dims, f"{node.spec_name}()")
     shape = shape_of(node.operand, table)
+    if shape == () and getattr(node, "correction", 0) > 0:  # torch divides by 0 entries
+        raise ShapeError(f"var()/std() of one number with correction={node.correction} is NaN; write correction=0")
+    if shape == ():  # a `Tensor[]`, or a number: one entry
+        return sympy.Integer(1)
     if shape and shape[0] == BATCH and broadcast_count(node.operand, table) is None:
         return _batch_count(node.operand, shape, table)
     return count_size(elementwise_leaves(node, table))

@@ -125,11 +125,11 @@ def scalar_default(kind: str, text: str, loc: Loc) -> Scalar:
             return False
         raise SpecError(loc, f"default '{text}' of a bool input must be true or false")
     try:
-        if kind == "int":
-            return int(lowered)
-        value = float(lowered)
+        value = int(lowered) if kind == "int" else float(lowered)
     except ValueError:
         raise SpecError(loc, f"default '{text}' is not a valid {kind}") from None
+    if kind == "int" and not -(2**63) <= value < 2**63:  # torch takes a Python int as int64: every call raised
+        raise SpecError(loc, f"default '{text}' of an int input is outside int64; write a float, e.g. 1e30")
     return value
 
 

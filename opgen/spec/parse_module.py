@@ -103,6 +103,8 @@ def _shape_entry(item: Raw, args: list[Input]) -> int | str:
     if not isinstance(item, RawScalar) or isinstance(item.value, bool):
         raise SpecError(item.loc, "a shape entry must be a whole number or an int module arg")
     ints = tuple(a.name for a in args if a.type.kind == "int")
+    if isinstance(item.value, int) and item.value < 0:  # torch.empty(-3) raised when the module was made
+        raise SpecError(item.loc, f"shape entry {item.value} is negative; a size is a whole number, 0 or more")
     if isinstance(item.value, int) or (isinstance(item.value, str) and item.value in ints):
         return item.value
     hint = suggest(str(item.value), ints) if ints else "; declare it under module.args"

@@ -106,7 +106,9 @@ def number(value: float | int | bool, math_name: str | None = None) -> str:
 def float_literal(value: float) -> str:
     """A finite float as the shortest literal that reads back as it, written as `ruff format` writes
     number literals: `1.2e16`, not `repr`'s `1.2e+16` (the exponent's sign only when negative)."""
-    assert math.isfinite(value), value
+    if not math.isfinite(value):  # a number SymPy derived (`2e308 * x` of `1e308 * x**2`): no literal
+        message = "a number of the derived formulas is outside float64 (about 1.8e308)"
+        raise OverflowError(f"{message}; write the formula with smaller constants")
     return repr(float(value)).replace("e+", "e")
 
 
