@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import math
 
 import torch
 from spec_ops import build_ops
@@ -140,3 +141,40 @@ outputs:
         got = torch.func.jvp(lambda x, p=p: op(0.5, p, x), (x,), (t,))
         want = torch.func.jvp(lambda x, p=p: plain(0.5, p, x), (x,), (t,))
         torch.testing.assert_close(got, want)
+
+
+def test_a_number_temporary_of_one_variant_numbered_as_a_tensor_of_another(tmp_path):
+    """The printer jvp's variants start from knows every variant's temporaries: `jvp8_` (a number
+    of bool arguments when p is None) was taken for the tensor `jvp8` of the other variant, and
+    the condition it reads printed `(a <= b) & (b < c)` on Python numbers, so `torch.where` got a
+    bool ('where() received an invalid combination of arguments'). Against plain torch."""
+    spec = """\
+name: op
+inputs:
+  b1: bool = false
+  b0: bool = false
+  x0: Tensor
+  p0: Tensor?
+let:
+  l0: "where(atan2(b1, 2) <= b0 < b1 / (0.25 + cosh(sin(b1))), x0, b0)"
+outputs:
+  o0: "log(exp(x0) + exp(l0)) ** (-1)"
+  o2: "log(1 + exp(l0 * atan2(x0, 3.25))) + p0 * o0"
+optimize: {rewrite: false}
+"""
+    op = build_ops(tmp_path, "bool_variants", {"op": spec}).op
+
+    def plain(b1: bool, b0: bool, x0: torch.Tensor, p0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        inside = math.atan2(b1, 2) <= b0 < b1 / (0.25 + math.cosh(math.sin(b1)))
+        l0 = x0 if inside else torch.full_like(x0, float(b0))
+        o0 = torch.log(torch.exp(x0) + torch.exp(l0)) ** -1
+        o2 = torch.log(1 + torch.exp(l0 * torch.atan2(x0, torch.tensor(3.25, dtype=x0.dtype))))
+        return o0, o2 if p0 is None else o2 + p0 * o0
+
+    generator = torch.Generator().manual_seed(3)
+    x, t = (torch.rand(5, generator=generator, dtype=torch.float64) for _ in range(2))
+    for b1, b0 in ((False, False), (True, False), (True, True)):
+        for p in (None, torch.rand(5, generator=generator, dtype=torch.float64)):
+            got = torch.func.jvp(lambda x, b1=b1, b0=b0, p=p: op(b1, b0, x, p), (x,), (t,))
+            want = torch.func.jvp(lambda x, b1=b1, b0=b0, p=p: plain(b1, b0, x, p), (x,), (t,))
+            torch.testing.assert_close(got, want)
