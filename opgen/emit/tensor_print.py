@@ -125,6 +125,8 @@ class TensorPrinting(_TensorNodes):
 
         def _dtype_source(self, expr: sympy.Basic) -> str: ...
 
+        def is_tensor(self, expr: sympy.Basic) -> bool: ...
+
     def _postfix(self, expr: sympy.Basic) -> str:
         text = self._print(expr)
         return text if _is_postfix_safe(expr) else f"({text})"
