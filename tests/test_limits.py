@@ -231,6 +231,22 @@ def test_a_number_sympy_evaluates_into_huge_digits_is_its_float(tmp_path):
     torch.testing.assert_close(op(x), x * big[0] + big[1])
 
 
+def test_lgamma_and_digamma_of_a_large_integer_read_in_well_under_a_budget(tmp_path):
+    """SymPy evaluates `lgamma(n)` as `log((n-1)!)` and `digamma(n)` as a harmonic number, exactly:
+    at 1e7 reading the formula ran past the 20 s budget. Above 1000 they are read to 30 digits.
+    Poles stay as they were (lgamma: inf, as torch; digamma: refused). Against torch in float64."""
+    from spec_ops import build_ops
+
+    formula = "x * lgamma(1e7) + digamma(10**6) - lgamma(2001) + digamma(-5000.5) + lgamma(7/2)"
+    start = time.monotonic()
+    op = build_ops(tmp_path, "gamma_ops", {"op": spec_with(formula)}).op
+    assert time.monotonic() - start < SECONDS
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    t = torch.tensor([1e7, 1e6, 2001.0, -5000.5, 3.5], dtype=torch.float64)
+    lg, dg = t.lgamma(), t.digamma()
+    torch.testing.assert_close(op(x), x * lg[0] + dg[1] - lg[2] + dg[3] + lg[4])
+
+
 # -- formulas ----------------------------------------------------------------------------------
 
 

@@ -30,6 +30,21 @@ def _elementwise(f: Callable[[Expr], Expr]) -> tuple[int, Callable[..., Expr]]:
     return 1, f
 
 
+EXACT_UP_TO = 1000  # lgamma/digamma of a larger integer: SymPy would sum its exact factorial or harmonic number
+
+
+def _numeric_when_large(f: Callable[..., Expr]) -> tuple[int, Callable[..., Expr]]:
+    """`f`, which SymPy evaluates exactly at a rational number (`lgamma(n)` is `log((n-1)!)`, `digamma(n)`
+    a harmonic number): at a large one, its value to 30 digits instead (`lgamma(1e7)` took minutes)."""
+
+    def build(x: Expr) -> Expr:
+        if x.is_Rational and abs(x) > EXACT_UP_TO and not (x.is_integer and x < 0):  # not a pole
+            return f(x, evaluate=False).evalf(30)
+        return f(x)
+
+    return 1, build
+
+
 FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "exp": _elementwise(sympy.exp),
     "log": _elementwise(sympy.log),
@@ -55,8 +70,8 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "erf": _elementwise(sympy.erf),
     "erfc": _elementwise(sympy.erfc),
     "erfinv": _elementwise(sympy.erfinv),
-    "lgamma": _elementwise(sympy.loggamma),
-    "digamma": _elementwise(lambda x: sympy.polygamma(0, x)),
+    "lgamma": _numeric_when_large(sympy.loggamma),
+    "digamma": _numeric_when_large(lambda x, **options: sympy.polygamma(0, x, **options)),
     "abs": _elementwise(sympy.Abs),
     "sign": _elementwise(fn.sign),
     "floor": _elementwise(fn.floor),
