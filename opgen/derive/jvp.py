@@ -57,6 +57,7 @@ from opgen.formula.tensor import (
     dim_size,
     shape_of,
     split,
+    top_tensor_ops,
 )
 from opgen.formula.whole_reductions import reduction_count
 
@@ -120,7 +121,7 @@ class _Jvp:
 
     def elementwise(self, expr: Expr) -> Expr:
         """Between tensor operations: `sympy.diff` with every tensor operation a leaf."""
-        leaves = sorted(_top_tensor_ops(expr, self.x), key=sympy.default_sort_key)
+        leaves = sorted(top_tensor_ops(expr, self.x), key=sympy.default_sort_key)
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
@@ -252,20 +253,6 @@ class _Jvp:
         for dim in sorted(node.dims, reverse=True):
             value = Unsqueeze(value, sympy.Integer(dim))
         return value
-
-
-def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
-    found: set[Expr] = set()
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if x not in node.free_symbols:
-            continue
-        if isinstance(node, TensorOp):
-            found.add(node)
-            continue
-        stack.extend(node.args)
-    return found
 
 
 def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:

@@ -68,6 +68,7 @@ from opgen.formula.tensor import (
     dim_size,
     shape_of,
     split,
+    top_tensor_ops,
 )
 from opgen.formula.whole_reductions import (
     broadcast_count,
@@ -124,7 +125,7 @@ class _Vjp:
         if isinstance(expr, TensorOp):
             self.pending[expr] = self.pending.get(expr, S.Zero) + self.fit(grad, expr)
             return
-        leaves = sorted(_top_tensor_ops(expr, x), key=sympy.default_sort_key)
+        leaves = sorted(top_tensor_ops(expr, x), key=sympy.default_sort_key)
         dummies = {leaf: sympy.Dummy(f"leaf{k}", real=True) for k, leaf in enumerate(leaves)}
         back = {d: leaf for leaf, d in dummies.items()}
         flat = expr.xreplace(dummies)
@@ -325,21 +326,6 @@ def _squeeze(grad: Expr, dim: int) -> Expr:
 def _kept_dims(have: tuple, want: tuple) -> tuple[int, ...]:
     """Dims (from the end) that `want` has as 1 and `have` in full: summed with keepdim."""
     return tuple(-k for k in range(len(want), 0, -1) if want[-k] == 1 and k <= len(have) and have[-k] != 1)
-
-
-def _top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
-    """The outermost tensor operations in `expr` that depend on `x`."""
-    found: set[Expr] = set()
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if x not in node.free_symbols:
-            continue
-        if isinstance(node, TensorOp):
-            found.add(node)
-            continue
-        stack.extend(node.args)
-    return found
 
 
 def tensor_gradient(

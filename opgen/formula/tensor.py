@@ -373,3 +373,18 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         if isinstance(arg, (sympy.Basic)) and not isinstance(arg, sympy.logic.boolalg.BooleanAtom):
             shape = broadcast(shape, shape_of(arg, table))
     return shape
+
+
+def top_tensor_ops(expr: sympy.Basic, x: sympy.Symbol) -> set[Expr]:
+    """The outermost tensor operations in `expr` that depend on `x` (the leaves of both modes)."""
+    found: set[Expr] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if x not in node.free_symbols:
+            continue
+        if isinstance(node, TensorOp):
+            found.add(node)
+            continue
+        stack.extend(node.args)
+    return found
