@@ -185,7 +185,6 @@ def test_random_modules_agree_with_autograd(lab: Sandbox, case: Case, held: int)
     _property(lab, "module", text, body, case)
 
 
-@pytest.mark.skipif(not EXAMPLES, reason="slow (torch.compile): long runs only, OPGEN_FUZZ_EXAMPLES")
 @fuzz(ci_examples=1)
 @given(case=cases(dims=None, depth=2))
 def test_random_ops_under_torch_compile(lab: Sandbox, case: Case) -> None:
