@@ -192,7 +192,9 @@ class _Vjp:
         if have_batch and not split(want)[0] and node == self.x:
             # An input without `...` met by a gradient with it: summed to the input's shape on its own, as it
             # reaches it; summed after the parts without the batch were added, they counted once per batch entry.
-            return SumTo(grad, broadcast_shape((node.name,)))
+            narrow = self.narrow(grad, node)  # `[..., 1, H]` for `[D, H]`: summed to `(1, H)`, then expanded
+            flags = [sympy.Integer(-k in narrow) for k in range(len(want), 0, -1)]
+            return SumTo(grad, broadcast_shape((node.name,)), *([sympy.Tuple(*flags)] if narrow else []))
         return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:

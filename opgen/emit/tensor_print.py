@@ -202,7 +202,12 @@ class TensorPrinting(_TensorNodes):
         return f"{self._postfix(expr.args[0])}.expand({self._print(expr.args[1])})"
 
     def _print_SumTo(self, expr: SumTo) -> str:
-        return f"{self._postfix(expr.args[0])}.sum_to_size({self._print(expr.args[1])})"
+        shape = self._print(expr.args[1])
+        if len(expr.args) == 2:
+            return f"{self._postfix(expr.args[0])}.sum_to_size({shape})"
+        sizes = ["1" if flag else f"{shape}[{k}]" for k, flag in enumerate(expr.args[2])]
+        narrow = f"({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+        return f"{self._postfix(expr.args[0])}.sum_to_size({narrow}).expand({shape})"
 
     def _print_Scalar(self, expr: sympy.Basic) -> str:  # opgen.optimize.spread: computed on its own, first
         inner = expr.args[0]

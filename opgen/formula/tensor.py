@@ -315,12 +315,13 @@ def has_tensor_ops(expr: sympy.Basic) -> bool:
 class SumTo(TensorOp):
     """`grad.sum_to_size(shape)`, `shape` a `broadcast_shape` symbol of one input: one part of a
     plain Tensor's gradient summed to the input's shape before it meets parts spread over other
-    shapes (Note [counts of unknown shapes])."""
+    shapes (Note [counts of unknown shapes]). A third argument flags, per dimension of the input,
+    those where `grad` has size 1 (constant along them): summed to 1 there, then expanded."""
 
-    nargs = 2
+    nargs = (2, 3)
 
     @classmethod
-    def eval(cls, grad: Expr, shape: sympy.Basic) -> Expr | None:
+    def eval(cls, grad: Expr, shape: sympy.Basic, narrow: sympy.Basic = S.Zero) -> Expr | None:
         return _zero_gradient(grad)
 
 

@@ -208,7 +208,7 @@ def _may_share_negations(derived: Derived, variant: Variant, residuals: tuple[Re
 def _core(expr: Expr) -> tuple[Expr, Callable[[Expr], Expr]]:
     """`expr` without the fitting to its input's shape around it (`SumTo`), and how to put it back."""
     if isinstance(expr, SumTo):
-        return expr.args[0], lambda inner: SumTo(inner, expr.args[1])
+        return expr.args[0], lambda inner: SumTo(inner, *expr.args[1:])
     return expr, lambda inner: inner
 
 
