@@ -6,7 +6,7 @@ time, leave OUT byte-identical when it refuses and write nothing outside OUT
 plain torch autograd of the same formula, values and first and second derivatives, in
 float64 (`fuzz_check`), also under torch.func (jacrev, jacfwd, hessian, vmap of grad, vmap over
 the last dimension) and with views as inputs (`fuzz_funcs`), as a module's parameters
-(`fuzz_modules`) and, in long runs only, under torch.compile (`fuzz_compile`); importing a
+(`fuzz_modules`) and under torch.compile (`fuzz_compile`: one example in CI); importing a
 generated package runs nothing.
 
 CI runs a fixed, derandomized set of examples in well under a minute. A longer run:
