@@ -6,6 +6,8 @@ autograd of the same formula written by hand here.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import sympy
 import torch
@@ -131,3 +133,29 @@ def test_printer_uses_math_for_plain_numbers():
     printer = TorchPrinter({x: "x", c: "c"}, frozenset({x}), torch="torch_", math="math_")
     assert printer.doprint_expr(sympy.exp(c) * x) == "x * math_.exp(c)"
     assert printer.doprint_expr(sympy.exp(c * x)) == "torch_.exp(c * x)"
+
+
+@pytest.mark.parametrize(
+    ("formula", "plain"),
+    [
+        ("atan(-1) * (x + sin(x))", lambda x: math.atan(-1) * (x + torch.sin(x))),
+        ("-pi / 4 * (x - exp(-x))", lambda x: -math.pi / 4 * (x - torch.exp(-x))),
+        ("-sqrt(2) * (x + 1) / (x**2 + 1)", lambda x: -math.sqrt(2) * (x + 1) / (x**2 + 1)),
+        ("log(2) * (x + 1) * (x - 3)", lambda x: math.log(2) * (x + 1) * (x - 3)),
+    ],
+)
+def test_a_negative_irrational_coefficient_keeps_its_sum_bracketed(tmp_path, formula, plain):
+    """SymPy ranks a negative product as a sum, so `-pi/4 * (x + sin(x))` printed as
+    `-math.pi / 4 * x + torch.sin(x)`: wrong values, gradients and tangents. Against plain torch."""
+    from spec_ops import build_ops
+
+    op = build_ops(
+        tmp_path, "coefficient_ops", {"op": f"name: op\ninputs: {{x: Tensor}}\noutputs:\n  y: {formula}\n"}
+    ).op
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(op(x), plain(x))
+    (got,) = torch.autograd.grad(op(x).sum(), x)
+    (want,) = torch.autograd.grad(plain(x).sum(), x)
+    torch.testing.assert_close(got, want)
+    t = torch.rand_like(x)
+    torch.testing.assert_close(torch.func.jvp(op, (x.detach(),), (t,)), torch.func.jvp(plain, (x.detach(),), (t,)))

@@ -167,7 +167,9 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
             sign = "-" if coeff.is_negative else ""
             coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
-            body = self.parenthesize(rest, precedence(expr), strict=True)
+            # a product's precedence, whatever its sign: SymPy ranks a negative product as a sum (Add),
+            # which left `-pi/4 * (x + y)` unbracketed: `-math.pi / 4 * x + y`
+            body = self.parenthesize(rest, PRECEDENCE["Mul"], strict=True)
             if coeff == 1:
                 return self._negate(rest) if sign else body
             # torch takes Python ints as int64: a fraction of larger ones is its float (`1e-20 * x`)
