@@ -438,3 +438,18 @@ def test_an_op_name_too_long_for_its_file_names_is_refused_at_the_name(tmp_path,
     error at the name, where the write failed with `File name too long` before."""
     text = f"name: {'a' * 250}\ninputs:\n  x: Tensor\noutputs:\n  y: x * 2\n"
     refuse(tmp_path, existing, text, r":1:7: name 'a+' is 250 characters, over the 'name length' limit of 200")
+
+
+def test_variance_of_one_entry_without_correction_is_zero(tmp_path):
+    """var/std over a shape of ones (`[1]` from a kept reduction) take one entry: with correction=1 a
+    located error (test_bad_specs: variance_of_one_entry), with correction=0 zero, as torch gives."""
+    from spec_ops import build_ops
+
+    spec = "name: op\ninputs:\n  x: Tensor[K]\nlet:\n  n: sum(x, dim=0, keepdim=true)\noutputs:\n"
+    spec += "  y: std(n, correction=0) + var(n, dim=0, correction=0) + x * n\n"
+    op = build_ops(tmp_path, "one_entry_ops", {"op": spec}).op
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    n = x.sum(0, keepdim=True)
+    want = n.std(correction=0) + n.var(0, correction=0) + x * n
+    torch.testing.assert_close(op(x), want)
+    torch.testing.assert_close(*(torch.autograd.grad(y.sum(), x)[0] for y in (op(x), want)))

@@ -74,12 +74,19 @@ def reduction_count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Ex
     """How many entries `node` (a `mean`, `var` or `std`) takes together: a product of named
     dimension sizes, or over every dimension of a shape with `...` or of a plain `Tensor`, the
     count of the broadcast of the inputs its operand is elementwise in (Note [counts of unknown shapes])."""
+    count = _count(node, table)
+    correction = getattr(node, "correction", 0)
+    if count.is_Integer and 0 < count <= correction:  # torch divides by no entries, or fewer
+        what = "one entry" if count == 1 else f"{count} entries"
+        raise ShapeError(f"var()/std() of {what} with correction={correction} is NaN; write correction=0")
+    return count
+
+
+def _count(node: ReductionBase, table: dict[sympy.Symbol, Shape]) -> Expr:
     if node.dims:
         return dims_count(shape_of(node.operand, table), node.dims, f"{node.spec_name}()")
     shape = shape_of(node.operand, table)
-    if shape == () and getattr(node, "correction", 0) > 0:  # torch divides by 0 entries
-        raise ShapeError(f"var()/std() of one number with correction={node.correction} is NaN; write correction=0")
-    if shape == ():  # a `Tensor[]`, or a number: one entry
+    if shape is not None and all(d == 1 for d in shape):  # a `Tensor[]`, a number, `[1, 1]`: one entry
         return sympy.Integer(1)
     if shape and shape[0] == BATCH and broadcast_count(node.operand, table) is None:
         return _batch_count(node.operand, shape, table)
