@@ -167,8 +167,7 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
             sign = "-" if coeff.is_negative else ""
             coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
-            # a product's precedence, whatever its sign: SymPy ranks a negative product as a sum (Add),
-            # which left `-pi/4 * (x + y)` unbracketed: `-math.pi / 4 * x + y`
+            # a product's precedence whatever its sign (SymPy ranks `-pi/4 * (x + y)` as a sum: unbracketed)
             body = self.parenthesize(rest, PRECEDENCE["Mul"], strict=True)
             if coeff == 1:
                 return self._negate(rest) if sign else body
@@ -275,10 +274,9 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
 
     _print_exp = _print_log = _print_sin = _print_cos = _print_tan = _print_Function
     _print_asin = _print_acos = _print_atan = _print_sinh = _print_cosh = _print_Function
-    _print_tanh = _print_asinh = _print_acosh = _print_atanh = _print_Function
-    _print_erf = _print_erfc = _print_erfinv = _print_loggamma = _print_Abs = _print_Function
-    _print_sign = _print_floor = _print_ceil = _print_round = _print_Function
-    _print_sigmoid = _print_log1p = _print_expm1 = _print_Function
+    _print_tanh = _print_asinh = _print_acosh = _print_atanh = _print_sign = _print_floor = _print_Function
+    _print_erf = _print_erfc = _print_erfinv = _print_loggamma = _print_Abs = _print_ceil = _print_Function
+    _print_round = _print_sigmoid = _print_log1p = _print_expm1 = _print_Function
 
     def _print_atan2(self, expr: sympy.atan2) -> str:
         y, x = expr.args
