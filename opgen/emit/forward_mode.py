@@ -126,8 +126,8 @@ def _printer(
     jvp.names |= {dim_size(d): f"{ctx}.{attr}" for d, attr in jnames.size_attrs.items()}
     tangents = frozenset(forward.tangents.symbols.values())
     temps = [(t.symbol, t.expr) for t in forward_temps(variant)]
-    others = {t.symbol for v in forward.variants for t in forward_temps(v)}  # `printer` may hold them all
-    jvp.tensors = with_definitions((printer.tensors - others) | tangents, temps)
+    # every variant's temporaries leave the op's printer: its tensors may hold a symbol numbered alike
+    jvp.tensors = with_definitions((printer.tensors - forward.temps) | tangents, temps)
     jvp.tensor_shapes = dict(printer.tensor_shapes)
     for name, symbol in forward.tangents.symbols.items():
         jvp.tensor_shapes[symbol] = printer.tensor_shapes.get(plan.derived.symbols.inputs[name])
