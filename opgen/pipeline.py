@@ -384,6 +384,7 @@ def package_files(
         "tests/__init__.py": marker + '"""Generated tests: run `pytest` on this folder."""\n',
         "tests/harness.py": renderer.runtime("harness"),
         "tests/accuracy.py": renderer.runtime("accuracy"),
+        "_runtime.py": renderer.runtime("machinery"),
     }
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.

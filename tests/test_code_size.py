@@ -1,4 +1,4 @@
-"""The generator stays readable: no module of `opgen/` over 400 lines, no function over 60.
+"""The generator stays readable: no module of `opgen/` over 600 lines, no function over 60.
 
 Measured with `ast` (a function's lines run from its first decorator to its last statement),
 strict, with no allow-list: a module or function that grows past a limit is split by meaning.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 OPGEN = Path(__file__).resolve().parent.parent / "opgen"
-MODULE_LINES = 400
+MODULE_LINES = 600
 FUNCTION_LINES = 60
 
 

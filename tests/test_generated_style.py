@@ -156,6 +156,7 @@ def test_powers_print_with_pythons_precedence(tmp_path, formula, reference):
     (package / "ops").mkdir(parents=True)
     (package / "__init__.py").write_text("from . import ops\n")
     (package / "ops" / "__init__.py").write_text("from . import op\n")
+    (package / "_runtime.py").write_text((ROOT / "opgen" / "runtime" / "machinery.py").read_text())
     (package / "ops" / "op.py").write_text(
         generate_op(tmp_path, f"name: op\ninputs:\n  x: Tensor\noutputs:\n  y: {formula}\n")
     )

@@ -20,7 +20,11 @@ def ops():
 
 def _function(ops, name):
     module = getattr(ops.ops, name)
-    return next(v for k, v in vars(module).items() if k.endswith("Function") and not k.startswith("_"))
+    return next(
+        v
+        for k, v in vars(module).items()
+        if k.endswith("Function") and not k.startswith("_") and v.__module__ == module.__name__
+    )
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)

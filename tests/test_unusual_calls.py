@@ -45,7 +45,11 @@ def side(request, ops, monkeypatch):
     """Both sides of the small-call threshold, for the ops that have one."""
     for name in NAMES:
         module = getattr(ops.ops, name)
-        function = next(v for k, v in vars(module).items() if k.endswith("Function") and not k.startswith("_"))
+        function = next(
+            v
+            for k, v in vars(module).items()
+            if k.endswith("Function") and not k.startswith("_") and v.__module__ == module.__name__
+        )
         if hasattr(function, "native_below"):
             monkeypatch.setattr(function, "native_below", 0 if request.param == "function" else 2**62)
     return request.param

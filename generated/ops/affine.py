@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class AffineFunction(torch.autograd.Function):
+class AffineFunction(Function):
     """The autograd Function of `affine`; see `affine` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,10 +64,8 @@ class AffineFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _AffineFunctionNoJvp(AffineFunction):
-    """`AffineFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_AffineFunctionNoJvp = without_jvp(AffineFunction)
 
 
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,50 +80,21 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         grad_weight = grad*x
         grad_bias = grad
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, weight, bias):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", affine, (x, weight, bias), {})
+    if (proxy := capture(affine, x, weight, bias)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "affine",
         ("x", x, None),
         ("weight", weight, None),
         ("bias", bias, None),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "affine(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(weight) or not weight.is_floating_point():
-        raise TypeError(
-            "affine(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
-        )
-    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
-        raise TypeError(
-            "affine(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        dtype = torch.promote_types(x.dtype, weight.dtype)
-        dtype = dtype if bias is None else torch.promote_types(dtype, bias.dtype)
-        x = x.to(dtype)
-        weight = weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+    check_floating("affine", {"x": x, "weight": weight}, {"bias": bias})
+    x, weight, bias = promoted(x, weight, bias)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(affine)  # type: ignore[no-untyped-call, unused-ignore]
-affine.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "affine runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(affine)
 
 
 class Affine(torch.nn.Module):

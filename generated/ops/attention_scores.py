@@ -7,34 +7,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-def _autocast_apply(function: Any, *args: Any) -> Any:
-    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
-    device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return function.apply(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-    with torch.autocast(device, enabled=False):
-        return function.apply(*args)
-
-
-class AttentionScoresFunction(torch.autograd.Function):
+class AttentionScoresFunction(Function):
     """The autograd Function of `attention_scores`; see `attention_scores` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -81,10 +59,8 @@ class AttentionScoresFunction(torch.autograd.Function):
         return tangent_weights
 
 
-class _AttentionScoresFunctionNoJvp(AttentionScoresFunction):
-    """`AttentionScoresFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_AttentionScoresFunctionNoJvp = without_jvp(AttentionScoresFunction)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -99,36 +75,16 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         grad_q = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)) @ k
         grad_k = (weights*(grad - sum(grad*weights, dim=-1, keepdim=true))/sqrt(D)).T @ q
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (q, k):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", attention_scores, (q, k), {})
+    if (proxy := capture(attention_scores, q, k)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "attention_scores",
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
-    if not torch.is_tensor(q) or not q.is_floating_point():
-        raise TypeError(
-            "attention_scores(): argument 'q' must be a real floating-point Tensor, got "
-            f"{q.dtype if torch.is_tensor(q) else q.__class__.__name__}"
-        )
-    if not torch.is_tensor(k) or not k.is_floating_point():
-        raise TypeError(
-            "attention_scores(): argument 'k' must be a real floating-point Tensor, got "
-            f"{k.dtype if torch.is_tensor(k) else k.__class__.__name__}"
-        )
+    check_floating("attention_scores", {"q": q, "k": k})
     function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction
-    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
-        return _autocast_apply(function, q, k)
-    return function.apply(q, k)
+    return autocast_apply(function.apply, q, k)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(attention_scores)  # type: ignore[no-untyped-call, unused-ignore]
-attention_scores.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "attention_scores runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(attention_scores)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class BceWithLogitsFunction(torch.autograd.Function):
+class BceWithLogitsFunction(Function):
     """The autograd Function of `bce_with_logits`; see `bce_with_logits` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -60,10 +50,8 @@ class BceWithLogitsFunction(torch.autograd.Function):
         return tangent_loss
 
 
-class _BceWithLogitsFunctionNoJvp(BceWithLogitsFunction):
-    """`BceWithLogitsFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_BceWithLogitsFunctionNoJvp = without_jvp(BceWithLogitsFunction)
 
 
 def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -77,39 +65,17 @@ def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         grad_logits = grad*(sigmoid(logits) - target)
         grad_target = -grad*logits
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (logits, target):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", bce_with_logits, (logits, target), {})
+    if (proxy := capture(bce_with_logits, logits, target)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "bce_with_logits",
         ("logits", logits, None),
         ("target", target, None),
     )
-    if not torch.is_tensor(logits) or not logits.is_floating_point():
-        raise TypeError(
-            "bce_with_logits(): argument 'logits' must be a real floating-point Tensor, got "
-            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "bce_with_logits(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != logits.dtype:
-        dtype = torch.promote_types(logits.dtype, target.dtype)
-        logits = logits.to(dtype)
-        target = target.to(dtype)
+    check_floating("bce_with_logits", {"logits": logits, "target": target})
+    logits, target = promoted(logits, target)
     function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction
     return function.apply(logits, target)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(bce_with_logits)  # type: ignore[no-untyped-call, unused-ignore]
-bce_with_logits.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "bce_with_logits runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(bce_with_logits)

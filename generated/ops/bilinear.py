@@ -6,34 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-def _autocast_apply(function: Any, *args: Any) -> Any:
-    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
-    device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return function.apply(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-    with torch.autocast(device, enabled=False):
-        return function.apply(*args)
-
-
-class BilinearFunction(torch.autograd.Function):
+class BilinearFunction(Function):
     """The autograd Function of `bilinear`; see `bilinear` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -106,10 +84,8 @@ class BilinearFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _BilinearFunctionNoJvp(BilinearFunction):
-    """`BilinearFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_BilinearFunctionNoJvp = without_jvp(BilinearFunction)
 
 
 def bilinear(
@@ -126,11 +102,8 @@ def bilinear(
         grad_weight = unsqueeze(x1, dim=-3).T @ (unsqueeze(x2, dim=-3)*unsqueeze(grad.T, dim=-1))
         grad_bias = sum(grad, dim=-2)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x1, x2, weight, bias):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", bilinear, (x1, x2, weight, bias), {})
+    if (proxy := capture(bilinear, x1, x2, weight, bias)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "bilinear",
         ("x1", x1, ("...", "N", "in1_features")),
@@ -138,39 +111,12 @@ def bilinear(
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )
-    if not torch.is_tensor(x1) or not x1.is_floating_point():
-        raise TypeError(
-            "bilinear(): argument 'x1' must be a real floating-point Tensor, got "
-            f"{x1.dtype if torch.is_tensor(x1) else x1.__class__.__name__}"
-        )
-    if not torch.is_tensor(x2) or not x2.is_floating_point():
-        raise TypeError(
-            "bilinear(): argument 'x2' must be a real floating-point Tensor, got "
-            f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
-        )
-    if not torch.is_tensor(weight) or not weight.is_floating_point():
-        raise TypeError(
-            "bilinear(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
-        )
-    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
-        raise TypeError(
-            "bilinear(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
-        )
+    check_floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias})
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
-    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
-        return _autocast_apply(function, x1, x2, weight, bias)
-    return function.apply(x1, x2, weight, bias)
+    return autocast_apply(function.apply, x1, x2, weight, bias)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(bilinear)  # type: ignore[no-untyped-call, unused-ignore]
-bilinear.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "bilinear runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(bilinear)
 
 
 class Bilinear(torch.nn.Module):

@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class ClipGradFunction(torch.autograd.Function):
+
+class ClipGradFunction(Function):
     """The autograd Function of `clip_grad`; see `clip_grad` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, bound: float) -> torch.Tensor:
@@ -56,10 +47,8 @@ class ClipGradFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _ClipGradFunctionNoJvp(ClipGradFunction):
-    """`ClipGradFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_ClipGradFunctionNoJvp = without_jvp(ClipGradFunction)
 
 
 def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
@@ -72,30 +61,12 @@ def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
     Gradients (overrides marked):
         grad_x = clamp(grad, -bound, bound)  (override)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, bound):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", clip_grad, (x, bound), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "clip_grad(): torch.export inlines this op's forward and would drop the gradient "
-            "override of x; export under torch.no_grad() for inference, or capture with "
-            "torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "clip_grad(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(clip_grad, x, bound)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("clip_grad", "the gradient override of x")
+    check_floating("clip_grad", {"x": x})
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
     return function.apply(x, bound)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(clip_grad)  # type: ignore[no-untyped-call, unused-ignore]
-clip_grad.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "clip_grad runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(clip_grad)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class CosineSimilarityFunction(torch.autograd.Function):
+class CosineSimilarityFunction(Function):
     """The autograd Function of `cosine_similarity`; see `cosine_similarity` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x1: torch.Tensor, x2: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,10 +83,8 @@ class CosineSimilarityFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _CosineSimilarityFunctionNoJvp(CosineSimilarityFunction):
-    """`CosineSimilarityFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_CosineSimilarityFunctionNoJvp = without_jvp(CosineSimilarityFunction)
 
 
 def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) -> torch.Tensor:
@@ -116,39 +104,17 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
             dim=-1)*where(sqrt(sum(x2**2, dim=-1, keepdim=true)) > eps, 1/(2*sqrt(sum(x2**2, dim=-1, keepdim=true))),
             0)/(norm1*norm2**2), dim=-1, keepdim=true)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x1, x2, eps):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", cosine_similarity, (x1, x2, eps), {})
+    if (proxy := capture(cosine_similarity, x1, x2, eps)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "cosine_similarity",
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
-    if not torch.is_tensor(x1) or not x1.is_floating_point():
-        raise TypeError(
-            "cosine_similarity(): argument 'x1' must be a real floating-point Tensor, got "
-            f"{x1.dtype if torch.is_tensor(x1) else x1.__class__.__name__}"
-        )
-    if not torch.is_tensor(x2) or not x2.is_floating_point():
-        raise TypeError(
-            "cosine_similarity(): argument 'x2' must be a real floating-point Tensor, got "
-            f"{x2.dtype if torch.is_tensor(x2) else x2.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if x2.dtype != x1.dtype:
-        dtype = torch.promote_types(x1.dtype, x2.dtype)
-        x1 = x1.to(dtype)
-        x2 = x2.to(dtype)
+    check_floating("cosine_similarity", {"x1": x1, "x2": x2})
+    x1, x2 = promoted(x1, x2)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(cosine_similarity)  # type: ignore[no-untyped-call, unused-ignore]
-cosine_similarity.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "cosine_similarity runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(cosine_similarity)

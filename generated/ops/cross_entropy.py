@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class CrossEntropyFunction(torch.autograd.Function):
+class CrossEntropyFunction(Function):
     """The autograd Function of `cross_entropy`; see `cross_entropy` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,10 +72,8 @@ class CrossEntropyFunction(torch.autograd.Function):
         return tangent_loss, tangent_saved_log_softmax
 
 
-class _CrossEntropyFunctionNoJvp(CrossEntropyFunction):
-    """`CrossEntropyFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_CrossEntropyFunctionNoJvp = without_jvp(CrossEntropyFunction)
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -101,39 +89,17 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             exp(saved_log_softmax)*sum(grad_loss*target/N, dim=-1, keepdim=true) - grad_loss*target/N
         grad_target = -grad_loss*saved_log_softmax/N
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, target):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", cross_entropy, (input, target), {})
+    if (proxy := capture(cross_entropy, input, target)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "cross_entropy",
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "cross_entropy(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "cross_entropy(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != input.dtype:
-        dtype = torch.promote_types(input.dtype, target.dtype)
-        input = input.to(dtype)
-        target = target.to(dtype)
+    check_floating("cross_entropy", {"input": input, "target": target})
+    input, target = promoted(input, target)
     function = _CrossEntropyFunctionNoJvp if torch.compiler.is_compiling() else CrossEntropyFunction
     return function.apply(input, target)[0]
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(cross_entropy)  # type: ignore[no-untyped-call, unused-ignore]
-cross_entropy.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "cross_entropy runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(cross_entropy)

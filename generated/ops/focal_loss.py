@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class FocalLossFunction(torch.autograd.Function):
+class FocalLossFunction(Function):
     """The autograd Function of `focal_loss`; see `focal_loss` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(logits: torch.Tensor, target: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
@@ -92,10 +82,8 @@ class FocalLossFunction(torch.autograd.Function):
         return tangent_loss
 
 
-class _FocalLossFunctionNoJvp(FocalLossFunction):
-    """`FocalLossFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_FocalLossFunctionNoJvp = without_jvp(FocalLossFunction)
 
 
 def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
@@ -121,39 +109,17 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
             sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1
             - target)*(1 - sigmoid(logits)))**gamma)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (logits, target, alpha, gamma):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", focal_loss, (logits, target, alpha, gamma), {})
+    if (proxy := capture(focal_loss, logits, target, alpha, gamma)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "focal_loss",
         ("logits", logits, None),
         ("target", target, None),
     )
-    if not torch.is_tensor(logits) or not logits.is_floating_point():
-        raise TypeError(
-            "focal_loss(): argument 'logits' must be a real floating-point Tensor, got "
-            f"{logits.dtype if torch.is_tensor(logits) else logits.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "focal_loss(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != logits.dtype:
-        dtype = torch.promote_types(logits.dtype, target.dtype)
-        logits = logits.to(dtype)
-        target = target.to(dtype)
+    check_floating("focal_loss", {"logits": logits, "target": target})
+    logits, target = promoted(logits, target)
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
     return function.apply(logits, target, alpha, gamma)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(focal_loss)  # type: ignore[no-untyped-call, unused-ignore]
-focal_loss.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "focal_loss runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(focal_loss)

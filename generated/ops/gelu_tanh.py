@@ -7,27 +7,18 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
 
-class GeluTanhFunction(torch.autograd.Function):
+
+class GeluTanhFunction(Function):
     """The autograd Function of `gelu_tanh`; see `gelu_tanh` for the formulas."""
 
-    generate_vmap_rule = True
-    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
-        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+        # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors
+        if torch.compiler.is_exporting() or transforms_active():
             y = torch.nn.functional.gelu(x, approximate="tanh")
         else:
             y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(2 * math.sqrt(2 / math.pi)).sigmoid_().mul_(x)
@@ -54,10 +45,8 @@ class GeluTanhFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _GeluTanhFunctionNoJvp(GeluTanhFunction):
-    """`GeluTanhFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_GeluTanhFunctionNoJvp = without_jvp(GeluTanhFunction)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -70,27 +59,13 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         grad_x = grad*(sqrt(2)*x*(1 - tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))**2)*(0.134145*x**2 + 1)/(2*sqrt(pi)) +
             tanh(sqrt(2)*(0.044715*x**3 + x)/sqrt(pi))/2 + 1/2)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", gelu_tanh, (x,), {})
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "gelu_tanh(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if (proxy := capture(gelu_tanh, x)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("gelu_tanh", {"x": x})
     if not torch.compiler.is_compiling() and x.numel() < GeluTanhFunction.native_below:
         return torch.nn.functional.gelu(x, approximate="tanh")
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(gelu_tanh)  # type: ignore[no-untyped-call, unused-ignore]
-gelu_tanh.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "gelu_tanh runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(gelu_tanh)

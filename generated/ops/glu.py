@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
-class GluFunction(torch.autograd.Function):
+class GluFunction(Function):
     """The autograd Function of `glu`; see `glu` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +30,7 @@ class GluFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            if not torch._C._are_functorch_transforms_active():
+            if not transforms_active():
                 grad_x = torch.ops.aten.glu_backward(grad_y, x, -1)
             else:
                 grad_x_t0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
@@ -59,10 +49,8 @@ class GluFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _GluFunctionNoJvp(GluFunction):
-    """`GluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_GluFunctionNoJvp = without_jvp(GluFunction)
 
 
 def glu(x: torch.Tensor) -> torch.Tensor:
@@ -75,29 +63,16 @@ def glu(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = glu_backward(grad, x, dim=-1)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", glu, (x,), {})
+    if (proxy := capture(glu, x)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "glu",
         ("x", x, ("...", "D")),
         divisible={"D": 2},
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "glu(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    check_floating("glu", {"x": x})
     function = _GluFunctionNoJvp if torch.compiler.is_compiling() else GluFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(glu)  # type: ignore[no-untyped-call, unused-ignore]
-glu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "glu runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(glu)

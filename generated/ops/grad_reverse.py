@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class GradReverseFunction(torch.autograd.Function):
+
+class GradReverseFunction(Function):
     """The autograd Function of `grad_reverse`; see `grad_reverse` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -56,10 +47,8 @@ class GradReverseFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _GradReverseFunctionNoJvp(GradReverseFunction):
-    """`GradReverseFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_GradReverseFunctionNoJvp = without_jvp(GradReverseFunction)
 
 
 def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -72,30 +61,12 @@ def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     Gradients (overrides marked):
         grad_x = -alpha*grad  (override)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, alpha):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", grad_reverse, (x, alpha), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "grad_reverse(): torch.export inlines this op's forward and would drop the "
-            "gradient override of x; export under torch.no_grad() for inference, or capture "
-            "with torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "grad_reverse(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(grad_reverse, x, alpha)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("grad_reverse", "the gradient override of x")
+    check_floating("grad_reverse", {"x": x})
     function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
     return function.apply(x, alpha)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(grad_reverse)  # type: ignore[no-untyped-call, unused-ignore]
-grad_reverse.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "grad_reverse runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(grad_reverse)

@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 
-class HardsigmoidFunction(torch.autograd.Function):
+
+class HardsigmoidFunction(Function):
     """The autograd Function of `hardsigmoid`; see `hardsigmoid` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -59,10 +50,8 @@ class HardsigmoidFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _HardsigmoidFunctionNoJvp(HardsigmoidFunction):
-    """`HardsigmoidFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_HardsigmoidFunctionNoJvp = without_jvp(HardsigmoidFunction)
 
 
 def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -75,24 +64,11 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad*where(min(x + 3, 6) > 0, (x + 3 < 6), 0)/6
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", hardsigmoid, (x,), {})
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "hardsigmoid(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(hardsigmoid, x)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("hardsigmoid", {"x": x})
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(hardsigmoid)  # type: ignore[no-untyped-call, unused-ignore]
-hardsigmoid.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "hardsigmoid runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(hardsigmoid)

@@ -6,22 +6,13 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 
-class HardswishFunction(torch.autograd.Function):
+
+class HardswishFunction(Function):
     """The autograd Function of `hardswish`; see `hardswish` for the formulas."""
 
-    generate_vmap_rule = True
-    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -49,10 +40,8 @@ class HardswishFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _HardswishFunctionNoJvp(HardswishFunction):
-    """`HardswishFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_HardswishFunctionNoJvp = without_jvp(HardswishFunction)
 
 
 def hardswish(x: torch.Tensor) -> torch.Tensor:
@@ -65,27 +54,13 @@ def hardswish(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad*(x*where(min(x + 3, 6) > 0, (x + 3 < 6), 0)/6 + max(min(x + 3, 6), 0)/6)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", hardswish, (x,), {})
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "hardswish(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if (proxy := capture(hardswish, x)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("hardswish", {"x": x})
     if not torch.compiler.is_compiling() and x.numel() < HardswishFunction.native_below:
         return torch.nn.functional.hardswish(x)
     function = _HardswishFunctionNoJvp if torch.compiler.is_compiling() else HardswishFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(hardswish)  # type: ignore[no-untyped-call, unused-ignore]
-hardswish.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "hardswish runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(hardswish)

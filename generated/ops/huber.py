@@ -7,22 +7,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class HuberFunction(torch.autograd.Function):
+class HuberFunction(Function):
     """The autograd Function of `huber`; see `huber` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor, delta: float) -> torch.Tensor:
@@ -84,10 +74,8 @@ class HuberFunction(torch.autograd.Function):
         return tangent_loss
 
 
-class _HuberFunctionNoJvp(HuberFunction):
-    """`HuberFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_HuberFunctionNoJvp = without_jvp(HuberFunction)
 
 
 def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
@@ -102,39 +90,17 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
         grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
         grad_target = -grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, target, delta):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", huber, (input, target, delta), {})
+    if (proxy := capture(huber, input, target, delta)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "huber",
         ("input", input, None),
         ("target", target, None),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "huber(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "huber(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != input.dtype:
-        dtype = torch.promote_types(input.dtype, target.dtype)
-        input = input.to(dtype)
-        target = target.to(dtype)
+    check_floating("huber", {"input": input, "target": target})
+    input, target = promoted(input, target)
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
     return function.apply(input, target, delta)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(huber)  # type: ignore[no-untyped-call, unused-ignore]
-huber.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "huber runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(huber)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class KlDivFunction(torch.autograd.Function):
+class KlDivFunction(Function):
     """The autograd Function of `kl_div`; see `kl_div` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -64,10 +54,8 @@ class KlDivFunction(torch.autograd.Function):
         return tangent_loss
 
 
-class _KlDivFunctionNoJvp(KlDivFunction):
-    """`KlDivFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_KlDivFunctionNoJvp = without_jvp(KlDivFunction)
 
 
 def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -82,39 +70,17 @@ def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         grad_input = -grad*target/N
         grad_target = grad*(where(target == 0, 0, log(target)) - input + 1)/N
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, target):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", kl_div, (input, target), {})
+    if (proxy := capture(kl_div, input, target)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "kl_div",
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "kl_div(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "kl_div(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != input.dtype:
-        dtype = torch.promote_types(input.dtype, target.dtype)
-        input = input.to(dtype)
-        target = target.to(dtype)
+    check_floating("kl_div", {"input": input, "target": target})
+    input, target = promoted(input, target)
     function = _KlDivFunctionNoJvp if torch.compiler.is_compiling() else KlDivFunction
     return function.apply(input, target)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(kl_div)  # type: ignore[no-untyped-call, unused-ignore]
-kl_div.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "kl_div runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(kl_div)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class LabelSmoothingCeFunction(torch.autograd.Function):
+class LabelSmoothingCeFunction(Function):
     """The autograd Function of `label_smoothing_ce`; see `label_smoothing_ce` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,10 +83,8 @@ class LabelSmoothingCeFunction(torch.autograd.Function):
         return tangent_loss, tangent_saved_log_softmax
 
 
-class _LabelSmoothingCeFunctionNoJvp(LabelSmoothingCeFunction):
-    """`LabelSmoothingCeFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_LabelSmoothingCeFunctionNoJvp = without_jvp(LabelSmoothingCeFunction)
 
 
 def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
@@ -113,39 +101,17 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
             exp(saved_log_softmax)*sum(grad_loss*smoothed/N, dim=-1, keepdim=true) - grad_loss*smoothed/N
         grad_target = -grad_loss*saved_log_softmax*(1 - smoothing)/N
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, target, smoothing):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", label_smoothing_ce, (input, target, smoothing), {})
+    if (proxy := capture(label_smoothing_ce, input, target, smoothing)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "label_smoothing_ce",
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "label_smoothing_ce(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "label_smoothing_ce(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != input.dtype:
-        dtype = torch.promote_types(input.dtype, target.dtype)
-        input = input.to(dtype)
-        target = target.to(dtype)
+    check_floating("label_smoothing_ce", {"input": input, "target": target})
+    input, target = promoted(input, target)
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction
     return function.apply(input, target, smoothing)[0]
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(label_smoothing_ce)  # type: ignore[no-untyped-call, unused-ignore]
-label_smoothing_ce.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "label_smoothing_ce runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(label_smoothing_ce)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
-class LayerNormFunction(torch.autograd.Function):
+class LayerNormFunction(Function):
     """The autograd Function of `layer_norm`; see `layer_norm` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(
@@ -53,7 +43,7 @@ class LayerNormFunction(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if bias is None:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-                if not torch._C._are_functorch_transforms_active():
+                if not transforms_active():
                     tmp0 = torch.ops.aten.native_layer_norm_backward(
                         grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, None, [True, True, False]
                     )
@@ -72,7 +62,7 @@ class LayerNormFunction(torch.autograd.Function):
                 grad_weight = tmp0[1]
         else:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-                if not torch._C._are_functorch_transforms_active():
+                if not transforms_active():
                     tmp0 = torch.ops.aten.native_layer_norm_backward(
                         grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, bias, [True, True, True]
                     )
@@ -123,10 +113,8 @@ class LayerNormFunction(torch.autograd.Function):
         return tangent_y, None, None
 
 
-class _LayerNormFunctionNoJvp(LayerNormFunction):
-    """`LayerNormFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_LayerNormFunctionNoJvp = without_jvp(LayerNormFunction)
 
 
 def layer_norm(
@@ -145,43 +133,20 @@ def layer_norm(
         grad_weight = layer_norm_backward(grad_y, x)[1]
         grad_bias = layer_norm_backward(grad_y, x)[2]
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, weight, bias, eps):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", layer_norm, (x, weight, bias, eps), {})
+    if (proxy := capture(layer_norm, x, weight, bias, eps)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "layer_norm",
         ("x", x, ("...", "D")),
         ("weight", weight, ("D",)),
         ("bias", bias, ("D",)),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "layer_norm(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(weight) or not weight.is_floating_point():
-        raise TypeError(
-            "layer_norm(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
-        )
-    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
-        raise TypeError(
-            "layer_norm(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
-        )
+    check_floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias})
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
     return function.apply(x, weight, bias, eps)[0]
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(layer_norm)  # type: ignore[no-untyped-call, unused-ignore]
-layer_norm.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "layer_norm runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(layer_norm)
 
 
 class LayerNorm(torch.nn.Module):

@@ -6,34 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-def _autocast_apply(function: Any, *args: Any) -> Any:
-    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
-    device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return function.apply(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-    with torch.autocast(device, enabled=False):
-        return function.apply(*args)
-
-
-class LinearFunction(torch.autograd.Function):
+class LinearFunction(Function):
     """The autograd Function of `linear`; see `linear` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -85,10 +63,8 @@ class LinearFunction(torch.autograd.Function):
         return tangent_out
 
 
-class _LinearFunctionNoJvp(LinearFunction):
-    """`LinearFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_LinearFunctionNoJvp = without_jvp(LinearFunction)
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,45 +76,20 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         grad_weight = grad.T @ input
         grad_bias = sum(grad, dim=-2)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, weight, bias):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", linear, (input, weight, bias), {})
+    if (proxy := capture(linear, input, weight, bias)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "linear",
         ("input", input, ("...", "N", "in_features")),
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "linear(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(weight) or not weight.is_floating_point():
-        raise TypeError(
-            "linear(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
-        )
-    if bias is not None and (not torch.is_tensor(bias) or not bias.is_floating_point()):
-        raise TypeError(
-            "linear(): argument 'bias' must be a real floating-point Tensor, got "
-            f"{bias.dtype if torch.is_tensor(bias) else bias.__class__.__name__}"
-        )
+    check_floating("linear", {"input": input, "weight": weight}, {"bias": bias})
     function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction
-    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
-        return _autocast_apply(function, input, weight, bias)
-    return function.apply(input, weight, bias)
+    return autocast_apply(function.apply, input, weight, bias)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(linear)  # type: ignore[no-untyped-call, unused-ignore]
-linear.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "linear runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(linear)
 
 
 class Linear(torch.nn.Module):

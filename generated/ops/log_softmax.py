@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-class LogSoftmaxFunction(torch.autograd.Function):
+class LogSoftmaxFunction(Function):
     """The autograd Function of `log_softmax`; see `log_softmax` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -49,10 +39,8 @@ class LogSoftmaxFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _LogSoftmaxFunctionNoJvp(LogSoftmaxFunction):
-    """`LogSoftmaxFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_LogSoftmaxFunctionNoJvp = without_jvp(LogSoftmaxFunction)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -64,28 +52,15 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad - exp(y)*sum(grad, dim=-1, keepdim=true)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", log_softmax, (x,), {})
+    if (proxy := capture(log_softmax, x)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "log_softmax",
         ("x", x, ("...", "N")),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "log_softmax(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    check_floating("log_softmax", {"x": x})
     function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(log_softmax)  # type: ignore[no-untyped-call, unused-ignore]
-log_softmax.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "log_softmax runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(log_softmax)

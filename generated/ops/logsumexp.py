@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-class LogsumexpFunction(torch.autograd.Function):
+class LogsumexpFunction(Function):
     """The autograd Function of `logsumexp`; see `logsumexp` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -50,10 +40,8 @@ class LogsumexpFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _LogsumexpFunctionNoJvp(LogsumexpFunction):
-    """`LogsumexpFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_LogsumexpFunctionNoJvp = without_jvp(LogsumexpFunction)
 
 
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
@@ -65,28 +53,15 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = exp(x - unsqueeze(y, dim=-1))*unsqueeze(grad, dim=-1)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", logsumexp, (x,), {})
+    if (proxy := capture(logsumexp, x)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "logsumexp",
         ("x", x, ("...", "N")),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "logsumexp(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    check_floating("logsumexp", {"x": x})
     function = _LogsumexpFunctionNoJvp if torch.compiler.is_compiling() else LogsumexpFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(logsumexp)  # type: ignore[no-untyped-call, unused-ignore]
-logsumexp.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "logsumexp runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(logsumexp)

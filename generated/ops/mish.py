@@ -6,27 +6,18 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, legacy_batched, not_scriptable, transforms_active, without_jvp
 
-class MishFunction(torch.autograd.Function):
+
+class MishFunction(Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
-    generate_vmap_rule = True
-    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        # recorded (export) or vmapped: Note [captured graphs keep the gradient]
-        if torch.compiler.is_exporting() or torch._C._are_functorch_transforms_active():
+        # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors
+        if torch.compiler.is_exporting() or transforms_active():
             y = torch.nn.functional.mish(x)
         else:
             y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
@@ -46,8 +37,8 @@ class MishFunction(torch.autograd.Function):
             if (
                 torch.is_grad_enabled()  # double backward: no in-place operations
                 or torch.compiler.is_compiling()  # Note [in place under vmap]
-                or torch._C._are_functorch_transforms_active()
-                or torch._C._functorch.is_legacy_batchedtensor(grad_y)
+                or transforms_active()
+                or legacy_batched(grad_y)
             ):
                 grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
                 grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
@@ -66,8 +57,8 @@ class MishFunction(torch.autograd.Function):
         if (
             torch.is_grad_enabled()  # double backward: no in-place operations
             or torch.compiler.is_compiling()  # Note [in place under vmap]
-            or torch._C._are_functorch_transforms_active()
-            or torch._C._functorch.is_legacy_batchedtensor(tangent_x)
+            or transforms_active()
+            or legacy_batched(tangent_x)
         ):
             tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
             tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
@@ -81,10 +72,8 @@ class MishFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _MishFunctionNoJvp(MishFunction):
-    """`MishFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_MishFunctionNoJvp = without_jvp(MishFunction)
 
 
 def mish(x: torch.Tensor) -> torch.Tensor:
@@ -96,27 +85,13 @@ def mish(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad*(x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x)))
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", mish, (x,), {})
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "mish(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if (proxy := capture(mish, x)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("mish", {"x": x})
     if not torch.compiler.is_compiling() and x.numel() < MishFunction.native_below:
         return x * torch.tanh(torch.nn.functional.softplus(x))
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(mish)  # type: ignore[no-untyped-call, unused-ignore]
-mish.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "mish runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(mish)

@@ -6,22 +6,13 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 
-class MulConstantFunction(torch.autograd.Function):
+
+class MulConstantFunction(Function):
     """The autograd Function of `mul_constant`; see `mul_constant` for the formulas."""
 
-    generate_vmap_rule = True
-    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
     def forward(tensor: torch.Tensor, constant: float) -> torch.Tensor:
@@ -48,10 +39,8 @@ class MulConstantFunction(torch.autograd.Function):
         return tangent_out
 
 
-class _MulConstantFunctionNoJvp(MulConstantFunction):
-    """`MulConstantFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_MulConstantFunctionNoJvp = without_jvp(MulConstantFunction)
 
 
 def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
@@ -61,27 +50,13 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     Gradients:
         grad_tensor = constant*grad
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (tensor, constant):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", mul_constant, (tensor, constant), {})
-    if not torch.is_tensor(tensor) or not tensor.is_floating_point():
-        raise TypeError(
-            "mul_constant(): argument 'tensor' must be a real floating-point Tensor, got "
-            f"{tensor.dtype if torch.is_tensor(tensor) else tensor.__class__.__name__}"
-        )
-    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if (proxy := capture(mul_constant, tensor, constant)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("mul_constant", {"tensor": tensor})
     if not torch.compiler.is_compiling() and tensor.numel() < MulConstantFunction.native_below:
         return constant * tensor
     function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
     return function.apply(tensor, constant)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(mul_constant)  # type: ignore[no-untyped-call, unused-ignore]
-mul_constant.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "mul_constant runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(mul_constant)

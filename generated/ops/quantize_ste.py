@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class QuantizeSteFunction(torch.autograd.Function):
+
+class QuantizeSteFunction(Function):
     """The autograd Function of `quantize_ste`; see `quantize_ste` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,10 +44,8 @@ class QuantizeSteFunction(torch.autograd.Function):
         return tangent_y, None, None
 
 
-class _QuantizeSteFunctionNoJvp(QuantizeSteFunction):
-    """`QuantizeSteFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_QuantizeSteFunctionNoJvp = without_jvp(QuantizeSteFunction)
 
 
 def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,30 +62,12 @@ def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, tor
     Gradients (overrides marked):
         grad_x = grad*inside  (override)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, scale):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", quantize_ste, (x, scale), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "quantize_ste(): torch.export inlines this op's forward and would drop the "
-            "gradient override of x; export under torch.no_grad() for inference, or capture "
-            "with torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "quantize_ste(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(quantize_ste, x, scale)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("quantize_ste", "the gradient override of x")
+    check_floating("quantize_ste", {"x": x})
     function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
     return function.apply(x, scale)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(quantize_ste)  # type: ignore[no-untyped-call, unused-ignore]
-quantize_ste.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "quantize_ste runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(quantize_ste)

@@ -6,34 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-def _autocast_apply(function: Any, *args: Any) -> Any:
-    """`function.apply(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""
-    tensors = [a for a in args if torch.is_tensor(a)]  # no builtins: an op may be named `isinstance`
-    device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return function.apply(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-    with torch.autocast(device, enabled=False):
-        return function.apply(*args)
-
-
-class RbfKernelFunction(torch.autograd.Function):
+class RbfKernelFunction(Function):
     """The autograd Function of `rbf_kernel`; see `rbf_kernel` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, y: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -80,10 +58,8 @@ class RbfKernelFunction(torch.autograd.Function):
         return tangent_k
 
 
-class _RbfKernelFunctionNoJvp(RbfKernelFunction):
-    """`RbfKernelFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_RbfKernelFunctionNoJvp = without_jvp(RbfKernelFunction)
 
 
 def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Tensor:
@@ -98,36 +74,16 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
         grad_x = 2*((gamma*grad*k) @ y - x*sum(gamma*grad*k, dim=-1, keepdim=true))
         grad_y = 2*((gamma*grad*k).T @ x - y*sum(gamma*grad*k, dim=-2, keepdim=true).T)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, y, gamma):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", rbf_kernel, (x, y, gamma), {})
+    if (proxy := capture(rbf_kernel, x, y, gamma)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "rbf_kernel",
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "rbf_kernel(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(y) or not y.is_floating_point():
-        raise TypeError(
-            "rbf_kernel(): argument 'y' must be a real floating-point Tensor, got "
-            f"{y.dtype if torch.is_tensor(y) else y.__class__.__name__}"
-        )
+    check_floating("rbf_kernel", {"x": x, "y": y})
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
-    if torch._C._is_any_autocast_enabled():  # cast as torch.matmul does (Note [autocast])
-        return _autocast_apply(function, x, y, gamma)
-    return function.apply(x, y, gamma)
+    return autocast_apply(function.apply, x, y, gamma)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(rbf_kernel)  # type: ignore[no-untyped-call, unused-ignore]
-rbf_kernel.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "rbf_kernel runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(rbf_kernel)

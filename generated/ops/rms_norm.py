@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
-class RmsNormFunction(torch.autograd.Function):
+class RmsNormFunction(Function):
     """The autograd Function of `rms_norm`; see `rms_norm` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +35,7 @@ class RmsNormFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, weight, saved_rstd = ctx.saved_tensors
         eps = ctx.eps
-        if torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        if torch.is_grad_enabled() or transforms_active():
             saved_rstd = torch.rsqrt(eps + (x**2).mean(-1, keepdim=True))
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
@@ -76,10 +66,8 @@ class RmsNormFunction(torch.autograd.Function):
         return tangent_y, None
 
 
-class _RmsNormFunctionNoJvp(RmsNormFunction):
-    """`RmsNormFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_RmsNormFunctionNoJvp = without_jvp(RmsNormFunction)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
@@ -94,42 +82,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
         grad_x = grad_y*saved_rstd*weight - x*sum(grad_y*saved_rstd**3*weight*x, dim=-1, keepdim=true)/D
         grad_weight = grad_y*saved_rstd*x
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, weight, eps):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", rms_norm, (x, weight, eps), {})
+    if (proxy := capture(rms_norm, x, weight, eps)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "rms_norm",
         ("x", x, ("...", "D")),
         ("weight", weight, ("D",)),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "rms_norm(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(weight) or not weight.is_floating_point():
-        raise TypeError(
-            "rms_norm(): argument 'weight' must be a real floating-point Tensor, got "
-            f"{weight.dtype if torch.is_tensor(weight) else weight.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if weight.dtype != x.dtype:
-        dtype = torch.promote_types(x.dtype, weight.dtype)
-        x = x.to(dtype)
-        weight = weight.to(dtype)
+    check_floating("rms_norm", {"x": x, "weight": weight})
+    x, weight = promoted(x, weight)
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction
     return function.apply(x, weight, eps)[0]
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(rms_norm)  # type: ignore[no-untyped-call, unused-ignore]
-rms_norm.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "rms_norm runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(rms_norm)
 
 
 class RMSNorm(torch.nn.Module):

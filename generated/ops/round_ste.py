@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class RoundSteFunction(torch.autograd.Function):
+
+class RoundSteFunction(Function):
     """The autograd Function of `round_ste`; see `round_ste` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -43,10 +34,8 @@ class RoundSteFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _RoundSteFunctionNoJvp(RoundSteFunction):
-    """`RoundSteFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_RoundSteFunctionNoJvp = without_jvp(RoundSteFunction)
 
 
 def round_ste(x: torch.Tensor) -> torch.Tensor:
@@ -59,30 +48,12 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
     Gradients (overrides marked):
         grad_x = grad  (override)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", round_ste, (x,), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "round_ste(): torch.export inlines this op's forward and would drop the gradient "
-            "override of x; export under torch.no_grad() for inference, or capture with "
-            "torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "round_ste(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(round_ste, x)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("round_ste", "the gradient override of x")
+    check_floating("round_ste", {"x": x})
     function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(round_ste)  # type: ignore[no-untyped-call, unused-ignore]
-round_ste.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "round_ste runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(round_ste)

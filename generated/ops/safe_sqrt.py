@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class SafeSqrtFunction(torch.autograd.Function):
+
+class SafeSqrtFunction(Function):
     """The autograd Function of `safe_sqrt`; see `safe_sqrt` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -48,10 +39,8 @@ class SafeSqrtFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _SafeSqrtFunctionNoJvp(SafeSqrtFunction):
-    """`SafeSqrtFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_SafeSqrtFunctionNoJvp = without_jvp(SafeSqrtFunction)
 
 
 def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
@@ -64,30 +53,12 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad*where(x > 0, 1/(2*sqrt(x)), 0)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", safe_sqrt, (x,), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "safe_sqrt(): torch.export inlines this op's forward and would drop its guarded "
-            "`where` branches; export under torch.no_grad() for inference, or capture with "
-            "torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "safe_sqrt(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    if (proxy := capture(safe_sqrt, x)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("safe_sqrt", "its guarded `where` branches")
+    check_floating("safe_sqrt", {"x": x})
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(safe_sqrt)  # type: ignore[no-untyped-call, unused-ignore]
-safe_sqrt.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "safe_sqrt runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(safe_sqrt)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class ScaledWeightFunction(torch.autograd.Function):
+class ScaledWeightFunction(Function):
     """The autograd Function of `scaled_weight`; see `scaled_weight` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -60,10 +50,8 @@ class ScaledWeightFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _ScaledWeightFunctionNoJvp(ScaledWeightFunction):
-    """`ScaledWeightFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_ScaledWeightFunctionNoJvp = without_jvp(ScaledWeightFunction)
 
 
 def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -74,42 +62,20 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         grad_x = grad*weights
         grad_weights = grad*x
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, weights):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", scaled_weight, (x, weights), {})
+    if (proxy := capture(scaled_weight, x, weights)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "scaled_weight",
         ("x", x, None),
         ("weights", weights, None),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "scaled_weight(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(weights) or not weights.is_floating_point():
-        raise TypeError(
-            "scaled_weight(): argument 'weights' must be a real floating-point Tensor, got "
-            f"{weights.dtype if torch.is_tensor(weights) else weights.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if weights.dtype != x.dtype:
-        dtype = torch.promote_types(x.dtype, weights.dtype)
-        x = x.to(dtype)
-        weights = weights.to(dtype)
+    check_floating("scaled_weight", {"x": x, "weights": weights})
+    x, weights = promoted(x, weights)
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
     return function.apply(x, weights)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(scaled_weight)  # type: ignore[no-untyped-call, unused-ignore]
-scaled_weight.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "scaled_weight runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(scaled_weight)
 
 
 class ScaledWeight(torch.nn.Module):

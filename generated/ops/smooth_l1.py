@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class SmoothL1Function(torch.autograd.Function):
+class SmoothL1Function(Function):
     """The autograd Function of `smooth_l1`; see `smooth_l1` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(input: torch.Tensor, target: torch.Tensor, beta: float) -> torch.Tensor:
@@ -78,10 +68,8 @@ class SmoothL1Function(torch.autograd.Function):
         return tangent_loss
 
 
-class _SmoothL1FunctionNoJvp(SmoothL1Function):
-    """`SmoothL1Function` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_SmoothL1FunctionNoJvp = without_jvp(SmoothL1Function)
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
@@ -96,39 +84,17 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
         grad_input = grad*where(abs(input - target) < beta, (input - target)/beta, sign(input - target))
         grad_target = -grad*where(abs(input - target) < beta, (input - target)/beta, sign(input - target))
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (input, target, beta):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", smooth_l1, (input, target, beta), {})
+    if (proxy := capture(smooth_l1, input, target, beta)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "smooth_l1",
         ("input", input, None),
         ("target", target, None),
     )
-    if not torch.is_tensor(input) or not input.is_floating_point():
-        raise TypeError(
-            "smooth_l1(): argument 'input' must be a real floating-point Tensor, got "
-            f"{input.dtype if torch.is_tensor(input) else input.__class__.__name__}"
-        )
-    if not torch.is_tensor(target) or not target.is_floating_point():
-        raise TypeError(
-            "smooth_l1(): argument 'target' must be a real floating-point Tensor, got "
-            f"{target.dtype if torch.is_tensor(target) else target.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if target.dtype != input.dtype:
-        dtype = torch.promote_types(input.dtype, target.dtype)
-        input = input.to(dtype)
-        target = target.to(dtype)
+    check_floating("smooth_l1", {"input": input, "target": target})
+    input, target = promoted(input, target)
     function = _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
     return function.apply(input, target, beta)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(smooth_l1)  # type: ignore[no-untyped-call, unused-ignore]
-smooth_l1.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "smooth_l1 runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(smooth_l1)

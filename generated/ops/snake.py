@@ -7,22 +7,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
-class SnakeFunction(torch.autograd.Function):
+class SnakeFunction(Function):
     """The autograd Function of `snake`; see `snake` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -67,10 +57,8 @@ class SnakeFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _SnakeFunctionNoJvp(SnakeFunction):
-    """`SnakeFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_SnakeFunctionNoJvp = without_jvp(SnakeFunction)
 
 
 def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -84,42 +72,20 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         grad_x = grad*(sin(2*a*x) + 1)
         grad_a = grad*(x*sin(2*a*x)/a - sin(a*x)**2/a**2)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x, a):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", snake, (x, a), {})
+    if (proxy := capture(snake, x, a)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "snake",
         ("x", x, None),
         ("a", a, None),
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "snake(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    if not torch.is_tensor(a) or not a.is_floating_point():
-        raise TypeError(
-            "snake(): argument 'a' must be a real floating-point Tensor, got "
-            f"{a.dtype if torch.is_tensor(a) else a.__class__.__name__}"
-        )
-    # mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])
-    if a.dtype != x.dtype:
-        dtype = torch.promote_types(x.dtype, a.dtype)
-        x = x.to(dtype)
-        a = a.to(dtype)
+    check_floating("snake", {"x": x, "a": a})
+    x, a = promoted(x, a)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction
     return function.apply(x, a)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(snake)  # type: ignore[no-untyped-call, unused-ignore]
-snake.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "snake runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(snake)
 
 
 class Snake(torch.nn.Module):

@@ -6,20 +6,11 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
 
-class SpikeFunction(torch.autograd.Function):
+
+class SpikeFunction(Function):
     """The autograd Function of `spike`; see `spike` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(v: torch.Tensor, threshold: float, slope: float) -> torch.Tensor:
@@ -53,10 +44,8 @@ class SpikeFunction(torch.autograd.Function):
         return tangent_s
 
 
-class _SpikeFunctionNoJvp(SpikeFunction):
-    """`SpikeFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_SpikeFunctionNoJvp = without_jvp(SpikeFunction)
 
 
 def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch.Tensor:
@@ -69,30 +58,12 @@ def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch
     Gradients (overrides marked):
         grad_v = grad/(slope*abs(threshold - v) + 1)**2  (override)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (v, threshold, slope):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", spike, (v, threshold, slope), {})
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
-        raise RuntimeError(
-            "spike(): torch.export inlines this op's forward and would drop the gradient "
-            "override of v; export under torch.no_grad() for inference, or capture with "
-            "torch.fx.symbolic_trace (the op stays one node) to train"
-        )
-    if not torch.is_tensor(v) or not v.is_floating_point():
-        raise TypeError(
-            "spike(): argument 'v' must be a real floating-point Tensor, got "
-            f"{v.dtype if torch.is_tensor(v) else v.__class__.__name__}"
-        )
+    if (proxy := capture(spike, v, threshold, slope)) is not None:  # torch.fx: one node
+        return proxy
+    refuse_export("spike", "the gradient override of v")
+    check_floating("spike", {"v": v})
     function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
     return function.apply(v, threshold, slope)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(spike)  # type: ignore[no-untyped-call, unused-ignore]
-spike.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "spike runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(spike)

@@ -6,22 +6,12 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 from .._shape_checks import check_shapes
 
 
-class SwigluFunction(torch.autograd.Function):
+class SwigluFunction(Function):
     """The autograd Function of `swiglu`; see `swiglu` for the formulas."""
-
-    generate_vmap_rule = True
-
-    @classmethod
-    def apply(cls, *args: Any) -> torch.Tensor:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -60,10 +50,8 @@ class SwigluFunction(torch.autograd.Function):
         return tangent_y
 
 
-class _SwigluFunctionNoJvp(SwigluFunction):
-    """`SwigluFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_SwigluFunctionNoJvp = without_jvp(SwigluFunction)
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
@@ -78,29 +66,16 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
         grad_x = pad(grad*(gate*(1 - sigmoid(gate))*x[..., D // 2:]*sigmoid(gate) + x[..., D // 2:]*sigmoid(gate)),
             dim=-1, at=0:D // 2, size=D) + pad(gate*grad*sigmoid(gate), dim=-1, at=D // 2:D, size=D)
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", swiglu, (x,), {})
+    if (proxy := capture(swiglu, x)) is not None:  # torch.fx: one node
+        return proxy
     check_shapes(
         "swiglu",
         ("x", x, ("...", "D")),
         divisible={"D": 2},
     )
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "swiglu(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
+    check_floating("swiglu", {"x": x})
     function = _SwigluFunctionNoJvp if torch.compiler.is_compiling() else SwigluFunction
     return function.apply(x)
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(swiglu)  # type: ignore[no-untyped-call, unused-ignore]
-swiglu.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "swiglu runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(swiglu)

@@ -6,22 +6,13 @@ from typing import Any
 
 import torch
 
+from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
 
-class TanhshrinkFunction(torch.autograd.Function):
+
+class TanhshrinkFunction(Function):
     """The autograd Function of `tanhshrink`; see `tanhshrink` for the formulas."""
 
-    generate_vmap_rule = True
-    # Fewer elements: the functional evaluates PyTorch's ops (Note [small calls] in opgen's emit); 0: never.
-    native_below = 16384
-
-    @classmethod
-    def apply(cls, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Function.apply` without binding `forward`'s signature on every call (it has no
-        defaults to fill): a third of a small call's time. Under torch.func transforms, as is."""
-        if torch._C._are_functorch_transforms_active():
-            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc, unused-ignore]
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
     def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,10 +48,8 @@ class TanhshrinkFunction(torch.autograd.Function):
         return tangent_y, tangent_saved_tanh
 
 
-class _TanhshrinkFunctionNoJvp(TanhshrinkFunction):
-    """`TanhshrinkFunction` without `jvp`: torch.compile cannot trace a custom jvp."""
-
-    jvp = staticmethod(torch.autograd.Function.jvp)  # type: ignore[assignment, unused-ignore]
+# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
+_TanhshrinkFunctionNoJvp = without_jvp(TanhshrinkFunction)
 
 
 def tanhshrink(x: torch.Tensor) -> torch.Tensor:
@@ -73,27 +62,13 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
     Gradients:
         grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
     """
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing():  # Note [captured graphs keep the gradient]
-        arg: Any  # a Tensor, or the torch.fx.Proxy standing for one
-        for arg in (x,):
-            if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: an op may take its name
-                return arg.tracer.create_proxy("call_function", tanhshrink, (x,), {})
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(
-            "tanhshrink(): argument 'x' must be a real floating-point Tensor, got "
-            f"{x.dtype if torch.is_tensor(x) else x.__class__.__name__}"
-        )
-    # PyTorch's ops under autograd for small inputs (Note [small calls]); compiled, the Function as always
+    if (proxy := capture(tanhshrink, x)) is not None:  # torch.fx: one node
+        return proxy
+    check_floating("tanhshrink", {"x": x})
     if not torch.compiler.is_compiling() and x.numel() < TanhshrinkFunction.native_below:
         return x - torch.tanh(x)
     function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
     return function.apply(x)[0]
 
 
-# Scripted code calls the op in Python; scripting the functional says what works (Note [TorchScript]).
-torch.jit.ignore(tanhshrink)  # type: ignore[no-untyped-call, unused-ignore]
-tanhshrink.__script_unsupported = (  # type: ignore[attr-defined, unused-ignore]
-    "tanhshrink runs a torch.autograd.Function,"
-    " which TorchScript cannot compile: call it from scripted code (a Python call that torch.jit.save refuses),"
-    " or capture it with torch.compile, torch.export or torch.jit.trace"
-)
+not_scriptable(tanhshrink)

@@ -214,7 +214,7 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
         lines.append(f"{name} = {names.ctx}.{names.ctx_attrs[name]}")
     for residual in plan.residuals:
         if residual.recompute and residual.name in plan.saved:  # Note [saved rstd] in opgen.optimize.norms
-            lines.append(f"if {names.torch}.is_grad_enabled() or {names.torch}._C._are_functorch_transforms_active():")
+            lines.append(f"if {names.torch}.is_grad_enabled() or {names.runtime.transforms_active}():")
             lines += indent_lines(assign(residual.name, residual.expr, printer, 12))
     saved_residual = next((r.name for r in plan.residuals if r.name in plan.saved), None)
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors

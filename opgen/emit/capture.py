@@ -27,18 +27,24 @@ inlined formula is NaN where the op's gradient is finite) it silently is not. So
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from opgen.emit import layout
 from opgen.spec import quote
+
+if TYPE_CHECKING:
+    from opgen.emit.names import RuntimeNames
 
 Lines = list[str]
 
 
-def recorded_forward(in_place: Lines, plain: Lines, torch: str) -> Lines:
+def recorded_forward(in_place: Lines, plain: Lines, torch: str, runtime: RuntimeNames) -> Lines:
     """Forward's body: the plain formula where it is recorded or vmapped, when it differs."""
     if in_place == plain:
         return in_place
-    test = f"{torch}.compiler.is_exporting() or {torch}._C._are_functorch_transforms_active()"
+    test = f"{torch}.compiler.is_exporting() or {runtime.transforms_active}()"
     return [
-        "# recorded (export) or vmapped: Note [captured graphs keep the gradient]",
+        "# recorded by torch.export or under a torch.func transform: no in-place work on saved tensors",
         f"if {test}:",
         *("    " + line if line else line for line in plain[:-1]),
         "else:",
@@ -47,57 +53,22 @@ def recorded_forward(in_place: Lines, plain: Lines, torch: str) -> Lines:
     ]
 
 
-def export_refusal(name: str, loss: str) -> Lines:
-    """The message the functional raises while exporting, as string literals of one line each."""
-    words = (
-        f"{name}(): torch.export inlines this op's forward and would drop {loss}; export under "
-        "torch.no_grad() for inference, or capture with torch.fx.symbolic_trace (the op stays one node) to train"
-    ).split(" ")
-    lines, line = [], ""
-    for word in words:
-        if line and len(line) + len(word) > 80:
-            lines.append(line)
-            line = ""
-        line += word + " "
-    return [quote.string(text) for text in [*lines, line.rstrip()]]
+# Note [autocast]
+# ~~~~~~~~~~~~~~~
+# Under `torch.autocast` PyTorch's matrix ops (`matmul`, `linear`, `bilinear`, ...) cast their
+# floating inputs to the autocast dtype and compute in it; a custom Function is not on
+# autocast's lists, so `x @ w.T + b` made bf16 @ then a float32 add, and backward (which runs
+# after the autocast region) multiplied a bf16 gradient by a float32 weight. A generated op
+# whose formulas use `@` does what `torch.amp.custom_fwd(cast_inputs=...)` does, in the
+# functional (Functions with `setup_context` have no ctx in forward): while autocast is on
+# for the inputs' device it casts the floating tensor inputs, as recorded operations, and
+# runs the Function with autocast off. Forward, the saved tensors and backward are then all
+# in the autocast dtype, the outputs have nn.Linear's dtype, and autograd casts each gradient
+# back to its input's dtype. Elementwise ops are left to type promotion, as PyTorch's are.
 
 
-def call_tuple(args: list[str]) -> str:
-    return f"({args[0]},)" if len(args) == 1 else f"({', '.join(args)})"
-
-
-def autocast_helper(name: str, torch: str, any_: str, call: str = "function.apply") -> Lines:
-    """The module-level function a matrix op's functional calls under autocast (Note [autocast]).
-
-    Note [autocast]
-    ~~~~~~~~~~~~~~~
-    Under `torch.autocast` PyTorch's matrix ops (`matmul`, `linear`, `bilinear`, ...) cast their
-    floating inputs to the autocast dtype and compute in it; a custom Function is not on
-    autocast's lists, so `x @ w.T + b` made bf16 @ then a float32 add, and backward (which runs
-    after the autocast region) multiplied a bf16 gradient by a float32 weight. A generated op
-    whose formulas use `@` does what `torch.amp.custom_fwd(cast_inputs=...)` does, in the
-    functional (Functions with `setup_context` have no ctx in forward): while autocast is on
-    for the inputs' device it casts the floating tensor inputs, as recorded operations, and
-    runs the Function with autocast off. Forward, the saved tensors and backward are then all
-    in the autocast dtype, the outputs have nn.Linear's dtype, and autograd casts each gradient
-    back to its input's dtype. Elementwise ops are left to type promotion, as PyTorch's are.
-    """
-    return [
-        f"def {name}(function: {any_}, *args: {any_}) -> {any_}:",
-        f'    """`{call}(*args)` as torch.matmul runs under autocast (Note [autocast], opgen.emit)."""',
-        f"    tensors = [a for a in args if {torch}.is_tensor(a)]  # no builtins: an op may be named `isinstance`",
-        "    device = tensors[0].device.type",
-        f"    if not {torch}.is_autocast_enabled(device):",
-        f"        return {call}(*args)",
-        f"    dtype = {torch}.get_autocast_dtype(device)",
-        f"    args = tuple(a.to(dtype) if {torch}.is_tensor(a) and a.is_floating_point() else a for a in args)",
-        f"    with {torch}.autocast(device, enabled=False):",
-        f"        return {call}(*args)",
-    ]
-
-
-def float_checks(op: str, inputs: list[tuple[str, bool]], torch: str) -> Lines:
-    """The functional's checks that each (input, optional) is a real floating-point tensor.
+def float_checks(op: str, inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
+    """The functional's check that each (input, optional) is a real floating-point tensor.
 
     Note [float inputs]
     ~~~~~~~~~~~~~~~~~~~
@@ -108,19 +79,15 @@ def float_checks(op: str, inputs: list[tuple[str, bool]], torch: str) -> Lines:
     mask only compared) may have any dtype. float16 and bfloat16 compute in their own dtype,
     each operation rounding, as a composition of PyTorch ops does.
     """
-    lines = []
-    for name, optional in inputs:
-        test = f"not {torch}.is_tensor({name}) or not {name}.is_floating_point()"  # no builtins: spec names
-        lines += [
-            f"if {name} is not None and ({test}):" if optional else f"if {test}:",
-            "    raise TypeError(",
-            *_message(f"{op}(): argument {name!r} must be a real floating-point Tensor, got ", name, torch),
-            "    )",
-        ]
-    return lines
+    if not inputs:
+        return ""
+    required = [name for name, optional in inputs if not optional]
+    optional = [name for name, optional in inputs if optional]
+    args = [quote.string(op), _dict(required)] + ([_dict(optional)] if optional else [])
+    return layout.call(runtime.check_floating, args, 4)
 
 
-def promotion(inputs: list[tuple[str, bool]], torch: str, dtype: str) -> Lines:
+def promotion(inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
     """The functional's cast of mixed floating inputs (input, optional) to their promoted dtype.
 
     Note [mixed dtypes]
@@ -131,39 +98,14 @@ def promotion(inputs: list[tuple[str, bool]], torch: str, dtype: str) -> Lines:
     saved tensor raise). When the dtypes of the Tensor inputs a gradient flows to differ, the
     functional casts them to the promoted dtype, as recorded operations: the Function sees one
     dtype, the outputs have the formula's, and autograd casts each gradient back to its input's
-    dtype. Equal dtypes, the common case, cost one comparison. Ops whose forward is a PyTorch op
-    with its own rule (`@`, the native layer norm: `opgen.plan.capture.promoted_inputs`) keep it.
+    dtype. Ops whose forward is a PyTorch op with its own rule (`@`, the native layer norm:
+    `opgen.plan.capture.promoted_inputs`) keep it.
     """
-    required = [name for name, optional in inputs if not optional]
-    optional = [name for name, optional in inputs if optional]
-    if not required or len(inputs) < 2:
-        return []
-    first = required[0]
-    differs = [f"{name}.dtype != {first}.dtype" for name in required[1:]]
-    differs += [f"({name} is not None and {name}.dtype != {first}.dtype)" for name in optional]
-    lines = ["# mixed floating dtypes: promoted, as PyTorch's elementwise ops do (Note [mixed dtypes])"]
-    test = f"if {' or '.join(differs)}:"
-    if len(test) + 4 <= 120:  # the functional's body is indented once
-        lines.append(test)
-    else:  # as ruff format splits it
-        lines += ["if (", f"    {differs[0]}", *(f"    or {d}" for d in differs[1:]), "):"]
-    start = f"{torch}.promote_types({first}.dtype, {required[1]}.dtype)" if len(required) > 1 else f"{first}.dtype"
-    lines.append(f"    {dtype} = {start}")
-    for name in required[2:]:
-        lines.append(f"    {dtype} = {torch}.promote_types({dtype}, {name}.dtype)")
-    for name in optional:
-        lines.append(f"    {dtype} = {dtype} if {name} is None else {torch}.promote_types({dtype}, {name}.dtype)")
-    for name in required:
-        lines.append(f"    {name} = {name}.to({dtype})")
-    for name in optional:
-        lines.append(f"    {name} = None if {name} is None else {name}.to({dtype})")
-    return lines
+    names = [name for name, _ in inputs]
+    if len(names) < 2 or all(optional for _, optional in inputs):
+        return ""
+    return layout.call(f"{', '.join(names)} = {runtime.promoted}", names, 4)
 
 
-def _message(text: str, name: str, torch: str) -> Lines:
-    """`text` then the argument's dtype (or type), as ruff format leaves it: one f-string when it fits."""
-    got = f"{{{name}.dtype if {torch}.is_tensor({name}) else {name}.__class__.__name__}}"
-    one = f'        f{quote.string(text + "{")[:-2]}{got}"'
-    if len(one) + 4 <= 120:  # the functional's body is indented once more
-        return [one]
-    return [f"        {quote.string(text)}", f'        f"{got}"']
+def _dict(names: list[str]) -> str:
+    return "{" + ", ".join(f"{quote.string(name)}: {name}" for name in names) + "}"

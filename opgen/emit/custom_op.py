@@ -90,9 +90,16 @@ def custom_op_context(plan: Plan, namespace: str, function_ref: str, torch: str,
     """The names and text `op.py.j2` writes for the custom op."""
     spec = plan.derived.spec
     namer = Namer(taken)
+    define, choose = namer.fresh("define"), namer.fresh("op_or_function")
+    imports = [
+        name if local == name else f"{name} as {local}"
+        for name, local in (("define", define), ("op_or_function", choose))
+    ]
     return {
         "ref": namer.fresh(f"_{spec.name}_op"),
-        "define": namer.fresh("define_custom_op"),
+        "define": define,
+        "choose": choose,
+        "imports": ", ".join(imports),
         "qualname": quote.string(f"{namespace}::{spec.name}"),
         "schema": quote.string(schema(plan)),
         "fingerprint": quote.string(FINGERPRINT),

@@ -157,7 +157,7 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
             [(v.absent, _forward_variant(plan, v, kind_printer, a)) for v, a in variants], optional, is_none
         )
         bodies[kind] = [*body, f"return {', '.join(plan.returned)}"]
-    return lines + recorded_forward(bodies["in_place"], bodies["plain"], names.torch)
+    return lines + recorded_forward(bodies["in_place"], bodies["plain"], names.torch, names.runtime)
 
 
 def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> Lines:

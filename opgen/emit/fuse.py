@@ -117,8 +117,8 @@ def fuse(
     fast = [
         "if not (",  # first order only, not vmapped: see opgen's Note [fused backward]
         f"    {torch}.is_grad_enabled()",
-        f"    or {torch}._C._are_functorch_transforms_active()",
-        f"    or (not {torch}.compiler.is_compiling() and {torch}._C._functorch.is_legacy_batchedtensor({first}))",
+        f"    or {printer.runtime.transforms_active}()",
+        f"    or (not {torch}.compiler.is_compiling() and {printer.runtime.legacy_batched}({first}))",
         "):",
         f"    {gradients} = {backward_name}({', '.join(inputs)})",
         f"    return {results}",

@@ -18,6 +18,7 @@ from opgen.optimize.gates import Glu, GluBackward
 
 if TYPE_CHECKING:
     from opgen.emit.printer import TorchPrinter
+    from opgen.emit.runtime_names import RuntimeNames
 
 
 class GatePrinting:
@@ -25,6 +26,7 @@ class GatePrinting:
 
     if TYPE_CHECKING:  # provided by TorchPrinter
         torch: str
+        runtime: RuntimeNames
 
         def _print(self, expr: Any, **kwargs: Any) -> str: ...
 
@@ -49,7 +51,7 @@ class GatePrinting:
         function, args = self.glu_backward_call(expr)
         kernel = f"{function}({', '.join(args)})"
         formula = self._print(expr.formula())
-        return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else {formula})"
+        return f"({kernel} if not {self.runtime.transforms_active}() else {formula})"
 
 
 Assign = Callable[..., list[str]]  # opgen.emit.statements.assign
@@ -62,7 +64,7 @@ def glu_backward_lines(
     """`var = ` the kernel, or under torch.func transforms the formula (Note [glu under torch.func])."""
     function, args = printer.glu_backward_call(expr)
     return [
-        f"if not {printer.torch}._C._are_functorch_transforms_active():",
+        f"if not {printer.runtime.transforms_active}():",
         *("    " + line for line in call_lines(var, function, args, width - indent - 4)),
         "else:",
         *("    " + line for line in assign(var, expr.formula(), printer, indent + 4, shared=True)),

@@ -83,8 +83,8 @@ def _in_place_test(printer: TorchPrinter, g: str) -> list[str]:
         "if (",
         f"    {torch}.is_grad_enabled()  # double backward: no in-place operations",
         f"    or {torch}.compiler.is_compiling()  # Note [in place under vmap]",
-        f"    or {torch}._C._are_functorch_transforms_active()",
-        f"    or {torch}._C._functorch.is_legacy_batchedtensor({g})",
+        f"    or {printer.runtime.transforms_active}()",
+        f"    or {printer.runtime.legacy_batched}({g})",
         "):",
     ]
 

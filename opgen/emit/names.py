@@ -16,6 +16,7 @@ import sympy
 from opgen.derive.gradients import Derived
 from opgen.emit.annotations import TypeNames, type_names
 from opgen.emit.printer import TorchPrinter
+from opgen.emit.runtime_names import RuntimeNames
 from opgen.formula.dims import size_stem
 from opgen.formula.kinds import Mask, with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
@@ -45,9 +46,8 @@ class OpNames:
     size_attrs: dict[str, str]  # named dimension -> ctx attribute holding its size
     size_locals: dict[str, str]  # named dimension -> forward's local variable holding its size
     check_shapes: str  # the module-level helper that checks argument shapes at call time
-    arg: str  # the functional's loop variable looking for an FX Proxy
-    autocast: str  # the module-level helper a matrix op calls under autocast
-    dtype: str  # the functional's common dtype of mixed floating inputs (Note [mixed dtypes])
+    proxy: str  # the functional's FX Proxy standing for its call, while torch.fx traces
+    runtime: RuntimeNames  # what the module imports from the package's `_runtime.py`
     types: TypeNames  # how annotations write torch.Tensor, Any and the builtins (Note [typed generated code])
 
 
@@ -85,9 +85,9 @@ def make_names(plan: Plan) -> OpNames:
         d: namer.fresh(size_stem(d)) for d in forward_dims(plan.derived, tuple(r.expr for r in plan.residuals))
     }
     check_shapes = namer.fresh("check_shapes")
-    arg, autocast = namer.fresh("arg"), namer.fresh("_autocast_apply")
+    proxy = namer.fresh("proxy")
     types = type_names(torch, namer, set(public_names(spec)) | {function_ref, functional_ref})
-    dtype = namer.fresh("dtype")
+    runtime = RuntimeNames(namer)
     return OpNames(
         torch=torch,
         math=math,
@@ -105,9 +105,8 @@ def make_names(plan: Plan) -> OpNames:
         size_attrs=size_attrs,
         size_locals=size_locals,
         check_shapes=check_shapes,
-        arg=arg,
-        autocast=autocast,
-        dtype=dtype,
+        proxy=proxy,
+        runtime=runtime,
         types=types,
     )
 
@@ -150,7 +149,12 @@ def make_printer(
     residuals = frozenset(s for r in plan.residuals for s in (r.symbol, r.grad))
     tensors = with_definitions(symbols.tensors | residuals, [*lets, *((t.symbol, t.expr) for t in temps)])
     printer = TorchPrinter(
-        table, tensors, torch=names.torch, math=names.math, functional=f"{names.torch}.nn.functional"
+        table,
+        tensors,
+        torch=names.torch,
+        math=names.math,
+        functional=f"{names.torch}.nn.functional",
+        runtime=names.runtime,
     )
     printer.tensor_shapes = dict(derived.shapes)
     return printer

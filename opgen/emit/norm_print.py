@@ -12,12 +12,16 @@ from opgen.optimize.norms import Item, LayerNorm, LayerNormGrads, LayerNormStats
 from opgen.optimize.save import Residual
 from opgen.spec.names import Namer
 
+if TYPE_CHECKING:
+    from opgen.emit.runtime_names import RuntimeNames
+
 
 class NormPrinting:
     """`torch.layer_norm(...)`, `torch.native_layer_norm(...)`, `aten.native_layer_norm_backward(...)`."""
 
     if TYPE_CHECKING:  # provided by TorchPrinter
         torch: str
+        runtime: RuntimeNames
 
         def _print(self, expr: Any, **kwargs: Any) -> str: ...
 
@@ -58,7 +62,7 @@ class NormPrinting:
         function, args = self.norm_backward_call(expr)
         parts = [self._norm_part(part, into) for part, into in norm_backward_formulas(expr)]
         kernel = f"{function}({', '.join(args)})"
-        return f"({kernel} if not {self.torch}._C._are_functorch_transforms_active() else ({', '.join(parts)}))"
+        return f"({kernel} if not {self.runtime.transforms_active}() else ({', '.join(parts)}))"
 
     def _print_Rstd(self, expr: Rstd) -> str:
         return f"{self.torch}.rsqrt({self._print(expr.args[0])})"

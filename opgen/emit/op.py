@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from opgen.emit import annotations as typed
 from opgen.emit.backward import backward_body
-from opgen.emit.capture import autocast_helper, call_tuple, export_refusal, float_checks, promotion
+from opgen.emit.capture import float_checks, promotion
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
@@ -78,8 +78,6 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]
-    if autocasts(plan):
-        helpers = [*helpers, autocast_helper(names.autocast, names.torch, names.types.any, _apply(spec.custom_op))]
     jnames, jvp, jsetup = _forward_mode(plan, names, printer, helpers)
     setup = setup_body(plan, names, jsetup)
     formulas = formulas_doc(derived, plan, names)
@@ -122,8 +120,24 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         **_capture_context(plan, names, jnames),
         **defs,
         uses_math=quote.uses_math(code, names.math),
+        rt=names.runtime,
+        runtime_import=_runtime_import(plan, names),
     )
     return with_fingerprint(text) if spec.custom_op else text
+
+
+def _runtime_import(plan: Plan, names: OpNames) -> str:
+    """The import of what the module uses of `_runtime.py`: what its bodies printed, and what the
+    template writes around them (the Function's base, the functional's capture and TorchScript mark)."""
+    rt = names.runtime
+    _ = rt.Function, rt.capture, rt.not_scriptable
+    if not plan.derived.spec.custom_op:
+        _ = rt.without_jvp
+    if autocasts(plan):
+        _ = rt.autocast_apply
+    if capture_loss(plan) and not plan.derived.spec.custom_op:
+        _ = rt.refuse_export
+    return rt.import_line()
 
 
 def _divisible(plan: Plan) -> str:
@@ -164,13 +178,8 @@ def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
     """What the template writes for a custom_op-form op (opgen.emit.custom_op)."""
     spec = plan.derived.spec
     taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
-    taken |= {names.function_ref, names.functional_ref, names.autocast, jnames.compiled}
+    taken |= {names.function_ref, names.functional_ref, names.proxy, jnames.compiled}
     return custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
-
-
-def _apply(custom_op: bool) -> str:
-    """How the autocast helper calls its `function`: the custom op itself, or a Function's `apply`."""
-    return "function" if custom_op else "function.apply"
 
 
 def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
@@ -180,11 +189,10 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
     loss = capture_loss(plan)
     return {
         "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
-        "call_tuple": call_tuple([i.name for i in spec.inputs]),
         "autocasts": autocasts(plan),
-        "float_checks": float_checks(spec.name, float_inputs(plan), names.torch),
-        "promotion": promotion(promoted_inputs(plan), names.torch, names.dtype),
-        "export_refusal": export_refusal(spec.name, loss) if loss and not spec.custom_op else None,
+        "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
+        "promotion": promotion(promoted_inputs(plan), names.runtime),
+        "export_refusal": loss if loss and not spec.custom_op else None,
     }
 
 

@@ -23,9 +23,11 @@ from opgen.emit.gate_print import GatePrinting
 from opgen.emit.kernel_print import KernelPrinting
 from opgen.emit.norm_print import NormPrinting
 from opgen.emit.number_print import NumberPrinting, common_factor, decimal, is_exact_constant, power
+from opgen.emit.runtime_names import RuntimeNames
 from opgen.emit.tensor_print import TensorPrinting
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
+from opgen.spec.names import Namer
 from opgen.spec.quote import float_literal
 
 # SymPy class -> (torch function, math function or None: see `_number_function`)
@@ -87,8 +89,10 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
         math: str = "math",
         functional: str = "torch.nn.functional",
         settings: dict[str, Any] | None = None,
+        runtime: RuntimeNames | None = None,
     ) -> None:
         super().__init__(settings)
+        self.runtime = runtime if runtime is not None else RuntimeNames(Namer(set(names.values())))
         self.names = names
         self.tensors = tensors
         self.torch = torch
@@ -107,6 +111,7 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
             math=self.math,
             functional=self.functional,
             settings={key: self._settings[key] for key in ("no_grad",)} | settings,
+            runtime=self.runtime,
         )
         printer.tensor_shapes, printer.masks = dict(self.tensor_shapes), dict(self.masks)
         return printer

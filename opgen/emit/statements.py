@@ -84,7 +84,7 @@ def _norm_backward(var: str, expr: LayerNormGrads, printer: TorchPrinter, indent
         if into is not None:
             formulas.append(f"{names[-1]} = {names[-1]}.sum_to_size({printer.doprint_expr(into)}.shape)")
     return [
-        f"if not {printer.torch}._C._are_functorch_transforms_active():",
+        f"if not {printer.runtime.transforms_active}():",
         *indent_lines(call_lines(var, function, args, LINE_LENGTH - indent - 4)),
         "else:",
         *indent_lines([*formulas, f"{var} = {', '.join(names)}"]),

@@ -42,6 +42,21 @@ def define(qualname, schema, function, fingerprint, broadcasts):
     return op
 
 
+def op_or_function(op, function, *args):
+    """What the functional calls: the custom op, or the autograd Function it was built from under a
+    torch.func transform or where an argument carries a forward-mode tangent (torch has no
+    forward-mode rule for a custom op, and its registered autograd refuses torch.func's `grad`).
+    Compiled, always the custom op: torch.compile keeps it as one node."""
+    if torch.compiler.is_compiling():
+        return op
+    active = torch._C._are_functorch_transforms_active
+    if active() or any(
+        torch.is_tensor(a) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None for a in args
+    ):
+        return function.apply  # noqa: E501
+    return op
+
+
 def _refuse_other(qualname, fingerprint):
     existing = torch._library.custom_ops.OPDEFS.get(qualname)
     if existing is None or getattr(existing, FINGERPRINT, None) == fingerprint:

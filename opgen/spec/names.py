@@ -45,7 +45,7 @@ def ctx_namer() -> Namer:
 
 # The generated package's own modules: an op or class of one of these names would replace the
 # module in the package's namespace (`pkg.tests` must stay the test subpackage).
-PACKAGE_MODULES = frozenset({"ops", "tests", "_shape_checks"})
+PACKAGE_MODULES = frozenset({"ops", "tests", "_shape_checks", "_runtime", "_custom_ops"})
 
 
 def public_name_problem(name: str) -> str | None:

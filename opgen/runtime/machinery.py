@@ -1,0 +1,157 @@
+"""What every op of this package shares, written once: the op modules keep only their formulas.
+
+- `Function`: the base of each op's `torch.autograd.Function`, with a faster `apply`;
+  `without_jvp` makes the twin that torch.compile traces (it cannot trace a custom `jvp`).
+- `capture`: a functional called while `torch.fx.symbolic_trace` traces records itself as one
+  node, so the captured graph keeps the op's own backward (a gradient override, a guarded
+  `where`), which inlining the forward would lose.
+- `refuse_export`: torch.export would lose such an op's backward while training; it says so.
+- `check_floating`, `promoted`, `autocast_apply`: the functional's argument checks, the
+  promotion of mixed floating dtypes and the casts of matrix ops under autocast, as PyTorch's
+  own ops do them.
+- `transforms_active`, `legacy_batched`: when an op computes with its plain formula instead of
+  a fused or native kernel (under torch.func transforms, a kernel's in-place work or its
+  batching rule would not be recorded).
+- `not_scriptable`: TorchScript cannot compile an autograd Function; scripted code calls the
+  functional as Python, and scripting the functional itself says what works.
+
+The torch internals used here are the only ones the package touches; each has a fallback for
+a torch release that lacks it, the slower or plainer path that is always right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+F = TypeVar("F", bound="type[Function]")
+C = TypeVar("C", bound=Callable[..., Any])
+
+
+def _internal(owner: object, path: str) -> Any:
+    """The torch internal at `path` below `owner`, or None where this release lacks it."""
+    for part in path.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner
+
+
+_transforms_active = _internal(torch, "_C._are_functorch_transforms_active")
+_unwrap_dead_wrappers = _internal(torch, "_functorch.utils.unwrap_dead_wrappers")
+_legacy_batched = _internal(torch, "_C._functorch.is_legacy_batchedtensor")
+_autocast_enabled = _internal(torch, "_C._is_any_autocast_enabled")
+_fx_tracing = _internal(torch, "fx._symbolic_trace.is_fx_symbolic_tracing")
+
+
+def transforms_active() -> bool:
+    """A torch.func transform (vmap, grad, jvp, ...) is running (always, where torch cannot tell)."""
+    return True if _transforms_active is None else bool(_transforms_active())
+
+
+def legacy_batched(tensor: torch.Tensor) -> bool:
+    """`tensor` is batched by autograd's `is_grads_batched` (always, where torch cannot tell)."""
+    return True if _legacy_batched is None else bool(_legacy_batched(tensor))
+
+
+class Function(torch.autograd.Function):
+    """`torch.autograd.Function` whose `apply` does not bind `forward`'s signature on every call:
+    the generated `forward` has no defaults to fill, and the binding is a third of a small call's
+    time. Under torch.func transforms (which need it), `apply` is PyTorch's own."""
+
+    generate_vmap_rule = True
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        if _unwrap_dead_wrappers is None or transforms_active():
+            return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
+        # past `Function.apply` (which binds the signature) to autograd's own, in C
+        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))  # type: ignore[misc]
+
+
+def without_jvp(function: F) -> F:
+    """`function` without its `jvp`, for torch.compile, which cannot trace a custom jvp (it derives
+    forward-mode gradients from the traced formulas instead)."""
+    members = {"jvp": staticmethod(torch.autograd.Function.jvp), "__module__": function.__module__}
+    metaclass: Any = type(function)  # autograd's FunctionMeta, which makes the twin's backward class
+    twin: F = metaclass(f"{function.__name__}Compiled", (function,), members)
+    return twin
+
+
+def capture(functional: Callable[..., Any], *args: Any) -> Any:
+    """While torch.fx traces and a `torch.fx.Proxy` is among `args`: the call recorded as one node
+    of the graph (what `torch.fx.wrap` does, wherever the functional is called from); else None."""
+    if _fx_tracing is not None and not _fx_tracing():
+        return None
+    for arg in args:
+        if torch.fx.Proxy in arg.__class__.__mro__:  # not `isinstance`: a Proxy answers any attribute
+            return arg.tracer.create_proxy("call_function", functional, args, {})
+    return None
+
+
+def check_floating(op: str, required: dict[str, Any], optional: dict[str, Any] | None = None) -> None:
+    """A TypeError unless every tensor argument a gradient flows to is a real floating-point Tensor
+    (the derivation is over the reals: an integer tensor computes in integers, a complex one gets
+    gradients that are not conjugated); `optional` ones may also be None."""
+    for name, value in [*required.items(), *(optional or {}).items()]:
+        if value is None and optional is not None and name in optional:
+            continue
+        if not torch.is_tensor(value) or not value.is_floating_point():
+            got = value.dtype if torch.is_tensor(value) else value.__class__.__name__
+            raise TypeError(f"{op}(): argument '{name}' must be a real floating-point Tensor, got {got}")
+
+
+def promoted(*tensors: Any) -> tuple[Any, ...]:
+    """The tensors (a None stays None) cast to their promoted dtype where their floating dtypes differ,
+    as PyTorch's elementwise ops promote: the Function then sees one dtype (its backward kernels
+    need it), and autograd casts each gradient back to its input's dtype."""
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if len(dtypes) < 2:
+        return tensors
+    dtype = next(iter(dtypes))
+    for other in dtypes:
+        dtype = torch.promote_types(dtype, other)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
+def autocast_apply(run: Callable[..., Any], *args: Any) -> Any:
+    """`run(*args)` (an autograd Function's `apply`, or a custom op) as torch.matmul runs under
+    autocast: while autocast is on for the inputs' device, the floating tensor inputs are cast to its
+    dtype (recorded operations) and the op runs with autocast off, so forward, the saved tensors and
+    backward share one dtype, and autograd casts each gradient back to its input's dtype."""
+    if _autocast_enabled is not None and not _autocast_enabled():
+        return run(*args)
+    device = next(a for a in args if torch.is_tensor(a)).device.type
+    if not torch.is_autocast_enabled(device):
+        return run(*args)
+    dtype = torch.get_autocast_dtype(device)
+    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    with torch.autocast(device, enabled=False):
+        return run(*args)
+
+
+def refuse_export(op: str, loss: str) -> None:
+    """While torch.export records with grad mode on, a RuntimeError: export inlines an op's forward and
+    has no leaf functions, so a trained exported graph would differentiate the forward formula and lose
+    `loss` (a gradient override, a guarded branch's finite gradient)."""
+    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{op}(): torch.export inlines this op's forward and would drop {loss}; export under torch.no_grad()"
+            " for inference, or capture with torch.fx.symbolic_trace (the op stays one node) to train"
+        )
+
+
+def not_scriptable(functional: C) -> C:
+    """`functional` marked for TorchScript: scripted code that calls it runs it as a Python call (with
+    the op's gradient), and scripting it raises a message naming what works."""
+    torch.jit.ignore(functional)  # type: ignore[no-untyped-call, unused-ignore]
+    name = getattr(functional, "__name__", "this op")
+    message = (
+        f"{name} runs a torch.autograd.Function, which TorchScript cannot compile: call it from scripted code"
+        " (a Python call that torch.jit.save refuses), or capture it with torch.compile, torch.export or"
+        " torch.jit.trace"
+    )
+    setattr(functional, "__script_unsupported", message)  # noqa: B010 - a name mypy does not know
+    return functional
