@@ -10,9 +10,9 @@
 - `check_floating`, `promoted`, `autocast_apply`: the functional's argument checks, the
   promotion of mixed floating dtypes and the casts of matrix ops under autocast, as PyTorch's
   own ops do them.
-- `transforms_active`, `legacy_batched`: when an op computes with its plain formula instead of
-  a fused or native kernel (under torch.func transforms, a kernel's in-place work or its
-  batching rule would not be recorded).
+- `transforms_active`, `first_order_only`, `may_work_in_place`: when an op computes with its
+  plain formula instead of a native, compiled or in-place kernel (under torch.func transforms or
+  in double backward, what such a kernel does would not be recorded or batched).
 - `not_scriptable`: TorchScript cannot compile an autograd Function; scripted code calls the
   functional as Python, and scripting the functional itself says what works.
 
@@ -55,6 +55,23 @@ def transforms_active() -> bool:
 def legacy_batched(tensor: torch.Tensor) -> bool:
     """`tensor` is batched by autograd's `is_grads_batched` (always, where torch cannot tell)."""
     return True if _legacy_batched is None else bool(_legacy_batched(tensor))
+
+
+def first_order_only(grad: torch.Tensor) -> bool:
+    """Backward computes a first derivative that nothing differentiates again (autograd records
+    nothing: no double backward), under no torch.func transform, and `grad`, the incoming gradient,
+    is not batched by `autograd.grad(is_grads_batched=True)`: compiled gradients (which cannot be
+    differentiated again, nor batched from eager) may then replace the differentiable code."""
+    if torch.is_grad_enabled() or transforms_active():
+        return False
+    return torch.compiler.is_compiling() or not legacy_batched(grad)
+
+
+def may_work_in_place(grad: torch.Tensor) -> bool:
+    """`first_order_only(grad)`, and not compiling: backward may then work in place on the temporaries it
+    makes itself (under vmap an unbatched saved tensor cannot be multiplied in place by a batched
+    gradient; compiled code fuses the plain operations anyway)."""
+    return not torch.compiler.is_compiling() and first_order_only(grad)
 
 
 class Function(torch.autograd.Function):

@@ -64,10 +64,10 @@ class AffineFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _AffineFunctionNoJvp = without_jvp(AffineFunction)
 
 
+@not_scriptable
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Elementwise affine map, the learnable scale and shift of normalization layers:
     x * weight + bias, with `bias` optional.
@@ -92,9 +92,6 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x, weight, bias = promoted(x, weight, bias)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
-
-
-not_scriptable(affine)
 
 
 class Affine(torch.nn.Module):

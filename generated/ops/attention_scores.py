@@ -59,10 +59,10 @@ class AttentionScoresFunction(Function):
         return tangent_weights
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _AttentionScoresFunctionNoJvp = without_jvp(AttentionScoresFunction)
 
 
+@not_scriptable
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Scaled dot-product attention weights softmax(q @ k.T / sqrt(D)) over the keys, as inside
     F.scaled_dot_product_attention.
@@ -85,6 +85,3 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     check_floating("attention_scores", {"q": q, "k": k})
     function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction
     return autocast_apply(function.apply, q, k)
-
-
-not_scriptable(attention_scores)

@@ -50,10 +50,10 @@ class BceWithLogitsFunction(Function):
         return tangent_loss
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _BceWithLogitsFunctionNoJvp = without_jvp(BceWithLogitsFunction)
 
 
+@not_scriptable
 def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy on logits per element;
     torch.nn.functional.binary_cross_entropy_with_logits(..., reduction=\"none\").
@@ -76,6 +76,3 @@ def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     logits, target = promoted(logits, target)
     function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction
     return function.apply(logits, target)
-
-
-not_scriptable(bce_with_logits)

@@ -84,10 +84,10 @@ class BilinearFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _BilinearFunctionNoJvp = without_jvp(BilinearFunction)
 
 
+@not_scriptable
 def bilinear(
     x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -114,9 +114,6 @@ def bilinear(
     check_floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias})
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
     return autocast_apply(function.apply, x1, x2, weight, bias)
-
-
-not_scriptable(bilinear)
 
 
 class Bilinear(torch.nn.Module):

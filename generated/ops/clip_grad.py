@@ -27,9 +27,7 @@ class ClipGradFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         bound = ctx.bound
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.clamp(grad_y, -bound, bound)
+        grad_x = torch.clamp(grad_y, -bound, bound)
         return grad_x, None
 
     @staticmethod
@@ -47,10 +45,10 @@ class ClipGradFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _ClipGradFunctionNoJvp = without_jvp(ClipGradFunction)
 
 
+@not_scriptable
 def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
     """The identity forward; backward clamps each element of the incoming gradient to
     [-bound, bound].
@@ -67,6 +65,3 @@ def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
     check_floating("clip_grad", {"x": x})
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
     return function.apply(x, bound)
-
-
-not_scriptable(clip_grad)

@@ -83,10 +83,10 @@ class CosineSimilarityFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _CosineSimilarityFunctionNoJvp = without_jvp(CosineSimilarityFunction)
 
 
+@not_scriptable
 def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) -> torch.Tensor:
     """Cosine similarity along the last dimension, each side divided by its norm (at least eps);
     F.cosine_similarity(x1, x2, dim=-1).
@@ -115,6 +115,3 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
     x1, x2 = promoted(x1, x2)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)
-
-
-not_scriptable(cosine_similarity)

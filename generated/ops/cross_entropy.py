@@ -72,10 +72,10 @@ class CrossEntropyFunction(Function):
         return tangent_loss, tangent_saved_log_softmax
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _CrossEntropyFunctionNoJvp = without_jvp(CrossEntropyFunction)
 
 
+@not_scriptable
 def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy with probability targets, averaged over the batch, through log-softmax so that
     large logits cannot overflow; F.cross_entropy(input, target).
@@ -100,6 +100,3 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     input, target = promoted(input, target)
     function = _CrossEntropyFunctionNoJvp if torch.compiler.is_compiling() else CrossEntropyFunction
     return function.apply(input, target)[0]
-
-
-not_scriptable(cross_entropy)

@@ -30,9 +30,7 @@ class EluFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         (x,) = ctx.saved_tensors
         alpha = ctx.alpha
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.elu_backward(grad_y, alpha, 1, 1, False, x)
+        grad_x = torch.ops.aten.elu_backward(grad_y, alpha, 1, 1, False, x)
         return grad_x, None
 
     @staticmethod
@@ -43,10 +41,10 @@ class EluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _EluFunctionNoJvp = without_jvp(EluFunction)
 
 
+@not_scriptable
 def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """ELU, x for x > 0 and alpha * (exp(x) - 1) below; torch.nn.functional.elu.
 
@@ -63,6 +61,3 @@ def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         return torch.nn.functional.elu(x, alpha)
     function = _EluFunctionNoJvp if torch.compiler.is_compiling() else EluFunction
     return function.apply(x, alpha)
-
-
-not_scriptable(elu)

@@ -82,10 +82,10 @@ class FocalLossFunction(Function):
         return tangent_loss
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _FocalLossFunctionNoJvp = without_jvp(FocalLossFunction)
 
 
+@not_scriptable
 def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
     """The focal-loss term of Lin et al. (2017) for binary targets, per element:
     -alpha_t * (1 - p_t)**gamma * log(p_t), with p = sigmoid(logits); as torchvision's
@@ -120,6 +120,3 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
     logits, target = promoted(logits, target)
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
     return function.apply(logits, target, alpha, gamma)
-
-
-not_scriptable(focal_loss)

@@ -28,9 +28,7 @@ class GeluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.gelu_backward(grad_y, x)
+        grad_x = torch.ops.aten.gelu_backward(grad_y, x)
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class GeluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _GeluFunctionNoJvp = without_jvp(GeluFunction)
 
 
+@not_scriptable
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the exact Gaussian CDF, x * Phi(x); torch.nn.functional.gelu.
 
@@ -60,6 +58,3 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x)
     function = _GeluFunctionNoJvp if torch.compiler.is_compiling() else GeluFunction
     return function.apply(x)
-
-
-not_scriptable(gelu)

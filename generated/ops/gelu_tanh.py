@@ -33,9 +33,7 @@ class GeluTanhFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate="tanh")
+        grad_x = torch.ops.aten.gelu_backward(grad_y, x, approximate="tanh")
         return grad_x
 
     @staticmethod
@@ -45,10 +43,10 @@ class GeluTanhFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _GeluTanhFunctionNoJvp = without_jvp(GeluTanhFunction)
 
 
+@not_scriptable
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation; torch.nn.functional.gelu(x, approximate=\"tanh\").
 
@@ -66,6 +64,3 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x, approximate="tanh")
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction
     return function.apply(x)
-
-
-not_scriptable(gelu_tanh)

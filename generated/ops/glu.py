@@ -28,16 +28,14 @@ class GluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if not transforms_active():
-                grad_x = torch.ops.aten.glu_backward(grad_y, x, -1)
-            else:
-                grad_x_t0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
-                grad_x_t1 = grad_y * grad_x_t0
-                grad_x_t3 = grad_x_t1 * (1 - grad_x_t0) * x.narrow(-1, 0, ctx.D // 2)
-                grad_x_t2 = torch.nn.functional.pad(grad_x_t3, (ctx.D // 2, 0))
-                grad_x = grad_x_t2 + torch.nn.functional.pad(grad_x_t1, (0, ctx.D // 2))
+        if not transforms_active():
+            grad_x = torch.ops.aten.glu_backward(grad_y, x, -1)
+        else:
+            grad_x_t0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
+            grad_x_t1 = grad_y * grad_x_t0
+            grad_x_t3 = grad_x_t1 * (1 - grad_x_t0) * x.narrow(-1, 0, ctx.D // 2)
+            grad_x_t2 = torch.nn.functional.pad(grad_x_t3, (ctx.D // 2, 0))
+            grad_x = grad_x_t2 + torch.nn.functional.pad(grad_x_t1, (0, ctx.D // 2))
         return grad_x
 
     @staticmethod
@@ -49,10 +47,10 @@ class GluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _GluFunctionNoJvp = without_jvp(GluFunction)
 
 
+@not_scriptable
 def glu(x: torch.Tensor) -> torch.Tensor:
     """Gated linear unit: the first half of `x`'s last dimension gated by the sigmoid of the second half;
     F.glu(x, dim=-1).
@@ -73,6 +71,3 @@ def glu(x: torch.Tensor) -> torch.Tensor:
     check_floating("glu", {"x": x})
     function = _GluFunctionNoJvp if torch.compiler.is_compiling() else GluFunction
     return function.apply(x)
-
-
-not_scriptable(glu)

@@ -27,9 +27,7 @@ class GradReverseFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         alpha = ctx.alpha
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = -(alpha * grad_y)
+        grad_x = -(alpha * grad_y)
         return grad_x, None
 
     @staticmethod
@@ -47,10 +45,10 @@ class GradReverseFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _GradReverseFunctionNoJvp = without_jvp(GradReverseFunction)
 
 
+@not_scriptable
 def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """Gradient reversal layer (domain-adversarial training): the identity forward, the
     incoming gradient scaled by -alpha backward.
@@ -67,6 +65,3 @@ def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     check_floating("grad_reverse", {"x": x})
     function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
     return function.apply(x, alpha)
-
-
-not_scriptable(grad_reverse)

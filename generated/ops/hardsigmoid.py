@@ -26,15 +26,13 @@ class HardsigmoidFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
-                grad_x_t0 = x + 3
-                grad_x_t2 = -torch.nn.functional.threshold(-grad_x_t0, -6, -6)
-                grad_x_t1 = torch.where(grad_x_t2 > 0, (grad_x_t0 < 6).to(grad_x_t0.dtype), 0)
-                grad_x = grad_y * grad_x_t1 / 6
-            else:
-                grad_x = torch.ops.aten.hardsigmoid_backward(grad_y, x)
+        if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
+            grad_x_t0 = x + 3
+            grad_x_t2 = -torch.nn.functional.threshold(-grad_x_t0, -6, -6)
+            grad_x_t1 = torch.where(grad_x_t2 > 0, (grad_x_t0 < 6).to(grad_x_t0.dtype), 0)
+            grad_x = grad_y * grad_x_t1 / 6
+        else:
+            grad_x = torch.ops.aten.hardsigmoid_backward(grad_y, x)
         return grad_x
 
     @staticmethod
@@ -50,10 +48,10 @@ class HardsigmoidFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _HardsigmoidFunctionNoJvp = without_jvp(HardsigmoidFunction)
 
 
+@not_scriptable
 def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     """relu6(x + 3) / 6, as torch.nn.functional.hardsigmoid: slope 1/6 strictly between -3 and 3,
     0 at -3 and 3 themselves.
@@ -69,6 +67,3 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     check_floating("hardsigmoid", {"x": x})
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction
     return function.apply(x)
-
-
-not_scriptable(hardsigmoid)

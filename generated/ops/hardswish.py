@@ -28,9 +28,7 @@ class HardswishFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.hardswish_backward(grad_y, x)
+        grad_x = torch.ops.aten.hardswish_backward(grad_y, x)
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class HardswishFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _HardswishFunctionNoJvp = without_jvp(HardswishFunction)
 
 
+@not_scriptable
 def hardswish(x: torch.Tensor) -> torch.Tensor:
     """x * relu6(x + 3) / 6 (MobileNetV3), as torch.nn.functional.hardswish: gradient 0 at -3
     and 1 at 3, the slopes of min/max there (`clamp` would pass -1/2 and 3/2).
@@ -61,6 +59,3 @@ def hardswish(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.hardswish(x)
     function = _HardswishFunctionNoJvp if torch.compiler.is_compiling() else HardswishFunction
     return function.apply(x)
-
-
-not_scriptable(hardswish)

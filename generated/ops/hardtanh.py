@@ -32,9 +32,7 @@ class HardtanhFunction(Function):
         (x,) = ctx.saved_tensors
         min_val = ctx.min_val
         max_val = ctx.max_val
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max(max_val, min_val))
+        grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, min_val, max(max_val, min_val))
         return grad_x, None, None
 
     @staticmethod
@@ -46,10 +44,10 @@ class HardtanhFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _HardtanhFunctionNoJvp = without_jvp(HardtanhFunction)
 
 
+@not_scriptable
 def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> torch.Tensor:
     """x clipped to [min_val, max_val], as torch.nn.functional.hardtanh: the gradient is 0 at
     the bounds themselves (max/min against a number; `clamp` would pass it there).
@@ -67,6 +65,3 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
         return torch.nn.functional.hardtanh(x, min_val, max(max_val, min_val))
     function = _HardtanhFunctionNoJvp if torch.compiler.is_compiling() else HardtanhFunction
     return function.apply(x, min_val, max_val)
-
-
-not_scriptable(hardtanh)

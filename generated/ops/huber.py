@@ -74,10 +74,10 @@ class HuberFunction(Function):
         return tangent_loss
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _HuberFunctionNoJvp = without_jvp(HuberFunction)
 
 
+@not_scriptable
 def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torch.Tensor:
     """Huber loss per element (smooth L1 scaled by delta): quadratic within delta of the
     target, linear beyond; torch.nn.functional.huber_loss(..., reduction=\"none\").
@@ -101,6 +101,3 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
     input, target = promoted(input, target)
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction
     return function.apply(input, target, delta)
-
-
-not_scriptable(huber)

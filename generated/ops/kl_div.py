@@ -54,10 +54,10 @@ class KlDivFunction(Function):
         return tangent_loss
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _KlDivFunctionNoJvp = without_jvp(KlDivFunction)
 
 
+@not_scriptable
 def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Kullback-Leibler divergence of a target distribution from log-probabilities `input`, summed
     over the classes and averaged over the batch, 0 * log(0) taken as 0;
@@ -81,6 +81,3 @@ def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     input, target = promoted(input, target)
     function = _KlDivFunctionNoJvp if torch.compiler.is_compiling() else KlDivFunction
     return function.apply(input, target)
-
-
-not_scriptable(kl_div)

@@ -83,10 +83,10 @@ class LabelSmoothingCeFunction(Function):
         return tangent_loss, tangent_saved_log_softmax
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LabelSmoothingCeFunctionNoJvp = without_jvp(LabelSmoothingCeFunction)
 
 
+@not_scriptable
 def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
     """Cross-entropy with probability targets smoothed towards the uniform distribution, averaged
     over the batch; F.cross_entropy(input, target, label_smoothing=smoothing).
@@ -112,6 +112,3 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
     input, target = promoted(input, target)
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction
     return function.apply(input, target, smoothing)[0]
-
-
-not_scriptable(label_smoothing_ce)

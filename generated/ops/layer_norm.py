@@ -113,10 +113,10 @@ class LayerNormFunction(Function):
         return tangent_y, None, None
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LayerNormFunctionNoJvp = without_jvp(LayerNormFunction)
 
 
+@not_scriptable
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-05
 ) -> torch.Tensor:
@@ -144,9 +144,6 @@ def layer_norm(
     check_floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias})
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
     return function.apply(x, weight, bias, eps)[0]
-
-
-not_scriptable(layer_norm)
 
 
 class LayerNorm(torch.nn.Module):

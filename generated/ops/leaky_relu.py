@@ -30,9 +30,7 @@ class LeakyReluFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         (x,) = ctx.saved_tensors
         negative_slope = ctx.negative_slope
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.leaky_relu_backward(grad_y, x, negative_slope, False)
+        grad_x = torch.ops.aten.leaky_relu_backward(grad_y, x, negative_slope, False)
         return grad_x, None
 
     @staticmethod
@@ -43,10 +41,10 @@ class LeakyReluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LeakyReluFunctionNoJvp = without_jvp(LeakyReluFunction)
 
 
+@not_scriptable
 def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """x where positive, negative_slope * x elsewhere, as torch.nn.functional.leaky_relu.
 
@@ -63,6 +61,3 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
         return torch.nn.functional.leaky_relu(x, negative_slope)
     function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction
     return function.apply(x, negative_slope)
-
-
-not_scriptable(leaky_relu)

@@ -63,10 +63,10 @@ class LinearFunction(Function):
         return tangent_out
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LinearFunctionNoJvp = without_jvp(LinearFunction)
 
 
+@not_scriptable
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Forward:
         out = input @ weight.T + bias
@@ -87,9 +87,6 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     check_floating("linear", {"input": input, "weight": weight}, {"bias": bias})
     function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction
     return autocast_apply(function.apply, input, weight, bias)
-
-
-not_scriptable(linear)
 
 
 class Linear(torch.nn.Module):

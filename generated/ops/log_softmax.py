@@ -27,9 +27,7 @@ class LogSoftmaxFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (y,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten._log_softmax_backward_data(grad_y, y, -1, y.dtype)
+        grad_x = torch.ops.aten._log_softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
 
     @staticmethod
@@ -39,10 +37,10 @@ class LogSoftmaxFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LogSoftmaxFunctionNoJvp = without_jvp(LogSoftmaxFunction)
 
 
+@not_scriptable
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """Log-softmax over the last dimension; torch.log_softmax(x, dim=-1).
 
@@ -61,6 +59,3 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     check_floating("log_softmax", {"x": x})
     function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction
     return function.apply(x)
-
-
-not_scriptable(log_softmax)

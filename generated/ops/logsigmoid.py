@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, legacy_batched, not_scriptable, transforms_active, without_jvp
+from .._runtime import Function, capture, check_floating, may_work_in_place, not_scriptable, without_jvp
 
 
 class LogsigmoidFunction(Function):
@@ -28,38 +28,26 @@ class LogsigmoidFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if (
-                torch.is_grad_enabled()  # double backward: no in-place operations
-                or torch.compiler.is_compiling()  # Note [in place under vmap]
-                or transforms_active()
-                or legacy_batched(grad_y)
-            ):
-                grad_x = grad_y * torch.sigmoid(-x)
-            else:  # in place on its own temporaries (Note [forward in place])
-                grad_x = torch.neg(x).sigmoid_().mul_(grad_y)
+        if may_work_in_place(grad_y):  # in place on its own temporaries
+            grad_x = torch.neg(x).sigmoid_().mul_(grad_y)
+        else:
+            grad_x = grad_y * torch.sigmoid(-x)
         return grad_x
 
     @staticmethod
     def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        if (
-            torch.is_grad_enabled()  # double backward: no in-place operations
-            or torch.compiler.is_compiling()  # Note [in place under vmap]
-            or transforms_active()
-            or legacy_batched(tangent_x)
-        ):
-            tangent_y = tangent_x * torch.sigmoid(-x)
-        else:  # in place on its own temporaries (Note [forward in place])
+        if may_work_in_place(tangent_x):  # in place on its own temporaries
             tangent_y = torch.neg(x).sigmoid_().mul_(tangent_x)
+        else:
+            tangent_y = tangent_x * torch.sigmoid(-x)
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LogsigmoidFunctionNoJvp = without_jvp(LogsigmoidFunction)
 
 
+@not_scriptable
 def logsigmoid(x: torch.Tensor) -> torch.Tensor:
     """Log-sigmoid, log(1 / (1 + exp(-x))); torch.nn.functional.logsigmoid.
 
@@ -76,6 +64,3 @@ def logsigmoid(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.logsigmoid(x)
     function = _LogsigmoidFunctionNoJvp if torch.compiler.is_compiling() else LogsigmoidFunction
     return function.apply(x)
-
-
-not_scriptable(logsigmoid)

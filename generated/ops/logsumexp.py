@@ -28,9 +28,7 @@ class LogsumexpFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         x, y = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.exp(x - y.unsqueeze(-1)) * grad_y.unsqueeze(-1)
+        grad_x = torch.exp(x - y.unsqueeze(-1)) * grad_y.unsqueeze(-1)
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class LogsumexpFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _LogsumexpFunctionNoJvp = without_jvp(LogsumexpFunction)
 
 
+@not_scriptable
 def logsumexp(x: torch.Tensor) -> torch.Tensor:
     """log(sum(exp(x))) over the last dimension, without overflow; torch.logsumexp(x, dim=-1).
 
@@ -62,6 +60,3 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     check_floating("logsumexp", {"x": x})
     function = _LogsumexpFunctionNoJvp if torch.compiler.is_compiling() else LogsumexpFunction
     return function.apply(x)
-
-
-not_scriptable(logsumexp)

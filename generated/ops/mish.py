@@ -6,7 +6,15 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, legacy_batched, not_scriptable, transforms_active, without_jvp
+from .._runtime import (
+    Function,
+    capture,
+    check_floating,
+    may_work_in_place,
+    not_scriptable,
+    transforms_active,
+    without_jvp,
+)
 
 
 class MishFunction(Function):
@@ -32,50 +40,38 @@ class MishFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if (
-                torch.is_grad_enabled()  # double backward: no in-place operations
-                or torch.compiler.is_compiling()  # Note [in place under vmap]
-                or transforms_active()
-                or legacy_batched(grad_y)
-            ):
-                grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
-                grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
-            else:  # in place on its own temporaries (Note [forward in place])
-                grad_x_s = torch.sigmoid(x)
-                grad_x_q = 1 - grad_x_s
-                grad_x_d = grad_x_q.square().add_(1)
-                grad_x = (2 - grad_x_s).mul_(grad_x_s).div_(grad_x_d)
-                grad_x.add_(grad_x_q.square_().mul_(grad_x_s).mul_(x).mul_(4).div_(grad_x_d.square_()))
-                grad_x.mul_(grad_y)
+        if may_work_in_place(grad_y):  # in place on its own temporaries
+            grad_x_s = torch.sigmoid(x)
+            grad_x_q = 1 - grad_x_s
+            grad_x_d = grad_x_q.square().add_(1)
+            grad_x = (2 - grad_x_s).mul_(grad_x_s).div_(grad_x_d)
+            grad_x.add_(grad_x_q.square_().mul_(grad_x_s).mul_(x).mul_(4).div_(grad_x_d.square_()))
+            grad_x.mul_(grad_y)
+        else:
+            grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
+            grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
         return grad_x
 
     @staticmethod
     def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        if (
-            torch.is_grad_enabled()  # double backward: no in-place operations
-            or torch.compiler.is_compiling()  # Note [in place under vmap]
-            or transforms_active()
-            or legacy_batched(tangent_x)
-        ):
-            tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
-            tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
-        else:  # in place on its own temporaries (Note [forward in place])
+        if may_work_in_place(tangent_x):  # in place on its own temporaries
             tangent_y_s = torch.sigmoid(x)
             tangent_y_q = 1 - tangent_y_s
             tangent_y_d = tangent_y_q.square().add_(1)
             tangent_y = (2 - tangent_y_s).mul_(tangent_y_s).div_(tangent_y_d)
             tangent_y.add_(tangent_y_q.square_().mul_(tangent_y_s).mul_(x).mul_(4).div_(tangent_y_d.square_()))
             tangent_y.mul_(tangent_x)
+        else:
+            tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
+            tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _MishFunctionNoJvp = without_jvp(MishFunction)
 
 
+@not_scriptable
 def mish(x: torch.Tensor) -> torch.Tensor:
     """Mish, x * tanh(softplus(x)) (Misra, 2019); torch.nn.functional.mish.
 
@@ -92,6 +88,3 @@ def mish(x: torch.Tensor) -> torch.Tensor:
         return x * torch.tanh(torch.nn.functional.softplus(x))
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction
     return function.apply(x)
-
-
-not_scriptable(mish)

@@ -27,9 +27,7 @@ class MulConstantFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         constant = ctx.constant
-        grad_tensor = None
-        if ctx.needs_input_grad[0]:
-            grad_tensor = constant * grad_out
+        grad_tensor = constant * grad_out
         return grad_tensor, None
 
     @staticmethod
@@ -39,10 +37,10 @@ class MulConstantFunction(Function):
         return tangent_out
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _MulConstantFunctionNoJvp = without_jvp(MulConstantFunction)
 
 
+@not_scriptable
 def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     """Forward:
         out = constant*tensor
@@ -57,6 +55,3 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
         return constant * tensor
     function = _MulConstantFunctionNoJvp if torch.compiler.is_compiling() else MulConstantFunction
     return function.apply(tensor, constant)
-
-
-not_scriptable(mul_constant)

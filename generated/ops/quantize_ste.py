@@ -32,9 +32,7 @@ class QuantizeSteFunction(Function):
         ctx: Any, grad_y: torch.Tensor, grad_code: torch.Tensor, grad_inside: torch.Tensor
     ) -> tuple[torch.Tensor | None, None]:
         (inside,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_y * inside
+        grad_x = grad_y * inside
         return grad_x, None
 
     @staticmethod
@@ -44,10 +42,10 @@ class QuantizeSteFunction(Function):
         return tangent_y, None, None
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _QuantizeSteFunctionNoJvp = without_jvp(QuantizeSteFunction)
 
 
+@not_scriptable
 def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uniform quantization to the integer codes -8..7 of step `scale`, with a straight-through
     gradient inside the representable range and none outside it. `code` (the integer level)
@@ -68,6 +66,3 @@ def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, tor
     check_floating("quantize_ste", {"x": x})
     function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
     return function.apply(x, scale)
-
-
-not_scriptable(quantize_ste)

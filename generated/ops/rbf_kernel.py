@@ -58,10 +58,10 @@ class RbfKernelFunction(Function):
         return tangent_k
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _RbfKernelFunctionNoJvp = without_jvp(RbfKernelFunction)
 
 
+@not_scriptable
 def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Tensor:
     """Gaussian (RBF) kernel matrix exp(-gamma * |x_i - y_j|^2) between the rows of x and of y;
     torch.exp(-gamma * torch.cdist(x, y) ** 2).
@@ -84,6 +84,3 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
     check_floating("rbf_kernel", {"x": x, "y": y})
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
     return autocast_apply(function.apply, x, y, gamma)
-
-
-not_scriptable(rbf_kernel)

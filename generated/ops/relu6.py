@@ -28,9 +28,7 @@ class Relu6Function(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, 0, 6)
+        grad_x = torch.ops.aten.hardtanh_backward(grad_y, x, 0, 6)
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class Relu6Function(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _Relu6FunctionNoJvp = without_jvp(Relu6Function)
 
 
+@not_scriptable
 def relu6(x: torch.Tensor) -> torch.Tensor:
     """min(max(x, 0), 6), as torch.nn.functional.relu6 (gradient 0 at 0 and at 6).
 
@@ -60,6 +58,3 @@ def relu6(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.hardtanh(x, 0, 6)
     function = _Relu6FunctionNoJvp if torch.compiler.is_compiling() else Relu6Function
     return function.apply(x)
-
-
-not_scriptable(relu6)

@@ -66,10 +66,10 @@ class RmsNormFunction(Function):
         return tangent_y, None
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _RmsNormFunctionNoJvp = without_jvp(RmsNormFunction)
 
 
+@not_scriptable
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
     """RMS normalization over the last dimension, scaled by a learnable weight;
     F.rms_norm(x, (D,), weight, eps).
@@ -93,9 +93,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
     x, weight = promoted(x, weight)
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction
     return function.apply(x, weight, eps)[0]
-
-
-not_scriptable(rms_norm)
 
 
 class RMSNorm(torch.nn.Module):

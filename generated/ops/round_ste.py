@@ -23,9 +23,7 @@ class RoundSteFunction(Function):
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_y
+        grad_x = grad_y
         return grad_x
 
     @staticmethod
@@ -34,10 +32,10 @@ class RoundSteFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _RoundSteFunctionNoJvp = without_jvp(RoundSteFunction)
 
 
+@not_scriptable
 def round_ste(x: torch.Tensor) -> torch.Tensor:
     """Rounding with a straight-through gradient (quantization-aware training): forward rounds
     half to even like torch.round, backward passes the incoming gradient through unchanged.
@@ -54,6 +52,3 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
     check_floating("round_ste", {"x": x})
     function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
     return function.apply(x)
-
-
-not_scriptable(round_ste)

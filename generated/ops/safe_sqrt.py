@@ -26,10 +26,8 @@ class SafeSqrtFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            tmp0 = x > 0
-            grad_x = grad_y * torch.where(tmp0, torch.rsqrt(torch.where(tmp0, x, 1)) / 2, 0)
+        tmp0 = x > 0
+        grad_x = grad_y * torch.where(tmp0, torch.rsqrt(torch.where(tmp0, x, 1)) / 2, 0)
         return grad_x
 
     @staticmethod
@@ -39,10 +37,10 @@ class SafeSqrtFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SafeSqrtFunctionNoJvp = without_jvp(SafeSqrtFunction)
 
 
+@not_scriptable
 def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """sqrt(x) for positive x and 0 elsewhere, with finite gradients of every order at and
     below 0 (the branch not taken is guarded, see the README's \"Gradients at kinks\").
@@ -59,6 +57,3 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     check_floating("safe_sqrt", {"x": x})
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
     return function.apply(x)
-
-
-not_scriptable(safe_sqrt)

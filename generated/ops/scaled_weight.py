@@ -50,10 +50,10 @@ class ScaledWeightFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _ScaledWeightFunctionNoJvp = without_jvp(ScaledWeightFunction)
 
 
+@not_scriptable
 def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = weights*x
@@ -73,9 +73,6 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     x, weights = promoted(x, weights)
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction
     return function.apply(x, weights)
-
-
-not_scriptable(scaled_weight)
 
 
 class ScaledWeight(torch.nn.Module):

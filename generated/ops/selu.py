@@ -30,9 +30,7 @@ class SeluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.elu_backward(1.0507009873554805 * grad_y, 1.6732632423543772, 1, 1, False, x)
+        grad_x = torch.ops.aten.elu_backward(1.0507009873554805 * grad_y, 1.6732632423543772, 1, 1, False, x)
         return grad_x
 
     @staticmethod
@@ -42,10 +40,10 @@ class SeluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SeluFunctionNoJvp = without_jvp(SeluFunction)
 
 
+@not_scriptable
 def selu(x: torch.Tensor) -> torch.Tensor:
     """SELU (Klambauer et al., 2017), a scaled ELU with fixed constants; torch.nn.functional.selu.
 
@@ -64,6 +62,3 @@ def selu(x: torch.Tensor) -> torch.Tensor:
         return 1.0507009873554805 * torch.nn.functional.elu(x, 1.6732632423543772)
     function = _SeluFunctionNoJvp if torch.compiler.is_compiling() else SeluFunction
     return function.apply(x)
-
-
-not_scriptable(selu)

@@ -28,9 +28,7 @@ class SigmoidFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (y,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.sigmoid_backward(grad_y, y)
+        grad_x = torch.ops.aten.sigmoid_backward(grad_y, y)
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class SigmoidFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SigmoidFunctionNoJvp = without_jvp(SigmoidFunction)
 
 
+@not_scriptable
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """The logistic function; torch.sigmoid.
 
@@ -60,6 +58,3 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(x)
     function = _SigmoidFunctionNoJvp if torch.compiler.is_compiling() else SigmoidFunction
     return function.apply(x)
-
-
-not_scriptable(sigmoid)

@@ -26,9 +26,7 @@ class SignSteFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_y * (torch.abs(x) <= 1).to(x.dtype)
+        grad_x = grad_y * (torch.abs(x) <= 1).to(x.dtype)
         return grad_x
 
     @staticmethod
@@ -38,10 +36,10 @@ class SignSteFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SignSteFunctionNoJvp = without_jvp(SignSteFunction)
 
 
+@not_scriptable
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
     """Forward:
         y = sign(x)
@@ -55,6 +53,3 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
     check_floating("sign_ste", {"x": x})
     function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
     return function.apply(x)
-
-
-not_scriptable(sign_ste)

@@ -28,13 +28,11 @@ class SiluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
-                grad_x_t0 = torch.sigmoid(x)
-                grad_x = grad_y * (grad_x_t0 * x * (1 - grad_x_t0) + grad_x_t0)
-            else:
-                grad_x = torch.ops.aten.silu_backward(grad_y, x)
+        if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
+            grad_x_t0 = torch.sigmoid(x)
+            grad_x = grad_y * (grad_x_t0 * x * (1 - grad_x_t0) + grad_x_t0)
+        else:
+            grad_x = torch.ops.aten.silu_backward(grad_y, x)
         return grad_x
 
     @staticmethod
@@ -48,10 +46,10 @@ class SiluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SiluFunctionNoJvp = without_jvp(SiluFunction)
 
 
+@not_scriptable
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU (sigmoid-weighted linear unit), x * sigmoid(x); torch.nn.functional.silu.
 
@@ -68,6 +66,3 @@ def silu(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(x)
     function = _SiluFunctionNoJvp if torch.compiler.is_compiling() else SiluFunction
     return function.apply(x)
-
-
-not_scriptable(silu)

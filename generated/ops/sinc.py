@@ -27,13 +27,11 @@ class SincFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            tmp0 = torch.abs(x)
-            tmp1 = torch.where(tmp0 >= 0.0001, x, 1)
-            grad_x_t1 = (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / tmp1
-            grad_x_t0 = torch.where(tmp0 < 0.0001, -(math.pi**2) / 3 * x, grad_x_t1)
-            grad_x = grad_y * grad_x_t0
+        tmp0 = torch.abs(x)
+        tmp1 = torch.where(tmp0 >= 0.0001, x, 1)
+        grad_x_t1 = (torch.cos(math.pi * tmp1) - torch.sinc(tmp1)) / tmp1
+        grad_x_t0 = torch.where(tmp0 < 0.0001, -(math.pi**2) / 3 * x, grad_x_t1)
+        grad_x = grad_y * grad_x_t0
         return grad_x
 
     @staticmethod
@@ -47,10 +45,10 @@ class SincFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SincFunctionNoJvp = without_jvp(SincFunction)
 
 
+@not_scriptable
 def sinc(x: torch.Tensor) -> torch.Tensor:
     """The normalized sinc, sin(pi x) / (pi x), and 1 at 0, as torch.sinc; a Taylor polynomial
     near 0 keeps values and derivatives of every order accurate and finite there.
@@ -67,6 +65,3 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
     check_floating("sinc", {"x": x})
     function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
     return function.apply(x)
-
-
-not_scriptable(sinc)

@@ -68,10 +68,10 @@ class SmoothL1Function(Function):
         return tangent_loss
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SmoothL1FunctionNoJvp = without_jvp(SmoothL1Function)
 
 
+@not_scriptable
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Smooth L1 loss per element (Fast R-CNN): quadratic within beta of the target, linear
     beyond; torch.nn.functional.smooth_l1_loss(..., reduction=\"none\", beta=beta).
@@ -95,6 +95,3 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
     input, target = promoted(input, target)
     function = _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
     return function.apply(input, target, beta)
-
-
-not_scriptable(smooth_l1)

@@ -57,10 +57,10 @@ class SnakeFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SnakeFunctionNoJvp = without_jvp(SnakeFunction)
 
 
+@not_scriptable
 def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """The Snake activation (Ziyin et al., 2020), x + sin(a x)**2 / a, with a learnable
     frequency `a` per feature (last dimension); `a` must not be 0.
@@ -83,9 +83,6 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     x, a = promoted(x, a)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction
     return function.apply(x, a)
-
-
-not_scriptable(snake)
 
 
 class Snake(torch.nn.Module):

@@ -27,9 +27,7 @@ class SoftmaxFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (y,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
+        grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
 
     @staticmethod
@@ -39,10 +37,10 @@ class SoftmaxFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SoftmaxFunctionNoJvp = without_jvp(SoftmaxFunction)
 
 
+@not_scriptable
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, written through logsumexp so that it cannot overflow; torch.softmax(x, dim=-1).
 
@@ -61,6 +59,3 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     check_floating("softmax", {"x": x})
     function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction
     return function.apply(x)
-
-
-not_scriptable(softmax)

@@ -27,9 +27,7 @@ class SoftmaxNaiveFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (y,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
+        grad_x = torch.ops.aten._softmax_backward_data(grad_y, y, -1, y.dtype)
         return grad_x
 
     @staticmethod
@@ -39,10 +37,10 @@ class SoftmaxNaiveFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SoftmaxNaiveFunctionNoJvp = without_jvp(SoftmaxNaiveFunction)
 
 
+@not_scriptable
 def softmax_naive(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, written the textbook way; opgen computes it as
     torch.softmax(x, dim=-1), which cannot overflow (exp(x) alone is inf at x = 89 in float32).
@@ -62,6 +60,3 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
     check_floating("softmax_naive", {"x": x})
     function = _SoftmaxNaiveFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxNaiveFunction
     return function.apply(x)
-
-
-not_scriptable(softmax_naive)

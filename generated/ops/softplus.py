@@ -30,9 +30,7 @@ class SoftplusFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         (x,) = ctx.saved_tensors
         beta = ctx.beta
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.softplus_backward(grad_y, x, beta, 20.0)
+        grad_x = torch.ops.aten.softplus_backward(grad_y, x, beta, 20.0)
         return grad_x, None
 
     @staticmethod
@@ -43,10 +41,10 @@ class SoftplusFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SoftplusFunctionNoJvp = without_jvp(SoftplusFunction)
 
 
+@not_scriptable
 def softplus(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Softplus with a sharpness beta, log(1 + exp(beta * x)) / beta; torch.nn.functional.softplus.
 
@@ -63,6 +61,3 @@ def softplus(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
         return torch.nn.functional.softplus(x, beta)
     function = _SoftplusFunctionNoJvp if torch.compiler.is_compiling() else SoftplusFunction
     return function.apply(x, beta)
-
-
-not_scriptable(softplus)

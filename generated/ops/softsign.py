@@ -28,9 +28,7 @@ class SoftsignFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_y / (torch.abs(x) + 1) ** 2
+        grad_x = grad_y / (torch.abs(x) + 1) ** 2
         return grad_x
 
     @staticmethod
@@ -40,10 +38,10 @@ class SoftsignFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SoftsignFunctionNoJvp = without_jvp(SoftsignFunction)
 
 
+@not_scriptable
 def softsign(x: torch.Tensor) -> torch.Tensor:
     """Softsign, x / (1 + |x|); torch.nn.functional.softsign.
 
@@ -60,6 +58,3 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
         return x / (torch.abs(x) + 1)
     function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction
     return function.apply(x)
-
-
-not_scriptable(softsign)

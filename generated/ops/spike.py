@@ -30,9 +30,7 @@ class SpikeFunction(Function):
         (v,) = ctx.saved_tensors
         threshold = ctx.threshold
         slope = ctx.slope
-        grad_v = None
-        if ctx.needs_input_grad[0]:
-            grad_v = grad_s / (slope * torch.abs(threshold - v) + 1) ** 2
+        grad_v = grad_s / (slope * torch.abs(threshold - v) + 1) ** 2
         return grad_v, None, None
 
     @staticmethod
@@ -44,10 +42,10 @@ class SpikeFunction(Function):
         return tangent_s
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SpikeFunctionNoJvp = without_jvp(SpikeFunction)
 
 
+@not_scriptable
 def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch.Tensor:
     """Spiking neuron firing (Heaviside step at `threshold`) with the fast-sigmoid surrogate
     gradient of SuperSpike: d spike / d v = 1 / (1 + slope * |v - threshold|)**2.
@@ -64,6 +62,3 @@ def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch
     check_floating("spike", {"v": v})
     function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
     return function.apply(v, threshold, slope)
-
-
-not_scriptable(spike)

@@ -30,13 +30,11 @@ class SwigluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            tmp0 = x.narrow(-1, 0, ctx.D // 2)
-            tmp1 = torch.sigmoid(tmp0)
-            tmp2 = tmp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
-            grad_x_t0 = torch.nn.functional.pad(grad_y * (tmp0 * tmp2 * (1 - tmp1) + tmp2), (0, ctx.D // 2))
-            grad_x = grad_x_t0 + torch.nn.functional.pad(grad_y * tmp0 * tmp1, (ctx.D // 2, 0))
+        tmp0 = x.narrow(-1, 0, ctx.D // 2)
+        tmp1 = torch.sigmoid(tmp0)
+        tmp2 = tmp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
+        grad_x_t0 = torch.nn.functional.pad(grad_y * (tmp0 * tmp2 * (1 - tmp1) + tmp2), (0, ctx.D // 2))
+        grad_x = grad_x_t0 + torch.nn.functional.pad(grad_y * tmp0 * tmp1, (ctx.D // 2, 0))
         return grad_x
 
     @staticmethod
@@ -50,10 +48,10 @@ class SwigluFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SwigluFunctionNoJvp = without_jvp(SwigluFunction)
 
 
+@not_scriptable
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU gate of the two halves of `x`'s last dimension, silu of the first (`gate`) times the
     second (`up`), as in LLaMA's MLP: gate, up = x.chunk(2, dim=-1); F.silu(gate) * up.
@@ -76,6 +74,3 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     check_floating("swiglu", {"x": x})
     function = _SwigluFunctionNoJvp if torch.compiler.is_compiling() else SwigluFunction
     return function.apply(x)
-
-
-not_scriptable(swiglu)

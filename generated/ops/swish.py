@@ -30,11 +30,9 @@ class SwishFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         (x,) = ctx.saved_tensors
         beta = ctx.beta
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            tmp0 = beta * x
-            tmp1 = torch.sigmoid(tmp0)
-            grad_x = grad_y * tmp1 * (tmp0 * (1 - tmp1) + 1)
+        tmp0 = beta * x
+        tmp1 = torch.sigmoid(tmp0)
+        grad_x = grad_y * tmp1 * (tmp0 * (1 - tmp1) + 1)
         return grad_x, None
 
     @staticmethod
@@ -47,10 +45,10 @@ class SwishFunction(Function):
         return tangent_y
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _SwishFunctionNoJvp = without_jvp(SwishFunction)
 
 
+@not_scriptable
 def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """Forward:
         y = x*sigmoid(beta*x)
@@ -65,6 +63,3 @@ def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
         return x * torch.sigmoid(beta * x)
     function = _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
     return function.apply(x, beta)
-
-
-not_scriptable(swish)

@@ -32,12 +32,11 @@ class TanhshrinkFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor, grad_saved_tanh: torch.Tensor) -> torch.Tensor | None:
         (saved_tanh,) = ctx.saved_tensors
         grad_x = None
-        if ctx.needs_input_grad[0]:
-            tmp0 = saved_tanh**2
-            if grad_y is not None:
-                grad_x = grad_y * tmp0
-            if grad_saved_tanh is not None:
-                grad_x = grad_saved_tanh * (1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh * (1 - tmp0)
+        tmp0 = saved_tanh**2
+        if grad_y is not None:
+            grad_x = grad_y * tmp0
+        if grad_saved_tanh is not None:
+            grad_x = grad_saved_tanh * (1 - tmp0) if grad_x is None else grad_x + grad_saved_tanh * (1 - tmp0)
         return grad_x
 
     @staticmethod
@@ -48,10 +47,10 @@ class TanhshrinkFunction(Function):
         return tangent_y, tangent_saved_tanh
 
 
-# torch.compile cannot trace a custom jvp: compiled, the functional calls this twin without it
 _TanhshrinkFunctionNoJvp = without_jvp(TanhshrinkFunction)
 
 
+@not_scriptable
 def tanhshrink(x: torch.Tensor) -> torch.Tensor:
     """Tanhshrink, x - tanh(x); torch.nn.functional.tanhshrink.
 
@@ -69,6 +68,3 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
         return x - torch.tanh(x)
     function = _TanhshrinkFunctionNoJvp if torch.compiler.is_compiling() else TanhshrinkFunction
     return function.apply(x)[0]
-
-
-not_scriptable(tanhshrink)

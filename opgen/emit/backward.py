@@ -162,8 +162,9 @@ def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter)
 
 
 def _indent_of(plan: Plan, level: int) -> int:
-    """The indentation of a statement `level` deep in a method, one more inside variant branches."""
-    return 4 * (level + (len(plan.derived.variants) > 1))
+    """The indentation of a statement `level` deep in a method (a gradient's, under its `needs_input_grad`
+    test where the plan gates gradients), one more inside variant branches."""
+    return 4 * (level - (not plan.gates_gradients) + (len(plan.derived.variants) > 1))
 
 
 def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
@@ -180,6 +181,8 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
             lines += indent_lines(_temp_lines(plan, group.temps, names, printer))
         own = [t for g in bp.groups if g.users == (grad.input,) for t in g.temps]
         body = _temp_lines(plan, tuple(own), names, printer) + _grad_lines(plan, grad, names, printer)
+        if not plan.gates_gradients:
+            return lines + body
         lines.append(f"if {_needs(names, plan, (grad.input,))}:")
         lines += indent_lines(body)
     return lines
@@ -222,7 +225,8 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
         lines.append(f"if {incoming} is None:")
         lines.append(f"    {incoming} = {saved_residual}.new_zeros({names.ctx}.{names.shape_attrs[name]})")
     grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
-    lines.append(" = ".join([*grad_vars, "None"]))
+    if plan.gates_gradients or plan.gate_none or plan.gated_residuals:  # some gradient may stay None
+        lines.append(" = ".join([*grad_vars, "None"]))
     optional = [i.name for i in spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
     variants = plan.backward if plan.varies else plan.backward[-1:]  # Plan.varies

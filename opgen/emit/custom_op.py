@@ -35,6 +35,7 @@ import keyword
 import re
 from typing import TYPE_CHECKING
 
+from opgen.emit.runtime_names import from_imports
 from opgen.spec import quote
 from opgen.spec.names import Namer
 
@@ -91,15 +92,12 @@ def custom_op_context(plan: Plan, namespace: str, function_ref: str, torch: str,
     spec = plan.derived.spec
     namer = Namer(taken)
     define, choose = namer.fresh("define"), namer.fresh("op_or_function")
-    imports = [
-        name if local == name else f"{name} as {local}"
-        for name, local in (("define", define), ("op_or_function", choose))
-    ]
+    imports = from_imports(".._custom_ops", [("define", define), ("op_or_function", choose)])
     return {
         "ref": namer.fresh(f"_{spec.name}_op"),
         "define": define,
         "choose": choose,
-        "imports": ", ".join(imports),
+        "imports": imports,
         "qualname": quote.string(f"{namespace}::{spec.name}"),
         "schema": quote.string(schema(plan)),
         "fingerprint": quote.string(FINGERPRINT),

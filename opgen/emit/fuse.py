@@ -115,11 +115,7 @@ def fuse(
     results = ", ".join(f"{gradients}[{next(position)}]" if i.is_tensor else "None" for i in spec.inputs)
     first = grads_in[spec.outputs[0].name]
     fast = [
-        "if not (",  # first order only, not vmapped: see opgen's Note [fused backward]
-        f"    {torch}.is_grad_enabled()",
-        f"    or {printer.runtime.transforms_active}()",
-        f"    or (not {torch}.compiler.is_compiling() and {printer.runtime.legacy_batched}({first}))",
-        "):",
+        f"if {printer.runtime.first_order_only}({first}):  # compiled code cannot be differentiated again",
         f"    {gradients} = {backward_name}({', '.join(inputs)})",
         f"    return {results}",
     ]

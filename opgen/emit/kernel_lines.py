@@ -60,32 +60,19 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
     if primitive.backward_in_place:
         g, u = node.args
         unrecorded = _IN_PLACE[primitive](var, printer._print(g), printer._print(u), printer)
-        comment, why = "  # in place on its own temporaries (Note [forward in place])", ""
-    else:
-        unrecorded, comment = assign(var, node, printer, indent + 4), ""
-        why = f"{primitive.__name__}'s kernel has {primitive.backward_why}"
-    if primitive.backward_in_place:
-        head = _in_place_test(printer, printer._print(node.args[0]))
-    else:
-        head = [f"if {printer.torch}.is_grad_enabled():  # double backward: {why}"]
+        return [
+            f"if {printer.runtime.may_work_in_place}({printer._print(g)}):  # in place on its own temporaries",
+            *(f"    {line}" for line in unrecorded),
+            "else:",
+            *(f"    {line}" for line in recorded),
+        ]
+    unrecorded = assign(var, node, printer, indent + 4)
+    why = f"{primitive.__name__}'s kernel has {primitive.backward_why}"
     return [
-        *head,
+        f"if {printer.torch}.is_grad_enabled():  # double backward: {why}",
         *(f"    {line}" for line in recorded),
-        f"else:{comment}",
+        "else:",
         *(f"    {line}" for line in unrecorded),
-    ]
-
-
-def _in_place_test(printer: TorchPrinter, g: str) -> list[str]:
-    """The test of an in-place backward kernel: double backward or vmap take the plain formula."""
-    torch = printer.torch
-    return [
-        "if (",
-        f"    {torch}.is_grad_enabled()  # double backward: no in-place operations",
-        f"    or {torch}.compiler.is_compiling()  # Note [in place under vmap]",
-        f"    or {printer.runtime.transforms_active}()",
-        f"    or {printer.runtime.legacy_batched}({g})",
-        "):",
     ]
 
 

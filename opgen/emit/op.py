@@ -29,6 +29,7 @@ from opgen.emit.names import (
 )
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
+from opgen.emit.runtime_names import from_imports
 from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
@@ -122,6 +123,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         uses_math=quote.uses_math(code, names.math),
         rt=names.runtime,
         runtime_import=_runtime_import(plan, names),
+        shape_checks_import=from_imports(".._shape_checks", [("check_shapes", names.check_shapes)]),
     )
     return with_fingerprint(text) if spec.custom_op else text
 

@@ -16,7 +16,8 @@ RUNTIME_NAMES = (
     "autocast_apply",
     "capture",
     "check_floating",
-    "legacy_batched",
+    "first_order_only",
+    "may_work_in_place",
     "not_scriptable",
     "promoted",
     "refuse_export",
@@ -41,12 +42,24 @@ class RuntimeNames:
         return self._local[name]
 
     def import_line(self) -> str:
-        """`from .._runtime import ...` of the names used, sorted as ruff's isort sorts them."""
-        parts = [n if self._local[n] == n else f"{n} as {self._local[n]}" for n in sorted(self._used, key=_isort_key)]
-        line = f"from .._runtime import {', '.join(parts)}"
-        if len(line) <= 120:
-            return line
-        return "from .._runtime import (\n" + "".join(f"    {p},\n" for p in parts) + ")"
+        """The `from .._runtime import ...` statements of the names used."""
+        return from_imports(".._runtime", [(name, self._local[name]) for name in self._used])
+
+
+def from_imports(module: str, names: list[tuple[str, str]]) -> str:
+    """`from module import ...` of each (name, local name), as ruff's isort writes them: the names
+    imported as themselves in one statement, each renamed one in its own, the statements in the order
+    of their first names; a statement too long for a line is bracketed, one name a line."""
+    plain = sorted((name for name, local in names if name == local), key=_isort_key)
+    statements = [(name, f"{name} as {local}") for name, local in names if name != local]
+    statements += [(plain[0], ", ".join(plain))] if plain else []
+    lines = []
+    for _, imported in sorted(statements, key=lambda statement: _isort_key(statement[0])):
+        line = f"from {module} import {imported}"
+        if len(line) > 120:
+            line = f"from {module} import (\n" + "".join(f"    {name},\n" for name in imported.split(", ")) + ")"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _isort_key(name: str) -> tuple[int, str]:

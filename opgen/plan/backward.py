@@ -111,6 +111,13 @@ class Plan:
         return self.derived.symbols.grads | {r.name: r.grad for r in self.residuals}
 
     @property
+    def gates_gradients(self) -> bool:
+        """Backward tests `ctx.needs_input_grad` before each gradient: autograd calls it only when some
+        input needs one, so with a single Tensor input, always there, every test would pass."""
+        inputs = self.derived.spec.tensor_inputs
+        return len(inputs) > 1 or any(i.type.optional for i in inputs)
+
+    @property
     def gated_residuals(self) -> tuple[str, ...]:
         """The outputs whose incoming gradient backward makes zeros where it is None: with tensor operations
         read from differentiable residuals, whose incoming gradients are left None unless used
