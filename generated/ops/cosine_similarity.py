@@ -36,19 +36,19 @@ class CosineSimilarityFunction(Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_y.unsqueeze(-1)
             tmp1 = torch.sqrt((x1**2).sum(-1, keepdim=True))
-            tmp2 = torch.nn.functional.threshold(tmp1, eps, eps)
-            tmp3 = 1 / tmp2
+            norm1 = torch.nn.functional.threshold(tmp1, eps, eps)
+            tmp3 = 1 / norm1
             tmp4 = torch.sqrt((x2**2).sum(-1, keepdim=True))
-            tmp5 = torch.nn.functional.threshold(tmp4, eps, eps)
-            tmp6 = 1 / tmp5
+            norm2 = torch.nn.functional.threshold(tmp4, eps, eps)
+            tmp6 = 1 / norm2
             tmp7 = tmp0 * x1 * x2
         if ctx.needs_input_grad[0]:
-            grad_x1_t1 = (tmp6 * tmp7 * torch.where(tmp1 > eps, 1 / tmp1 / 2, 0) / tmp2**2).sum(-1, keepdim=True)
+            grad_x1_t1 = (tmp6 * tmp7 * torch.where(tmp1 > eps, 1 / tmp1 / 2, 0) / norm1**2).sum(-1, keepdim=True)
             grad_x1_t0 = -2 * grad_x1_t1 * x1
             grad_x1 = grad_x1_t0 + tmp0 * tmp3 * tmp6 * x2
             grad_x1 = grad_x1.sum_to_size(x1.shape)
         if ctx.needs_input_grad[1]:
-            grad_x2_t1 = (tmp3 * tmp7 * torch.where(tmp4 > eps, 1 / tmp4 / 2, 0) / tmp5**2).sum(-1, keepdim=True)
+            grad_x2_t1 = (tmp3 * tmp7 * torch.where(tmp4 > eps, 1 / tmp4 / 2, 0) / norm2**2).sum(-1, keepdim=True)
             grad_x2_t0 = -2 * grad_x2_t1 * x2
             grad_x2 = grad_x2_t0 + tmp0 * tmp3 * tmp6 * x1
             grad_x2 = grad_x2.sum_to_size(x2.shape)
@@ -61,21 +61,21 @@ class CosineSimilarityFunction(Function):
         tangent_y = None
         if tangent_x1 is not None or tangent_x2 is not None:
             jvp0 = torch.sqrt((x1**2).sum(-1, keepdim=True))
-            jvp1 = torch.nn.functional.threshold(jvp0, eps, eps)
-            jvp2 = 1 / jvp1
+            norm1 = torch.nn.functional.threshold(jvp0, eps, eps)
+            jvp2 = 1 / norm1
             jvp3 = torch.sqrt((x2**2).sum(-1, keepdim=True))
-            jvp4 = torch.nn.functional.threshold(jvp3, eps, eps)
-            jvp5 = 1 / jvp4
+            norm2 = torch.nn.functional.threshold(jvp3, eps, eps)
+            jvp5 = 1 / norm2
             jvp6 = jvp2 * jvp5
             jvp7 = 2 * x1 * x2
         if tangent_x1 is not None:
             tangent_y_t2 = torch.where(jvp0 > eps, 1 / jvp0 / 2, 0)
-            tangent_y_t1 = -(jvp5 * jvp7 * tangent_y_t2 * (tangent_x1 * x1).sum(-1, keepdim=True) / jvp1**2)
+            tangent_y_t1 = -(jvp5 * jvp7 * tangent_y_t2 * (tangent_x1 * x1).sum(-1, keepdim=True) / norm1**2)
             tangent_y_t0 = jvp6 * tangent_x1 * x2 + tangent_y_t1
             tangent_y = tangent_y_t0.sum(-1)
         if tangent_x2 is not None:
             step_t2 = torch.where(jvp3 > eps, 1 / jvp3 / 2, 0)
-            step_t1 = -(jvp2 * jvp7 * step_t2 * (tangent_x2 * x2).sum(-1, keepdim=True) / jvp4**2)
+            step_t1 = -(jvp2 * jvp7 * step_t2 * (tangent_x2 * x2).sum(-1, keepdim=True) / norm2**2)
             step_t0 = jvp6 * tangent_x2 * x1 + step_t1
             step = step_t0.sum(-1)
             tangent_y = step if tangent_y is None else tangent_y + step

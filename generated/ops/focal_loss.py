@@ -39,18 +39,18 @@ class FocalLossFunction(Function):
         grad_logits = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = 1 - target
-            tmp1 = alpha * target + tmp0 * (1 - alpha)
-            tmp2 = torch.sigmoid(logits)
-            tmp3 = 1 - tmp2
-            tmp4 = 1 - target * tmp2 - tmp0 * tmp3
+            alpha_t = alpha * target + tmp0 * (1 - alpha)
+            p = torch.sigmoid(logits)
+            tmp3 = 1 - p
+            tmp4 = 1 - target * p - tmp0 * tmp3
             tmp5 = tmp4 ** (gamma)
-            tmp6 = torch.nn.functional.softplus(logits) - logits * target
-            tmp7 = gamma * tmp4 ** (gamma - 1) * tmp6
+            ce = torch.nn.functional.softplus(logits) - logits * target
+            tmp7 = gamma * tmp4 ** (gamma - 1) * ce
         if ctx.needs_input_grad[0]:
-            grad_logits = grad_loss * tmp1 * (tmp2 * tmp3 * tmp7 * (1 - 2 * target) + tmp5 * (tmp2 - target))
+            grad_logits = grad_loss * alpha_t * (p * tmp3 * tmp7 * (1 - 2 * target) + tmp5 * (p - target))
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
-            grad_target_t0 = tmp1 * tmp7 * (1 - 2 * tmp2) - logits * tmp1 * tmp5 + tmp5 * tmp6 * (2 * alpha - 1)
+            grad_target_t0 = alpha_t * tmp7 * (1 - 2 * p) - logits * alpha_t * tmp5 + tmp5 * ce * (2 * alpha - 1)
             grad_target = grad_loss * grad_target_t0
             grad_target = grad_target.sum_to_size(target.shape)
         return grad_logits, grad_target, None, None
@@ -65,17 +65,17 @@ class FocalLossFunction(Function):
         tangent_loss = None
         if tangent_logits is not None or tangent_target is not None:
             jvp0 = 1 - target
-            jvp1 = alpha * target + jvp0 * (1 - alpha)
-            jvp2 = torch.sigmoid(logits)
-            jvp3 = 1 - jvp2
-            jvp4 = 1 - jvp0 * jvp3 - jvp2 * target
+            alpha_t = alpha * target + jvp0 * (1 - alpha)
+            p = torch.sigmoid(logits)
+            jvp3 = 1 - p
+            jvp4 = 1 - jvp0 * jvp3 - p * target
             jvp5 = jvp4 ** (gamma)
-            jvp6 = torch.nn.functional.softplus(logits) - logits * target
-            jvp7 = gamma * jvp4 ** (gamma - 1) * jvp6
+            ce = torch.nn.functional.softplus(logits) - logits * target
+            jvp7 = gamma * jvp4 ** (gamma - 1) * ce
         if tangent_logits is not None:
-            tangent_loss = jvp1 * tangent_logits * (jvp2 * jvp3 * jvp7 * (1 - 2 * target) + jvp5 * (jvp2 - target))
+            tangent_loss = alpha_t * tangent_logits * (p * jvp3 * jvp7 * (1 - 2 * target) + jvp5 * (p - target))
         if tangent_target is not None:
-            step_t0 = jvp1 * jvp7 * (1 - 2 * jvp2) - jvp1 * jvp5 * logits + jvp5 * jvp6 * (2 * alpha - 1)
+            step_t0 = alpha_t * jvp7 * (1 - 2 * p) - alpha_t * jvp5 * logits + jvp5 * ce * (2 * alpha - 1)
             step = step_t0 * tangent_target
             tangent_loss = step if tangent_loss is None else tangent_loss + step
         tangent_loss = tangent_loss.expand(loss.shape)

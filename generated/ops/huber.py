@@ -61,10 +61,10 @@ class HuberFunction(Function):
         delta = ctx.delta
         tangent_loss = None
         if tangent_input is not None or tangent_target is not None:
-            jvp0 = input - target
+            diff = input - target
             jvp1 = math.fabs(delta)
-            jvp2_t0 = torch.nn.functional.hardtanh(jvp0, -jvp1, jvp1)
-            jvp2 = torch.where(jvp2_t0.new_tensor(delta > 0, dtype=torch.bool), jvp2_t0, delta * torch.sign(jvp0))
+            jvp2_t0 = torch.nn.functional.hardtanh(diff, -jvp1, jvp1)
+            jvp2 = torch.where(jvp2_t0.new_tensor(delta > 0, dtype=torch.bool), jvp2_t0, delta * torch.sign(diff))
         if tangent_input is not None:
             tangent_loss = jvp2 * tangent_input
         if tangent_target is not None:

@@ -56,9 +56,9 @@ class SmoothL1Function(Function):
         beta = ctx.beta
         tangent_loss = None
         if tangent_input is not None or tangent_target is not None:
-            jvp0 = input - target
-            jvp1_t0 = torch.nn.functional.hardtanh(jvp0 / beta, -1, 1)
-            jvp1 = torch.where(jvp1_t0.new_tensor(beta > 0, dtype=torch.bool), jvp1_t0, torch.sign(jvp0))
+            d = input - target
+            jvp1_t0 = torch.nn.functional.hardtanh(d / beta, -1, 1)
+            jvp1 = torch.where(jvp1_t0.new_tensor(beta > 0, dtype=torch.bool), jvp1_t0, torch.sign(d))
         if tangent_input is not None:
             tangent_loss = jvp1 * tangent_input
         if tangent_target is not None:

@@ -25,6 +25,7 @@ import sympy
 
 from opgen.derive.jvp import OutputTangent
 from opgen.emit.kernel_lines import backward_lines
+from opgen.emit.names import temp_names
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign
 from opgen.formula.dims import size_stem
@@ -69,7 +70,7 @@ def jvp_names(
     namer = Namer(taken)
     params = {i.name: namer.fresh(f"tangent_{i.name}") for i in spec.inputs}
     tangents = {name: namer.fresh(f"tangent_{name}") for name in plan.returned}
-    temps = {t: namer.fresh(f"jvp{t.name.split(':')[1]}") for t in sorted(forward.temps, key=sympy.default_sort_key)}
+    temps = temp_names(plan, [[t for g in v.groups for t in g.temps] for v in forward.variants], "jvp", namer)
     attrs = ctx_namer()
     attrs.taken |= attrs_taken
     ctx_attrs, size_attrs = set_attrs  # what setup_context keeps for backward already

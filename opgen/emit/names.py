@@ -9,6 +9,7 @@ those names. Used by the forward, backward and docstring emitters of `opgen.emit
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sympy
@@ -76,7 +77,7 @@ def make_names(plan: Plan) -> OpNames:
     ctx, inputs, output, self_ = (namer.fresh(n) for n in ("ctx", "inputs", "output", "self"))
     grads_in = {name: namer.fresh(f"grad_{name}") for name in plan.returned}
     grads_out = {i.name: namer.fresh(f"grad_{i.name}") for i in spec.tensor_inputs}
-    temps = {t: namer.fresh(f"tmp{t.name.split(':')[1]}") for t in sorted(plan.temps, key=sympy.default_sort_key)}
+    temps = temp_names(plan, [variant_temps(bp) for bp in plan.backward], "tmp", namer)
     attrs = ctx_namer()
     ctx_attrs = {n: attrs.fresh(n) for n in plan.ctx_values}
     shape_attrs = {n: attrs.fresh(f"{n}_shape") for n in (*plan.shapes, *plan.gated_residuals, *filled_shapes(plan))}
@@ -109,6 +110,43 @@ def make_names(plan: Plan) -> OpNames:
         runtime=runtime,
         types=types,
     )
+
+
+def let_values(plan: Plan) -> dict[sympy.Basic, str]:
+    """Each `let:` of the spec by its value in terms of the inputs: a temporary of backward or jvp
+    holding exactly that value takes the let's name (the spec's `diff`, not `tmp0`)."""
+    derived = plan.derived
+    named: dict[sympy.Basic, str] = {}
+    for variant in derived.variants:
+        values: dict[sympy.Basic, sympy.Basic] = {}
+        for name, expr in variant.lets:
+            value = expr.xreplace(values)
+            values[derived.symbols.lets[name]] = value
+            named.setdefault(value, name)
+    return named
+
+
+def temp_names(plan: Plan, variants: Iterable[Iterable[Temp]], prefix: str, namer: Namer) -> dict[sympy.Symbol, str]:
+    """A name for each temporary of the variants' (each variant's temporaries in order, numbered alike
+    across variants): the name of the let whose value it holds in every variant (let names are not
+    variables of backward or jvp, so the one the spec gave is free), else `prefix` and its number."""
+    lets = let_values(plan)
+    values: dict[sympy.Symbol, set[sympy.Basic]] = {}
+    for temps in variants:
+        inlined: dict[sympy.Basic, sympy.Basic] = {}
+        for temp in temps:
+            inlined[temp.symbol] = temp.expr.xreplace(inlined)
+            values.setdefault(temp.symbol, set()).add(inlined[temp.symbol])
+    names: dict[sympy.Symbol, str] = {}
+    for symbol in sorted(values, key=sympy.default_sort_key):
+        held = values[symbol]
+        let = lets.get(next(iter(held))) if len(held) == 1 else None
+        if let is not None and let not in names.values():
+            namer.taken.discard(let)
+            names[symbol] = namer.fresh(let)
+        else:
+            names[symbol] = namer.fresh(f"{prefix}{symbol.name.split(':')[1]}")
+    return names
 
 
 def forward_dims(derived: Derived, residuals: tuple[sympy.Basic, ...] = ()) -> list[str]:
