@@ -113,12 +113,18 @@ def check_floating(op: str, required: dict[str, Any], optional: dict[str, Any] |
     """A TypeError unless every tensor argument a gradient flows to is a real floating-point Tensor
     (the derivation is over the reals: an integer tensor computes in integers, a complex one gets
     gradients that are not conjugated); `optional` ones may also be None."""
-    for name, value in [*required.items(), *(optional or {}).items()]:
-        if value is None and optional is not None and name in optional:
-            continue
-        if not torch.is_tensor(value) or not value.is_floating_point():
-            got = value.dtype if torch.is_tensor(value) else value.__class__.__name__
-            raise TypeError(f"{op}(): argument '{name}' must be a real floating-point Tensor, got {got}")
+    for name, value in required.items():
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            _not_floating(op, name, value)
+    if optional:
+        for name, value in optional.items():
+            if value is not None and not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+                _not_floating(op, name, value)
+
+
+def _not_floating(op: str, name: str, value: Any) -> None:
+    got = value.dtype if isinstance(value, torch.Tensor) else value.__class__.__name__
+    raise TypeError(f"{op}(): argument '{name}' must be a real floating-point Tensor, got {got}")
 
 
 def promoted(*tensors: Any) -> tuple[Any, ...]:
