@@ -112,7 +112,7 @@ def _drop_boolean(expr: sympy.Basic, absent: frozenset[sympy.Symbol]) -> sympy.B
     return expr.func(*args)
 
 
-def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
+def clean(expr: Expr, loc: Loc, what: str) -> Expr:
     expr = expr.replace(sympy.DiracDelta, lambda *args: S.Zero)
     if expr.has(sympy.Derivative) or expr.has(sympy.Subs):
         raise SpecError(loc, f"{what}: SymPy could not differentiate this formula; give the gradient in `gradients:`")
@@ -139,7 +139,7 @@ def _tensor_gradient(
     what = f"gradient of '{name}'"
     with located(loc, what):
         try:
-            total = tensor_gradient(pairs, x, shapes, lambda e: _clean(settle_indicators(e), loc, what))
+            total = tensor_gradient(pairs, x, shapes, lambda e: clean(settle_indicators(e), loc, what))
             batch_inputs = sum(1 for i in spec.tensor_inputs if i.type.dims and tensor.BATCH in i.type.dims)
             fit = leaf_fit(total, x, shapes, batch_inputs)
         except tensor.ShapeError as error:
@@ -267,7 +267,7 @@ def _elementwise_gradient(spec: Spec, symbols: Symbols, inlined: dict[sympy.Symb
         what = f"d {output.name} / d {name}"
         with located(output.formula.loc, what):
             guarded = guard_branches(inlined[symbols.outputs[output.name]], symbols.tensors)
-            factor = _clean(settle_indicators(fn.real_diff(guarded, x)), output.formula.loc, what)
+            factor = clean(settle_indicators(fn.real_diff(guarded, x)), output.formula.loc, what)
         if factor != 0:
             parts.append(Contribution(output.name, factor))
     return Gradient(name, tuple(parts), False)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr, S
 
-from opgen.derive.gradients import Derived, Gradient, Variant, _clean
+from opgen.derive.gradients import Derived, Gradient, Variant, clean
 from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.override_jvp import Refused, override_terms
 from opgen.derive.vjp import substitute_outputs
@@ -256,7 +256,7 @@ class _Jvp:
 
 
 def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:
-    return lambda e: _clean(settle_indicators(e), loc, what)
+    return lambda e: clean(settle_indicators(e), loc, what)
 
 
 def _output_terms(
@@ -316,7 +316,7 @@ def _variant_tangents(
             if expr.has(TensorOp):
                 found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
                 continue
-            found[name] = _clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
+            found[name] = clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
             value = rewrite(value)
             if value != 0:

@@ -113,7 +113,7 @@ def _log_sigmoid_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> li
     return [f"{var} = {printer.torch}.neg({u}).sigmoid_().mul_({g})"]
 
 
-_IN_PLACE: dict[type[k._Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
+_IN_PLACE: dict[type[k.Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
     k.mish: _mish_in_place,
     k.log_sigmoid: _log_sigmoid_in_place,
 }

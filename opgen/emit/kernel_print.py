@@ -166,7 +166,7 @@ class KernelPrinting:
     def _print_hardswish(self, expr: k.hardswish) -> str:
         return self._functional("hardswish", *expr.args)
 
-    def _print__Prime(self, expr: k._Prime) -> str:  # noqa: N802 - SymPy's dispatch name
+    def _print_Prime(self, expr: k.Prime) -> str:  # noqa: N802 - SymPy's dispatch name
         """A derivative left as a node (fused mode writes them out): its one call or its formula, grouped."""
         form = kb.written_out(expr)
         text = self._print(form)

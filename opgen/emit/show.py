@@ -13,7 +13,7 @@ import sympy
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
 
-from opgen.emit.display import _formulas, _unguarded
+from opgen.emit.display import kernels_as_formulas, unguarded
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.names import make_names, make_printer, variant_printer, variant_temps
 from opgen.emit.printer import TorchPrinter
@@ -24,7 +24,7 @@ from opgen.optimize import kernels as k
 from opgen.plan.backward import Plan
 
 # The nodes that are one PyTorch kernel each (the rest of a formula is elementwise arithmetic).
-_KERNELS: tuple[type[sympy.Basic], ...] = (k._Primitive, kb.KernelBackward, kb.OutputBackward, tensor.Softmax)
+_KERNELS: tuple[type[sympy.Basic], ...] = (k.Primitive, kb.KernelBackward, kb.OutputBackward, tensor.Softmax)
 _KERNELS += (tensor.LogSoftmax, tensor.SoftmaxBackward, tensor.LogSoftmaxBackward, tensor.ReduceLogSumExp)
 
 
@@ -111,7 +111,7 @@ def _latex_name(name: str) -> str:
 
 
 def _to_latex(expr: sympy.Basic, table: dict[sympy.Symbol, str]) -> str:
-    plain = _unguarded(_formulas(expr)).replace(
+    plain = unguarded(kernels_as_formulas(expr)).replace(
         lambda e: isinstance(e, (fn.maximum, fn.minimum)),
         lambda e: (sympy.Max if isinstance(e, fn.maximum) else sympy.Min)(*e.args[:2], evaluate=False),
     )

@@ -19,14 +19,14 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula.functions import where
-from opgen.optimize.kernels import PRIMITIVES, _Prime, _Primitive
+from opgen.optimize.kernels import PRIMITIVES, Prime, Primitive
 
 
 class KernelBackward(sympy.Function):
     """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
 
     is_real = True
-    primitive: ClassVar[type[_Primitive]]
+    primitive: ClassVar[type[Primitive]]
 
     @classmethod
     def eval(cls, g: Expr, *args: Expr) -> Expr | None:
@@ -34,14 +34,14 @@ class KernelBackward(sympy.Function):
 
     def elementary(self) -> Expr:
         g, *args = self.args
-        return g * _Prime(self.primitive.__name__, *args).elementary()
+        return g * Prime(self.primitive.__name__, *args).elementary()
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
 
 
 # `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
-BACKWARD: dict[type[_Primitive], type[KernelBackward]] = {
+BACKWARD: dict[type[Primitive], type[KernelBackward]] = {
     p: type(f"{name}_backward", (KernelBackward,), {"primitive": p}) for name, p in PRIMITIVES.items()
 }
 
@@ -102,7 +102,7 @@ def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | Non
             base, power = (-other).as_base_exp()
             if power == 2 and base.is_Symbol and base in tensors:
                 return tanh_backward(sympy.Mul(*rest), base)
-    primes = [f for f in factors if isinstance(f, _Prime)]
+    primes = [f for f in factors if isinstance(f, Prime)]
     if len(primes) != 1:
         return None
     prime = primes[0]
@@ -111,9 +111,7 @@ def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | Non
 
 def written_out(expr: Expr) -> Expr:
     """`expr` with each derivative of a primitive as its one-call form or its formula."""
-    return expr.replace(
-        lambda e: isinstance(e, _Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary()
-    )
+    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary())
 
 
 def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:
@@ -127,15 +125,15 @@ def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[l
     count: dict[Expr, int] = {}
     for group in factors:
         for factor in group:
-            for prime in factor.atoms(_Prime):
+            for prime in factor.atoms(Prime):
                 count[prime] = count.get(prime, 0) + 1
     kept: set[Expr] = set()
     for group in factors:
-        if len(group) == 1 and len(group[0].atoms(_Prime)) == 1:
-            kept |= {f for f in _factors(group[0]) if isinstance(f, _Prime) and count[f] == 1}
+        if len(group) == 1 and len(group[0].atoms(Prime)) == 1:
+            kept |= {f for f in _factors(group[0]) if isinstance(f, Prime) and count[f] == 1}
     whole = [group[0] for group in factors if len(group) == 1]
     if negations:
-        kept |= {f for f in whole if isinstance(f, _Prime) and count[f] == 2 and -f in whole}
+        kept |= {f for f in whole if isinstance(f, Prime) and count[f] == 2 and -f in whole}
     return [
-        [f.replace(lambda e: isinstance(e, _Prime) and e not in kept, written_out) for f in group] for group in factors
+        [f.replace(lambda e: isinstance(e, Prime) and e not in kept, written_out) for f in group] for group in factors
     ]

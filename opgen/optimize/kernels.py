@@ -1,7 +1,7 @@
 """The kernel IR: SymPy nodes for PyTorch's native kernels, forward and backward.
 
 `lower` replaces a subformula that is exactly a PyTorch primitive by its node (`silu(u)`,
-`softplus_beta(u, beta)`, ...); differentiating a primitive gives `_Prime`, its derivative
+`softplus_beta(u, beta)`, ...); differentiating a primitive gives `Prime`, its derivative
 in the tensor argument; opgen.optimize.backward_kernels turns a gradient `g * prime(u)` into
 the node of PyTorch's backward kernel (`silu_backward(g, u)`). The nodes hold no code: the
 torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print), the
@@ -34,7 +34,7 @@ from opgen.optimize.rewrite import rewrite
 from opgen.optimize.stable_functions import logsigmoid
 
 
-class _Primitive(sympy.Function):
+class Primitive(sympy.Function):
     """A PyTorch primitive: `args[0]` is the tensor, the others plain numbers.
 
     A node of the formula, printed by the torch printer's `_print_<name>` (opgen.emit.kernel_print)
@@ -66,7 +66,7 @@ class _Primitive(sympy.Function):
 
     def fdiff(self, argindex: int = 1) -> Expr:
         if argindex == 1:
-            return _Prime(self.func.__name__, *self.args)
+            return Prime(self.func.__name__, *self.args)
         t = sympy.Dummy("t", real=True)
         args = list(self.args)
         args[argindex - 1] = t
@@ -78,7 +78,7 @@ class _Primitive(sympy.Function):
         return None
 
 
-class silu(_Primitive):  # noqa: N801 - torch's names
+class silu(Primitive):  # noqa: N801 - torch's names
     nargs = 1
 
     @classmethod
@@ -86,7 +86,7 @@ class silu(_Primitive):  # noqa: N801 - torch's names
         return args[0] * fn.sigmoid(args[0])
 
 
-class log_sigmoid(_Primitive):  # noqa: N801
+class log_sigmoid(Primitive):  # noqa: N801
     """logsigmoid(u) (opgen.optimize.rewrite); its backward kernel needs a buffer forward would have to save."""
 
     nargs = 1
@@ -97,7 +97,7 @@ class log_sigmoid(_Primitive):  # noqa: N801
         return logsigmoid(args[0])
 
 
-class mish(_Primitive):  # noqa: N801
+class mish(Primitive):  # noqa: N801
     nargs = 1
     backward_in_place = True  # PyTorch's mish kernels are slow on CPU
     fast = False
@@ -118,7 +118,7 @@ class mish(_Primitive):  # noqa: N801
         return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)
 
 
-class gelu(_Primitive):  # noqa: N801
+class gelu(Primitive):  # noqa: N801
     fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 1
     backward_differentiable = True
@@ -128,7 +128,7 @@ class gelu(_Primitive):  # noqa: N801
         return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2
 
 
-class gelu_tanh(_Primitive):  # noqa: N801
+class gelu_tanh(Primitive):  # noqa: N801
     """u (1 + tanh(z)) / 2 with z = sqrt(2/pi) (u + 0.044715 u**3), which is u sigmoid(2 z) exactly.
 
     Forward (and fused mode) runs the sigmoid form: one sigmoid instead of tanh, ten times
@@ -152,7 +152,7 @@ class gelu_tanh(_Primitive):  # noqa: N801
         return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))
 
 
-class softplus_beta(_Primitive):  # noqa: N801
+class softplus_beta(Primitive):  # noqa: N801
     """softplus(beta * u) / beta, as F.softplus(u, beta) (linear where beta * u > 20, as PyTorch)."""
 
     nargs = 2
@@ -163,7 +163,7 @@ class softplus_beta(_Primitive):  # noqa: N801
         return fn.softplus(args[1] * args[0]) / args[1]
 
 
-class elu(_Primitive):  # noqa: N801
+class elu(Primitive):  # noqa: N801
     fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 2
     backward_differentiable = True
@@ -174,7 +174,7 @@ class elu(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))
 
 
-class leaky_relu(_Primitive):  # noqa: N801
+class leaky_relu(Primitive):  # noqa: N801
     """where(u > 0, u, slope * u): the slope below 0 and at 0 itself, as PyTorch's kernels."""
 
     nargs = 2
@@ -186,7 +186,7 @@ class leaky_relu(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)
 
 
-class hardtanh(_Primitive):  # noqa: N801
+class hardtanh(Primitive):  # noqa: N801
     """max(min(u, hi), lo): gradient 1 strictly between the bounds, 0 at them (F.hardtanh).
 
     F.hardtanh refuses lo > hi, where the formula would be the constant lo: a clear error
@@ -202,7 +202,7 @@ class hardtanh(_Primitive):  # noqa: N801
         return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)
 
 
-class huber(_Primitive):  # noqa: N801
+class huber(Primitive):  # noqa: N801
     """The Huber function of a difference `d`, quadratic within delta of 0 and linear beyond.
 
     PyTorch's kernels take an input and a target; the target here is a zero that costs no
@@ -237,7 +237,7 @@ class huber(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)
 
 
-class smooth_l1(_Primitive):  # noqa: N801
+class smooth_l1(Primitive):  # noqa: N801
     """huber(d, beta) / beta: PyTorch's smooth L1, its kernels given a zero target as huber's.
 
     The derivative shared between gradients is d / beta clipped to [-1, 1], and at beta = 0, where
@@ -260,7 +260,7 @@ class smooth_l1(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), beta), d**2 / (2 * beta), sympy.Abs(d) - beta / 2)
 
 
-class hardsigmoid(_Primitive):  # noqa: N801
+class hardsigmoid(Primitive):  # noqa: N801
     """max(min(u + 3, 6), 0) / 6: gradient 1/6 strictly inside (-3, 3), 0 at the kinks (F.hardsigmoid).
 
     `clamp` would pass the gradient at the kinks: not this function's derivative there.
@@ -275,7 +275,7 @@ class hardsigmoid(_Primitive):  # noqa: N801
         return hardtanh.elementary(args[0] + 3, S.Zero, sympy.Integer(6)) / 6
 
 
-class hardswish(_Primitive):  # noqa: N801
+class hardswish(Primitive):  # noqa: N801
     """u * hardsigmoid(u): the gradient at the kinks is the formula's, 0 at -3 and 1 at 3 (F.hardswish)."""
 
     nargs = 1
@@ -286,7 +286,7 @@ class hardswish(_Primitive):  # noqa: N801
         return args[0] * hardsigmoid.elementary(args[0])
 
 
-PRIMITIVES: dict[str, type[_Primitive]] = {
+PRIMITIVES: dict[str, type[Primitive]] = {
     c.__name__: c
     for c in (
         silu,
@@ -306,7 +306,7 @@ PRIMITIVES: dict[str, type[_Primitive]] = {
 }
 
 
-class _Prime(sympy.Function):
+class Prime(sympy.Function):
     """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
 
     is_real = True
@@ -316,12 +316,12 @@ class _Prime(sympy.Function):
         return super().__new__(cls, tag, *args)
 
     @property
-    def primitive(self) -> type[_Primitive]:
+    def primitive(self) -> type[Primitive]:
         return PRIMITIVES[str(self.args[0])]
 
     def elementary(self, form: str = "elementary") -> Expr:
         """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
-        return _prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({_T: self.args[1]})
+        return prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({TENSOR_ARG: self.args[1]})
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
@@ -334,12 +334,12 @@ class _Prime(sympy.Function):
         return set().union(*(a.free_symbols for a in self.args[1:]))
 
 
-_T = sympy.Dummy("t", real=True)  # the tensor argument of `_prime_formula`'s primitive
+TENSOR_ARG = sympy.Dummy("t", real=True)  # the tensor argument of `prime_formula`'s primitive
 
 
 @functools.lru_cache(maxsize=512)
-def _prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
-    """d primitive(_T, *rest) / d _T, rewritten: `_Prime.elementary` before its argument goes in.
+def prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
+    """d primitive(TENSOR_ARG, *rest) / d TENSOR_ARG, rewritten: `Prime.elementary` before its argument goes in.
     Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
     double backward that shows a kernel's derivative (tens of milliseconds each)."""
-    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(_T, *rest), _T))
+    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(TENSOR_ARG, *rest), TENSOR_ARG))
