@@ -5,10 +5,8 @@ the node of PyTorch's backward kernel (`silu_backward(g, u)`), or `g * s * (1 - 
 sigmoid into `sigmoid_backward(g, s)` (Note [native backward kernels] in opgen.optimize.kernels).
 Like the primitives, the nodes hold no code: opgen.emit.kernel_print prints them.
 
-A kernel needs the incoming gradient, which the plan's factors leave out; so before the
-plan's common-subexpression elimination, `kernel_factors` writes out every derivative that
-cannot become a kernel (one shared between gradients, or one of several terms): the
-elimination then sees its parts like those of any formula, and a kernel's arguments too.
+Which derivatives become a kernel call is the plan's choice (opgen.plan.kernel_calls); those
+that do not are written out by `written_out`.
 """
 
 from __future__ import annotations
@@ -112,28 +110,3 @@ def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | Non
 def written_out(expr: Expr) -> Expr:
     """`expr` with each derivative of a primitive as its one-call form or its formula."""
     return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary())
-
-
-def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:
-    """The factors of each gradient's contributions, derivatives that cannot be kernels written out.
-
-    A derivative stays a node where it is a factor of the only contribution of its gradient
-    and appears nowhere else: there backward computes `g * prime(u)` by the kernel. With
-    `negations`, also where it is the whole factor of two gradients, once negated (a loss's input
-    and target): backward computes the kernel once for both (Note [gradients that negate another]).
-    """
-    count: dict[Expr, int] = {}
-    for group in factors:
-        for factor in group:
-            for prime in factor.atoms(Prime):
-                count[prime] = count.get(prime, 0) + 1
-    kept: set[Expr] = set()
-    for group in factors:
-        if len(group) == 1 and len(group[0].atoms(Prime)) == 1:
-            kept |= {f for f in _factors(group[0]) if isinstance(f, Prime) and count[f] == 1}
-    whole = [group[0] for group in factors if len(group) == 1]
-    if negations:
-        kept |= {f for f in whole if isinstance(f, Prime) and count[f] == 2 and -f in whole}
-    return [
-        [f.replace(lambda e: isinstance(e, Prime) and e not in kept, written_out) for f in group] for group in factors
-    ]

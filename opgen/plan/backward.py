@@ -49,9 +49,9 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
-from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
 from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.kernel_calls import kernel_factors
 from opgen.plan.kinks import kink_of_output, shared_kinks
 from opgen.plan.numbers import pull_numbers
 

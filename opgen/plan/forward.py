@@ -17,9 +17,9 @@ import sympy
 from opgen.derive.gradients import Variant
 from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
 from opgen.formula.tensor import has_tensor_ops, is_dim_size, shape_of
-from opgen.optimize.backward_kernels import kernel_factors
 from opgen.plan.backward import Plan, TempGroup
 from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.kernel_calls import kernel_factors
 
 
 @dataclass(frozen=True)
