@@ -104,6 +104,15 @@ def test_only_the_pipeline_runs_a_stage():
     assert not wrong
 
 
+def test_the_save_stage_differentiates_nothing():
+    """Save chooses among what derive differentiated (Note [parts of the outputs] in opgen.derive.parts)."""
+    for name in ("save.py", "save_tensors.py"):
+        tree = ast.parse((ROOT / "opgen" / "optimize" / name).read_text(encoding="utf-8"))
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not used & {"diff", "real_diff", "tensor_gradient", "derive_jvp"}, name
+
+
 def test_importing_the_rewrites_changes_no_table_of_the_guard():
     script = (
         "import opgen.derive.guard as g; before = dict(g.DOMAINS); "
