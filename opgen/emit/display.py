@@ -16,8 +16,7 @@ from opgen.emit.gate_print import GateDisplay
 from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
-from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
-from opgen.optimize.kernels import Prime, Primitive
+from opgen.optimize.kernels import KernelBackward, OutputBackward, Prime, Primitive
 
 
 def _decimal(value: sympy.Rational) -> str | None:

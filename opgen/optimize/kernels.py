@@ -2,10 +2,12 @@
 
 `lower` replaces a subformula that is exactly a PyTorch primitive by its node (`silu(u)`,
 `softplus_beta(u, beta)`, ...); differentiating a primitive gives `Prime`, its derivative
-in the tensor argument; opgen.optimize.backward_kernels turns a gradient `g * prime(u)` into
-the node of PyTorch's backward kernel (`silu_backward(g, u)`). The nodes hold no code: the
-torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print), the
-docstring printer as its formula.
+in the tensor argument; `backward_kernel` turns a gradient `g * prime(u)` into the node of
+PyTorch's backward kernel (`silu_backward(g, u)`), or `g * s * (1 - s)` of a saved sigmoid into
+`sigmoid_backward(g, s)`. Which derivatives become a kernel call is the plan's choice
+(opgen.plan.kernel_calls); those that do not are written out by `written_out`. The nodes hold no
+code: the torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print),
+the docstring printer as its formula.
 
 Note [native backward kernels]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,6 +27,7 @@ opgen.emit.kernel_lines and Note [forward in place]).
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import sympy
 from sympy import Expr, S
@@ -343,3 +346,95 @@ def prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
     Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
     double backward that shows a kernel's derivative (tens of milliseconds each)."""
     return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(TENSOR_ARG, *rest), TENSOR_ARG))
+
+
+class KernelBackward(sympy.Function):
+    """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
+
+    is_real = True
+    primitive: ClassVar[type[Primitive]]
+
+    @classmethod
+    def eval(cls, g: Expr, *args: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
+
+    def elementary(self) -> Expr:
+        g, *args = self.args
+        return g * Prime(self.primitive.__name__, *args).elementary()
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)
+
+
+# `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
+BACKWARD: dict[type[Primitive], type[KernelBackward]] = {
+    p: type(f"{name}_backward", (KernelBackward,), {"primitive": p}) for name, p in PRIMITIVES.items()
+}
+
+
+class OutputBackward(sympy.Function):
+    """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
+
+    is_real = True
+
+    @classmethod
+    def eval(cls, g: Expr, output: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
+
+    def elementary(self) -> Expr:
+        raise NotImplementedError
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)
+
+
+class sigmoid_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, s = self.args
+        return g * s * (1 - s)
+
+
+class tanh_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, t = self.args
+        return g * (1 - t**2)
+
+
+class threshold_backward(OutputBackward):  # noqa: N801
+    """`g` where the saved output of `max(0, u)` is positive, else 0: relu's backward kernel."""
+
+    def elementary(self) -> Expr:
+        g, out = self.args
+        return fn.where(sympy.StrictGreaterThan(out, 0), g, S.Zero)
+
+
+def _factors(expr: Expr) -> tuple[Expr, ...]:
+    return expr.args if isinstance(expr, sympy.Mul) else (expr,)
+
+
+def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
+    """The kernel node computing the gradient `total` (`g * prime(u)`, ...), or None.
+
+    `tensors` are the symbols that hold tensors: an output kernel reads a saved tensor.
+    """
+    factors = _factors(total)
+    for k, factor in enumerate(factors):
+        rest = [f for i, f in enumerate(factors) if i != k]
+        for s in rest:
+            if s.is_Symbol and s in tensors and factor == 1 - s:
+                return sigmoid_backward(sympy.Mul(*[f for f in rest if f is not s]), s)
+        if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
+            other = factor.args[0] if factor.args[1] == S.One else factor.args[1]
+            base, power = (-other).as_base_exp()
+            if power == 2 and base.is_Symbol and base in tensors:
+                return tanh_backward(sympy.Mul(*rest), base)
+    primes = [f for f in factors if isinstance(f, Prime)]
+    if len(primes) != 1:
+        return None
+    prime = primes[0]
+    return BACKWARD[prime.primitive](total / prime, *prime.args[1:])
+
+
+def written_out(expr: Expr) -> Expr:
+    """`expr` with each derivative of a primitive as its one-call form or its formula."""
+    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary())

@@ -15,8 +15,7 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
-from opgen.optimize.backward_kernels import written_out
-from opgen.optimize.kernels import Prime
+from opgen.optimize.kernels import Prime, written_out
 
 
 def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:
