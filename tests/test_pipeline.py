@@ -1,5 +1,6 @@
-"""The pipeline sequences the stages: one direction of imports, the as-written derivation
-handed on as data, and tables no module changes behind another's back."""
+"""The pipeline sequences the stages: each run once, by the pipeline alone, one direction of
+imports, the as-written derivation handed on as data, and tables no module changes behind
+another's back."""
 
 from __future__ import annotations
 
