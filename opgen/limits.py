@@ -189,6 +189,8 @@ STAGES = {
     "derive": "deriving the gradients",
     "rewrite_gradients": "rewriting the gradients",
     "choose_saved": "choosing what backward saves",
+    "derive_jvp": "deriving the forward-mode tangents",
+    "optimize_tangents": "rewriting the tangents",
     "plan": "planning the code",
     "emit_op": "writing the op",
     "emit_tests": "writing the tests",

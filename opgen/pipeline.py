@@ -2,11 +2,14 @@
 
 The only place that sequences the stages. For each spec: load -> parse -> read its formulas
 -> optimize them (the stable rewrites and native kernels, as `optimize:` allows) -> derive
--> optimize the gradients -> choose what to save -> plan -> emit, collecting every problem
-of the run. Where the generated tests need it, the formulas are also derived as written,
-without any optimization, and handed to the test emitter as the accuracy oracle (Note
-[derived twice]). No stage calls another. Pure: reads the spec files, writes nothing
-(`opgen.write.files` does that).
+-> optimize the gradients -> choose what to save -> the tangents of forward mode, derived from
+the saved gradients and rewritten (Note [tangents after save] in opgen.derive.jvp) -> plan
+-> emit, collecting every problem of the run. `run_stages` runs the stages up to plan, each
+once, in that order (`STAGES`); a test may stop it after one and read what the stages made.
+Where the generated tests need it, the formulas are also derived as written, without any
+optimization, and handed to the test emitter as the accuracy oracle (Note [derived twice]).
+No stage calls another. Pure: reads the spec files, writes nothing (`opgen.write.files` does
+that).
 
 Note [derived twice]
 ~~~~~~~~~~~~~~~~~~~~
@@ -43,6 +46,8 @@ from opgen.spec.parse import parse_spec
 
 if TYPE_CHECKING:
     from opgen.derive.gradients import Derived
+    from opgen.formula.read import Formulas
+    from opgen.optimize.save import Residual
     from opgen.plan.backward import Plan
     from opgen.plan.extremes import Row
 
@@ -98,17 +103,7 @@ def source_name(path: Path) -> str:
 # the functions below import them when they first run, not this module when it is imported.
 
 
-def derive_spec(spec: Spec, problems: Problems, optimized: bool = True) -> Derived | None:
-    """`spec` read and derived, optimized as its `optimize:` allows (or as written); None on errors."""
-    from opgen.derive.gradients import derive  # Note [stages imported on use]
-    from opgen.formula.read import read
-    from opgen.optimize.passes import optimize_formulas, optimize_gradients
-
-    formulas = read(spec, problems)
-    if formulas is None:
-        return None
-    derived = derive(optimize_formulas(formulas) if optimized else formulas, problems)
-    return optimize_gradients(derived) if optimized and derived is not None else derived
+STAGES = ("read", "optimize formulas", "derive", "optimize gradients", "save", "plan")
 
 
 @dataclass(frozen=True)
@@ -121,26 +116,45 @@ class Planned:
     warnings: tuple[str, ...] = ()  # `FILE:LINE:COL: warning: ...`: tests bound to fail (`opgen.plan.domain`)
 
 
-def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | None:
-    """The plan of one spec's op, through every stage up to emit; None if a problem was recorded.
-    `oracle`: also read the formulas as written where the generated tests need them (Note [derived twice])."""
+@dataclass(frozen=True)
+class Stages:
+    """What the stages made of one spec, each field from the stage `STAGES` names in its comment,
+    as far as they ran (`run_stages`: the generation runs them all; a test may stop after one)."""
+
+    formulas: Formulas  # read
+    optimized: Formulas | None = None  # optimize formulas: what the op computes
+    derived: Derived | None = None  # derive: the gradients of `optimized`
+    oracle: Derived | None = None  # derive: the formulas as written, for the accuracy tests (Note [derived twice])
+    gradients: Derived | None = None  # optimize gradients
+    saved: Derived | None = None  # save: the gradients as they read what forward keeps
+    residuals: tuple[Residual, ...] = ()  # save: what forward returns for backward only
+    planned: Planned | None = None  # plan
+
+
+def run_stages(spec: Spec, problems: Problems, stop_after: str = "plan", oracle: bool = True) -> Stages | None:
+    """`spec` through the stages, in order, each once, up to `stop_after` (one of `STAGES`); None if a
+    problem was recorded. `oracle`: also read the formulas as written where the generated tests need
+    them (Note [derived twice])."""
     from opgen.derive.gradients import derive, forward_only  # Note [stages imported on use]
     from opgen.derive.jvp import derive_jvp
     from opgen.formula.read import read
-    from opgen.optimize.passes import optimize_formulas, optimize_gradients
-    from opgen.optimize.rewrite import rewrite
+    from opgen.optimize.passes import optimize_formulas, optimize_gradients, optimize_tangents
     from opgen.optimize.save import choose_saved
     from opgen.plan.backward import plan
     from opgen.plan.domain import domain_warnings, extreme_warnings
     from opgen.plan.extremes import Oracle, extreme_rows
     from opgen.plan.extremes import applies as needs_oracle
-    from opgen.plan.forward import with_forward
 
+    assert stop_after in STAGES, stop_after
     before = len(problems.errors)
     formulas = read(spec, problems)
     if formulas is None:
         return None
+    if stop_after == "read":
+        return Stages(formulas)
     optimized = optimize_formulas(formulas)
+    if stop_after == "optimize formulas":
+        return Stages(formulas, optimized)
     derived = derive(optimized, problems)
     if derived is None or len(problems.errors) > before:
         return None
@@ -150,19 +164,31 @@ def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | 
         unchanged = optimized.definitions == formulas.definitions and optimized.overrides == formulas.overrides
         with contextlib.suppress(SpecError):
             written = derived if unchanged else forward_only(formulas)
-    derived, residuals = choose_saved(optimize_gradients(derived), spec.optimize.policy)
+    if stop_after == "derive":
+        return Stages(formulas, optimized, derived, written)
+    gradients = optimize_gradients(derived)
+    if stop_after == "optimize gradients":
+        return Stages(formulas, optimized, derived, written, gradients)
+    saved, residuals = choose_saved(gradients, spec.optimize.policy)
+    if stop_after == "save":
+        return Stages(formulas, optimized, derived, written, gradients, saved, residuals)
     with problems.collect(), located(spec.loc, f"generating '{spec.name}'"):
-        # Forward mode from the same (rewritten, saved) derivation as backward.
-        tangents = derive_jvp(
-            derived, tuple((r.name, r.expr) for r in residuals), rewrite if spec.optimize.rewrite else None
-        )
+        # Forward mode from the same (rewritten, saved) gradients as backward (Note [tangents after save]).
+        tangents = optimize_tangents(derive_jvp(saved, tuple((r.name, r.expr) for r in residuals)), saved)
         compiled = Oracle(written) if written is not None else None  # compiled once for rows and warnings
         rows = tuple(extreme_rows(spec, written, compiled))
-        found = domain_warnings(spec, written, compiled, derived)
-        found += extreme_warnings(spec, rows, compiled, derived, residuals) if compiled is not None else []
+        found = domain_warnings(spec, written, compiled, saved)
+        found += extreme_warnings(spec, rows, compiled, saved, residuals) if compiled is not None else []
         warnings = tuple(f"{loc}: warning: {message}" for loc, message in found)
-        return Planned(with_forward(plan(derived, residuals), tangents), rows, warnings)
+        planned = Planned(plan(saved, residuals, tangents), rows, warnings)
+        return Stages(formulas, optimized, derived, written, gradients, saved, residuals, planned)
     return None
+
+
+def plan_spec(spec: Spec, problems: Problems, oracle: bool = True) -> Planned | None:
+    """The plan of one spec's op, through every stage up to emit (`run_stages`); None if a problem was recorded."""
+    stages = run_stages(spec, problems, oracle=oracle)
+    return stages.planned if stages is not None else None
 
 
 def generate(spec: Spec, renderer: Renderer, problems: Problems) -> Entry | None:
@@ -192,7 +218,7 @@ def import_stages() -> None:
     spec's time budget: half a second of importing SymPy is no spec's cost, and an import
     interrupted halfway would leave a module half made."""
     stages = ("formula.read", "optimize.passes", "derive.gradients", "derive.jvp", "optimize.save", "plan.backward")
-    for stage in (*stages, "plan.forward"):
+    for stage in stages:
         importlib.import_module(f"opgen.{stage}")
     for stage in ("plan.extremes", "plan.domain", "emit.op", "emit.tests", "emit.printer"):
         importlib.import_module(f"opgen.{stage}")

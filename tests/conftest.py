@@ -23,6 +23,14 @@ outputs:
 """  # the smallest spec, as the format page writes it
 
 
+def as_written(spec):
+    """`spec` with its rewrites and lowering off: the one pipeline (`opgen.pipeline.run_stages`)
+    then derives its formulas as they are written."""
+    from dataclasses import replace
+
+    return replace(spec, optimize=replace(spec.optimize, rewrite=False, lower=False))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """No test reads or writes the user's generation cache, in this process or a child: each
     run generates afresh, so a test that changes opgen in memory sees its change. The cache's

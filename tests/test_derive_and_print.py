@@ -11,22 +11,31 @@ import math
 import pytest
 import sympy
 import torch
+from conftest import as_written
 
 from opgen.emit.printer import PrintError, TorchPrinter
 from opgen.errors import Problems
-from opgen.pipeline import derive_spec
-from opgen.plan.backward import plan
+from opgen.pipeline import run_stages
 from opgen.spec.load import load_text
 from opgen.spec.parse import parse_spec
 
 
-def derived_of(text: str):
+def staged(text: str, stop_after: str):
+    """The spec `text` as written, through the pipeline up to `stop_after`."""
     problems = Problems()
     spec = parse_spec(load_text(text, "t.yaml"), "specs/t.yaml", problems)
     assert spec is not None and not problems, problems.report()
-    derived = derive_spec(spec, problems, optimized=False)
-    assert derived is not None and not problems, problems.report()
-    return derived
+    stages = run_stages(as_written(spec), problems, stop_after)
+    assert stages is not None and not problems, problems.report()
+    return stages
+
+
+def derived_of(text: str):
+    return staged(text, "derive").derived
+
+
+def plan(text: str):
+    return staged(text, "plan").planned.plan
 
 
 def evaluate(derived, expr: sympy.Basic, values: dict[str, object]) -> torch.Tensor:
@@ -77,16 +86,16 @@ def test_optional_input_variants_drop_its_terms():
 
 
 def test_broadcast_reduction_only_with_several_tensor_inputs():
-    one = plan(derived_of("name: t\ninputs: {x: Tensor, c: float}\noutputs:\n  y: c * x\n"))
-    two = plan(derived_of("name: t\ninputs: {x: Tensor, w: Tensor}\noutputs:\n  y: w * x\n"))
+    one = plan("name: t\ninputs: {x: Tensor, c: float}\noutputs:\n  y: c * x\n")
+    two = plan("name: t\ninputs: {x: Tensor, w: Tensor}\noutputs:\n  y: w * x\n")
     assert [g.reduce for g in one.backward[-1].grads] == [False]
     assert [g.reduce for g in two.backward[-1].grads] == [True, True]
 
 
 def test_saves_only_what_backward_reads():
     # d/dx exp(x) can be written with the output; x*c needs only the constant.
-    assert plan(derived_of("name: t\ninputs: {x: Tensor, c: float}\noutputs:\n  y: c * x\n")).saved == ()
-    assert plan(derived_of("name: t\ninputs: {x: Tensor, w: Tensor}\noutputs:\n  y: w * x\n")).saved == ("x", "w")
+    assert plan("name: t\ninputs: {x: Tensor, c: float}\noutputs:\n  y: c * x\n").saved == ()
+    assert plan("name: t\ninputs: {x: Tensor, w: Tensor}\noutputs:\n  y: w * x\n").saved == ("x", "w")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from opgen.errors import Problems
-from opgen.pipeline import derive_spec
+from opgen.pipeline import run_stages
 from opgen.plan.extremes import extreme_rows
 from opgen.spec.load import load_text
 from opgen.spec.parse import parse_spec
@@ -32,7 +32,9 @@ def rows(formula: str) -> dict[float, float]:
     text = f"name: r\ninputs:\n  x: Tensor\noutputs:\n  y: {formula}\n"
     spec = parse_spec(load_text(text, "r.yaml"), "r.yaml", Problems())
     assert spec is not None
-    found = extreme_rows(spec, derive_spec(spec, Problems(), optimized=False))
+    stages = run_stages(spec, Problems(), stop_after="derive")
+    assert stages is not None
+    found = extreme_rows(spec, stages.oracle)
     return {point: values[0] for _, point, values, _, _ in found}
 
 

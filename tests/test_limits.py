@@ -409,8 +409,10 @@ def test_after_an_interrupted_spec_the_next_spec_generates_as_alone(tmp_path, mo
 
 
 def test_every_spec_is_far_inside_every_limit():
+    from conftest import as_written
+
     from opgen.errors import Problems
-    from opgen.pipeline import derive_spec, source_name
+    from opgen.pipeline import run_stages, source_name
     from opgen.spec.load import load_file
     from opgen.spec.parse import parse_spec
 
@@ -418,9 +420,9 @@ def test_every_spec_is_far_inside_every_limit():
         spec = parse_spec(load_file(path, str(path)), source_name(path), Problems())
         assert spec is not None
         assert len(spec.inputs) * 10 <= limits.INPUTS.value and len(spec.lets) * 10 <= limits.LETS.value
-        derived = derive_spec(spec, Problems(), optimized=False)
-        assert derived is not None
-        for _, expr in derived.full.inlined:
+        stages = run_stages(as_written(spec), Problems(), stop_after="derive")
+        assert stages is not None and stages.derived is not None
+        for _, expr in stages.derived.full.inlined:
             size, depth = limits.tree_size_and_depth(expr)
             assert size * 10 <= limits.INLINED_NODES.value and depth * 10 <= limits.INLINED_DEPTH.value, path
 

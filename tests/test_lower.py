@@ -151,7 +151,7 @@ def test_formulas_as_written_lower_to_the_primitive(formula, expected):
 )
 def test_near_misses_are_not_lowered(formula):
     lowered = lw.lower(formula, NUMBERS)
-    assert not lowered.atoms(lw._Primitive), lowered
+    assert not lowered.atoms(lw.Primitive), lowered
 
 
 @pytest.mark.parametrize(

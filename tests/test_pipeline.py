@@ -1,5 +1,6 @@
-"""The pipeline sequences the stages: one direction of imports, the as-written derivation
-handed on as data, and tables no module changes behind another's back."""
+"""The pipeline sequences the stages: each run once, by the pipeline alone, one direction of
+imports, the as-written derivation handed on as data, and tables no module changes behind
+another's back."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import sys
 
 import pytest
 import sympy
-from conftest import ROOT
+from conftest import ROOT, as_written
 
 from opgen.derive.guard import guard_branches
 from opgen.emit.names import OpNames
 from opgen.errors import Problems
 from opgen.formula import functions as fn
-from opgen.pipeline import derive_spec
+from opgen.pipeline import run_stages
 from opgen.plan.extremes import extreme_rows
 from opgen.spec.load import load_text
 from opgen.spec.parse import parse_spec
@@ -80,6 +81,39 @@ def test_no_module_imports_a_later_stage():
     assert not wrong
 
 
+# The functions the stages run from: `opgen.pipeline.run_stages` calls each once, in order.
+ENTRY_POINTS = {
+    "opgen.formula.read": {"read"},
+    "opgen.optimize.passes": {"optimize_formulas", "optimize_gradients", "optimize_tangents"},
+    "opgen.derive.gradients": {"derive", "forward_only"},
+    "opgen.derive.jvp": {"derive_jvp"},
+    "opgen.optimize.save": {"choose_saved"},
+    "opgen.plan.backward": {"plan"},
+}
+
+
+def test_only_the_pipeline_runs_a_stage():
+    """No stage calls another: a stage's entry point is imported by the pipeline alone."""
+    wrong = []
+    for path in sorted((ROOT / "opgen").rglob("*.py")):
+        if path.name == "pipeline.py" and path.parent.name == "opgen":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in ENTRY_POINTS:
+                used = {alias.name for alias in node.names} & ENTRY_POINTS[node.module]
+                wrong += [f"{path.relative_to(ROOT)} imports {node.module}.{name}" for name in sorted(used)]
+    assert not wrong
+
+
+def test_the_save_stage_differentiates_nothing():
+    """Save chooses among what derive differentiated (Note [parts of the outputs] in opgen.derive.parts)."""
+    for name in ("save.py", "save_tensors.py"):
+        tree = ast.parse((ROOT / "opgen" / "optimize" / name).read_text(encoding="utf-8"))
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not used & {"diff", "real_diff", "tensor_gradient", "derive_jvp"}, name
+
+
 def test_importing_the_rewrites_changes_no_table_of_the_guard():
     script = (
         "import opgen.derive.guard as g; before = dict(g.DOMAINS); "
@@ -104,22 +138,39 @@ def _spec(text: str):
     return spec
 
 
+def _stages(spec, stop_after: str = "plan"):
+    stages = run_stages(spec, Problems(), stop_after)
+    assert stages is not None
+    return stages
+
+
 def test_the_accuracy_rows_come_from_the_derivation_handed_on():
     """The test plan evaluates the derivation the pipeline gives it, never one of its own."""
     spec = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x))\n")
     other = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: 2 * x\n")
-    rows = extreme_rows(spec, derive_spec(other, Problems(), optimized=False))
+    rows = extreme_rows(spec, _stages(other, "derive").oracle)
     assert rows and all(values == (2 * point,) and slope == 2 for _, point, values, slope, _ in rows)
     assert extreme_rows(spec, None) == []
 
 
 def test_the_oracle_is_derived_as_written_and_the_op_optimized():
     spec = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x))\n")
-    written = derive_spec(spec, Problems(), optimized=False)
-    optimized = derive_spec(spec, Problems())
+    stages = _stages(spec, "derive")
+    written, optimized = stages.oracle, stages.derived
     assert written is not None and optimized is not None
     assert not written.full.outputs[0][1].has(fn.softplus)
     assert optimized.full.outputs[0][1] != written.full.outputs[0][1]
+
+
+def test_a_pipeline_stopped_after_a_stage_ran_exactly_the_stages_before_it():
+    spec = _spec("name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x - tanh(x)\n")
+    read, derived, saved, planned = (_stages(spec, stage) for stage in ("read", "derive", "save", "plan"))
+    assert read.optimized is None and derived.gradients is None and saved.planned is None
+    assert derived.derived == planned.derived and saved.residuals == planned.residuals
+    assert [r.name for r in planned.residuals] == ["saved_tanh"] and planned.planned is not None
+    assert planned.planned.plan.residuals == planned.residuals and planned.planned.plan.derived == planned.saved
+    with pytest.raises(AssertionError):
+        run_stages(spec, Problems(), "emit")
 
 
 def test_the_names_of_an_op_module_are_given_by_keyword():
@@ -148,7 +199,7 @@ def test_the_oracle_reads_the_formulas_as_written_without_differentiating_them(f
     from opgen.pipeline import plan_spec
 
     spec = _spec(f"name: op\ninputs:\n  x: Tensor\n  y: Tensor\noutputs:\n  z: {formula}\n")
-    expected = extreme_rows(spec, derive_spec(spec, Problems(), optimized=False))
+    expected = extreme_rows(spec, _stages(as_written(spec), "derive").derived)
     derived: list[object] = []
     original = gradients.derive
 

@@ -15,9 +15,7 @@ from conftest import SPECS
 from spec_ops import build_ops
 
 from opgen.errors import Problems
-from opgen.optimize.save import choose_saved
-from opgen.pipeline import derive_spec
-from opgen.plan.backward import plan
+from opgen.pipeline import run_stages
 from opgen.spec.load import load_file
 from opgen.spec.parse import parse_spec
 
@@ -26,10 +24,9 @@ def _planned(path: Path):
     problems = Problems()
     spec = parse_spec(load_file(path, path.name), f"specs/{path.name}", problems)
     assert spec is not None, problems.report()
-    derived = derive_spec(spec, problems)
-    assert derived is not None, problems.report()
-    chosen, residuals = choose_saved(derived, spec.optimize.policy)
-    return spec, chosen, residuals, plan(chosen, residuals)
+    stages = run_stages(spec, problems)
+    assert stages is not None and stages.planned is not None, problems.report()
+    return spec, stages.saved, stages.residuals, stages.planned.plan
 
 
 @pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.stem)

@@ -6,7 +6,8 @@ the forward `let`s and outputs as SymPy expressions and, for every Tensor input,
 gradient as contributions `grad_<output> * factor` (or the spec's override). SymPy
 differentiates the fully inlined outputs, with PyTorch's conventions at kinks
 (`opgen.formula.functions`) and the branches of `where` guarded against NaN (`opgen.derive.guard`,
-Note [double where]). It differentiates what it is given and nothing more: the pipeline
+Note [double where]), and the parts of the outputs that the save stage may make residuals
+(`opgen.derive.parts`). It differentiates what it is given and nothing more: the pipeline
 decides which formulas (as written, or optimized) to hand it.
 """
 
@@ -20,6 +21,7 @@ from sympy import Expr, S
 
 from opgen import limits
 from opgen.derive.guard import guard_branches, settle_indicators
+from opgen.derive.parts import Part, derive_parts
 from opgen.derive.powers import combine_powers
 from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
 from opgen.errors import Loc, Problems, SpecError, located
@@ -70,6 +72,7 @@ class Derived:
     symbols: Symbols
     variants: tuple[Variant, ...]  # the all-present variant last
     shapes: dict[sympy.Symbol, tensor.Shape]  # static shape of every input, let, output and gradient
+    parts: tuple[Part, ...] = ()  # what the save stage may make residuals, differentiated (opgen.derive.parts)
 
     @property
     def has_tensor_ops(self) -> bool:
@@ -112,7 +115,7 @@ def _drop_boolean(expr: sympy.Basic, absent: frozenset[sympy.Symbol]) -> sympy.B
     return expr.func(*args)
 
 
-def _clean(expr: Expr, loc: Loc, what: str) -> Expr:
+def clean(expr: Expr, loc: Loc, what: str) -> Expr:
     expr = expr.replace(sympy.DiracDelta, lambda *args: S.Zero)
     if expr.has(sympy.Derivative) or expr.has(sympy.Subs):
         raise SpecError(loc, f"{what}: SymPy could not differentiate this formula; give the gradient in `gradients:`")
@@ -139,7 +142,7 @@ def _tensor_gradient(
     what = f"gradient of '{name}'"
     with located(loc, what):
         try:
-            total = tensor_gradient(pairs, x, shapes, lambda e: _clean(settle_indicators(e), loc, what))
+            total = tensor_gradient(pairs, x, shapes, lambda e: clean(settle_indicators(e), loc, what))
             batch_inputs = sum(1 for i in spec.tensor_inputs if i.type.dims and tensor.BATCH in i.type.dims)
             fit = leaf_fit(total, x, shapes, batch_inputs)
         except tensor.ShapeError as error:
@@ -267,7 +270,7 @@ def _elementwise_gradient(spec: Spec, symbols: Symbols, inlined: dict[sympy.Symb
         what = f"d {output.name} / d {name}"
         with located(output.formula.loc, what):
             guarded = guard_branches(inlined[symbols.outputs[output.name]], symbols.tensors)
-            factor = _clean(settle_indicators(fn.real_diff(guarded, x)), output.formula.loc, what)
+            factor = clean(settle_indicators(fn.real_diff(guarded, x)), output.formula.loc, what)
         if factor != 0:
             parts.append(Contribution(output.name, factor))
     return Gradient(name, tuple(parts), False)
@@ -313,7 +316,10 @@ def derive(formulas: Formulas, problems: Problems) -> Derived | None:
         for flags in itertools.product([True, False], repeat=len(optional)):
             absent = tuple(n for n, is_absent in zip(optional, flags, strict=True) if is_absent)
             variants.append(_variant(formulas, absent, shapes))
+        # The parts of the outputs the save stage may make residuals (Note [parts of the outputs]).
+        one = variants[0] if len(variants) == 1 else None
+        parts = derive_parts(spec, symbols, one.outputs, one.inlined, shapes) if one is not None else ()
     except SpecError as error:
         problems.add(error)
         return None
-    return Derived(spec, symbols, tuple(variants), shapes)
+    return Derived(spec, symbols, tuple(variants), shapes, parts)

@@ -8,6 +8,17 @@ along that input's tangent symbol. Elementwise formulas reuse the gradient facto
 formulas with tensor operations go through exact forward rules (`_Jvp`); gradient overrides
 give the transpose-consistent JVP (Note [jvp of an override] in opgen.derive.override_jvp).
 
+Note [tangents after save]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+The tangents are derived after the save stage, not with the gradients: an elementwise tangent
+(and an override's) is the gradient factor as backward finally computes it -- rewritten, then
+reading the outputs and residuals that save chose (`y` for `sigmoid(x)`, `x - y` for `tanh(x)`,
+`saved_tanh`) -- times the tangent, so that `jvp` reads what `setup_context` keeps for backward
+anyway, and the residuals' own tangents need the residuals. The stable rewrites then run once
+more over the products (`opgen.optimize.passes.optimize_tangents`), which changes some of them
+(snake's `x*sin(2*a*x)/a * t` becomes a `sinc`). Tangents derived before save would need save
+to substitute into rewritten products, where a substitution of a whole factor no longer matches.
+
 Note [broadcast tangents]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
 A tangent is as big as the input it belongs to, so where the formula broadcasts that input
@@ -29,7 +40,7 @@ from dataclasses import dataclass
 import sympy
 from sympy import Expr, S
 
-from opgen.derive.gradients import Derived, Gradient, Variant, _clean
+from opgen.derive.gradients import Derived, Gradient, Variant, clean
 from opgen.derive.guard import guard_branches, settle_indicators
 from opgen.derive.override_jvp import Refused, override_terms
 from opgen.derive.vjp import substitute_outputs
@@ -256,7 +267,7 @@ class _Jvp:
 
 
 def _cleaner(loc: Loc, what: str) -> Callable[[Expr], Expr]:
-    return lambda e: _clean(settle_indicators(e), loc, what)
+    return lambda e: clean(settle_indicators(e), loc, what)
 
 
 def _output_terms(
@@ -296,9 +307,7 @@ def _output_terms(
     return found
 
 
-def _variant_tangents(
-    derived: Derived, variant: Variant, residuals: tuple[tuple[str, Expr], ...], rewrite: Callable[[Expr], Expr]
-) -> VariantTangents:
+def _variant_tangents(derived: Derived, variant: Variant, residuals: tuple[tuple[str, Expr], ...]) -> VariantTangents:
     spec, symbols = derived.spec, derived.symbols
     terms: dict[str, list[Term]] = {o.name: [] for o in spec.outputs if o.differentiable}
     terms |= {name: [] for name, expr in residuals if not getattr(expr, "detached", False)}
@@ -316,9 +325,8 @@ def _variant_tangents(
             if expr.has(TensorOp):
                 found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
                 continue
-            found[name] = _clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
+            found[name] = clean(settle_indicators(fn.real_diff(expr, x)), spec.loc, "residual") * t
         for name, value in found.items():
-            value = rewrite(value)
             if value != 0:
                 terms[name].append(Term(gradient.input, value))
     returned = [*(o.name for o in spec.outputs), *(name for name, _ in residuals)]
@@ -326,15 +334,11 @@ def _variant_tangents(
     return VariantTangents(variant.absent, outputs, tuple(refused))
 
 
-def derive_jvp(
-    derived: Derived, residuals: tuple[tuple[str, Expr], ...] = (), rewrite: Callable[[Expr], Expr] | None = None
-) -> Tangents:
-    """The tangent of every returned output (the spec's, then `residuals`), for every variant of `derived`.
-
-    `rewrite` is applied to every term (the pipeline passes the stable rewrites when the spec allows them).
-    """
+def derive_jvp(derived: Derived, residuals: tuple[tuple[str, Expr], ...] = ()) -> Tangents:
+    """The tangent of every returned output (the spec's, then `residuals`), for every variant of `derived`;
+    `opgen.optimize.passes.optimize_tangents` then rewrites the terms as the spec allows."""
     tensors = [i.name for i in derived.spec.tensor_inputs]
-    variants = tuple(_variant_tangents(derived, v, residuals, rewrite or (lambda e: e)) for v in derived.variants)
+    variants = tuple(_variant_tangents(derived, v, residuals) for v in derived.variants)
     return Tangents({n: tangent_symbol(n) for n in tensors}, variants)
 
 

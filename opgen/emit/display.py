@@ -16,8 +16,7 @@ from opgen.emit.gate_print import GateDisplay
 from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
-from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
-from opgen.optimize.kernels import _Prime, _Primitive
+from opgen.optimize.kernels import KernelBackward, OutputBackward, Prime, Primitive
 
 
 def _decimal(value: sympy.Rational) -> str | None:
@@ -101,16 +100,16 @@ class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
         return "inf"
 
 
-def _formulas(expr: sympy.Basic) -> sympy.Basic:
+def kernels_as_formulas(expr: sympy.Basic) -> sympy.Basic:
     """`expr` with each kernel node as the formula it computes."""
-    if expr.has(KernelBackward, OutputBackward, _Prime):  # `has` reads the tree; `replace` rebuilds it
-        expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, _Prime)), lambda e: e.elementary())
-    if not expr.has(_Primitive):
+    if expr.has(KernelBackward, OutputBackward, Prime):  # `has` reads the tree; `replace` rebuilds it
+        expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, Prime)), lambda e: e.elementary())
+    if not expr.has(Primitive):
         return expr
-    return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary(*e.args))
+    return expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.elementary(*e.args))
 
 
-def _unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:
+def unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:
     """`expr` with each `where` whose condition holds where it stands as the branch it takes:
     `where(abs(x) < 0.0001, p, q(where(abs(x) >= 0.0001, x, 1)))` shows as `... q(x)`. A reader
     sees the formula; its guards (Note [double where] in opgen/derive/guard.py) are in the code."""
@@ -119,15 +118,15 @@ def _unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -
     if isinstance(expr, fn.where):
         cond, a, b = expr.args
         if cond in known:
-            return _unguarded(a, known)
+            return unguarded(a, known)
         if sympy.Not(cond) in known:
-            return _unguarded(b, known)
-        return fn.where(cond, _unguarded(a, known | {cond}), _unguarded(b, known | {sympy.Not(cond)}))
-    return expr.func(*(_unguarded(arg, known) for arg in expr.args))
+            return unguarded(b, known)
+        return fn.where(cond, unguarded(a, known | {cond}), unguarded(b, known | {sympy.Not(cond)}))
+    return expr.func(*(unguarded(arg, known) for arg in expr.args))
 
 
 def display(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
-    return str(DisplayPrinter(names).doprint(_unguarded(_formulas(expr))))
+    return str(DisplayPrinter(names).doprint(unguarded(kernels_as_formulas(expr))))
 
 
 def display_lines(target: str, expr: sympy.Basic, names: dict[sympy.Symbol, str], width: int) -> list[str]:

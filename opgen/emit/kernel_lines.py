@@ -15,7 +15,6 @@ from sympy import Expr
 
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign
-from opgen.optimize import backward_kernels as kb
 from opgen.optimize import kernels as k
 from opgen.spec.names import Namer
 
@@ -47,10 +46,10 @@ def forward_printer(printer: TorchPrinter) -> TorchPrinter:
 
 def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) -> list[str]:
     """`var = total`, through a native backward kernel where `total` is one (`g * prime(u)`)."""
-    node = kb.backward_kernel(total, printer.tensors)
+    node = k.backward_kernel(total, printer.tensors)
     if node is None:
         return assign(var, total, printer, indent)
-    if not isinstance(node, kb.KernelBackward):  # an output's kernel: it has a derivative
+    if not isinstance(node, k.KernelBackward):  # an output's kernel: it has a derivative
         return assign(var, node, printer, indent)
     primitive = node.primitive
     if primitive.backward_differentiable and not primitive.backward_in_place:
@@ -100,7 +99,7 @@ def _log_sigmoid_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> li
     return [f"{var} = {printer.torch}.neg({u}).sigmoid_().mul_({g})"]
 
 
-_IN_PLACE: dict[type[k._Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
+_IN_PLACE: dict[type[k.Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
     k.mish: _mish_in_place,
     k.log_sigmoid: _log_sigmoid_in_place,
 }

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from opgen.formula import functions as fn
-from opgen.optimize import backward_kernels as kb
 from opgen.optimize import kernels as k
 from opgen.spec.names import Namer
 
@@ -166,67 +165,67 @@ class KernelPrinting:
     def _print_hardswish(self, expr: k.hardswish) -> str:
         return self._functional("hardswish", *expr.args)
 
-    def _print__Prime(self, expr: k._Prime) -> str:  # noqa: N802 - SymPy's dispatch name
+    def _print_Prime(self, expr: k.Prime) -> str:  # noqa: N802 - SymPy's dispatch name
         """A derivative left as a node (fused mode writes them out): its one call or its formula, grouped."""
-        form = kb.written_out(expr)
+        form = k.written_out(expr)
         text = self._print(form)
         return f"({text})" if isinstance(form, (sympy.Add, sympy.Mul, sympy.Pow)) else text
 
     # -- backward kernels (Note [native backward kernels]) ----------------------------------------
 
-    def _print_silu_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_silu_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("silu_backward", *expr.args)
 
-    def _print_mish_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_mish_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("mish_backward", *expr.args)
 
-    def _print_log_sigmoid_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_log_sigmoid_backward(self, expr: k.KernelBackward) -> str:
         raise NotImplementedError("logsigmoid's kernel needs forward's buffer: backward works in place")
 
-    def _print_gelu_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_gelu_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("gelu_backward", *expr.args)
 
-    def _print_gelu_tanh_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_gelu_tanh_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("gelu_backward", *expr.args, 'approximate="tanh"')
 
-    def _print_softplus_beta_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_softplus_beta_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("softplus_backward", *expr.args, "20.0")
 
-    def _print_elu_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_elu_backward(self, expr: k.KernelBackward) -> str:
         g, u, alpha = expr.args
         return self._aten("elu_backward", g, alpha, "1", "1", "False", u)
 
-    def _print_leaky_relu_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_leaky_relu_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("leaky_relu_backward", *expr.args, "False")
 
-    def _print_hardtanh_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_hardtanh_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("hardtanh_backward", *expr.args)
 
-    def _print_huber_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_huber_backward(self, expr: k.KernelBackward) -> str:
         g, d, delta = expr.args
         kernel = self._aten("huber_loss_backward", g, *self._loss_pair(d), "0", delta)
         return self._within(kernel, delta, "> 0", g * delta * fn.sign(d))  # delta <= 0: the linear branch
 
-    def _print_smooth_l1_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_smooth_l1_backward(self, expr: k.KernelBackward) -> str:
         g, d, beta = expr.args
         kernel = self._aten("smooth_l1_loss_backward", g, *self._loss_pair(d), "0", beta)
         # beta = 0 is the L1 loss (F.smooth_l1_loss calls l1_loss there): the kernel's slope at d = 0 is -1;
         # beta < 0, which the kernel refuses, the linear branch.
         return self._within(kernel, beta, "> 0", g * fn.sign(d))
 
-    def _print_hardsigmoid_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_hardsigmoid_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("hardsigmoid_backward", *expr.args)
 
-    def _print_hardswish_backward(self, expr: kb.KernelBackward) -> str:
+    def _print_hardswish_backward(self, expr: k.KernelBackward) -> str:
         return self._aten("hardswish_backward", *expr.args)
 
-    def _print_sigmoid_backward(self, expr: kb.sigmoid_backward) -> str:
+    def _print_sigmoid_backward(self, expr: k.sigmoid_backward) -> str:
         return self._aten("sigmoid_backward", *expr.args)
 
-    def _print_tanh_backward(self, expr: kb.tanh_backward) -> str:
+    def _print_tanh_backward(self, expr: k.tanh_backward) -> str:
         return self._aten("tanh_backward", *expr.args)
 
-    def _print_threshold_backward(self, expr: kb.threshold_backward) -> str:
+    def _print_threshold_backward(self, expr: k.threshold_backward) -> str:
         return self._aten("threshold_backward", *expr.args, "0")
 
     # -- the stable functions of opgen.optimize.rewrite -------------------------------------------------------

@@ -13,18 +13,17 @@ import sympy
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
 
-from opgen.emit.display import _formulas, _unguarded
+from opgen.emit.display import kernels_as_formulas, unguarded
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.names import make_names, make_printer, variant_printer, variant_temps
 from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
 from opgen.formula import tensor
-from opgen.optimize import backward_kernels as kb
 from opgen.optimize import kernels as k
 from opgen.plan.backward import Plan
 
 # The nodes that are one PyTorch kernel each (the rest of a formula is elementwise arithmetic).
-_KERNELS: tuple[type[sympy.Basic], ...] = (k._Primitive, kb.KernelBackward, kb.OutputBackward, tensor.Softmax)
+_KERNELS: tuple[type[sympy.Basic], ...] = (k.Primitive, k.KernelBackward, k.OutputBackward, tensor.Softmax)
 _KERNELS += (tensor.LogSoftmax, tensor.SoftmaxBackward, tensor.LogSoftmaxBackward, tensor.ReduceLogSumExp)
 
 
@@ -60,7 +59,7 @@ def _kernels(plan: Plan, printer: TorchPrinter) -> list[str]:
     backward: list[sympy.Basic] = [t.expr for t in variant_temps(plan.backward[-1])]
     for grad in plan.backward[-1].grads:
         total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
-        node = kb.backward_kernel(total, printer.tensors) if plan.derived.spec.optimize.lower else None
+        node = k.backward_kernel(total, printer.tensors) if plan.derived.spec.optimize.lower else None
         backward += [node if node is not None else total] + [c.factor for c in grad.contributions if not c.output]
     lines = []
     for where, exprs in (("forward", forward), ("backward", backward)):
@@ -77,7 +76,7 @@ def _nodes(expr: sympy.Basic) -> list[sympy.Basic]:
 
 
 def _call(node: sympy.Basic, printer: TorchPrinter) -> str:
-    if isinstance(node, kb.KernelBackward) and node.primitive.backward_in_place:
+    if isinstance(node, k.KernelBackward) and node.primitive.backward_in_place:
         return f"{node.primitive.__name__}'s derivative, computed in place (Note [forward in place])"
     return printer.doprint_expr(node)
 
@@ -111,7 +110,7 @@ def _latex_name(name: str) -> str:
 
 
 def _to_latex(expr: sympy.Basic, table: dict[sympy.Symbol, str]) -> str:
-    plain = _unguarded(_formulas(expr)).replace(
+    plain = unguarded(kernels_as_formulas(expr)).replace(
         lambda e: isinstance(e, (fn.maximum, fn.minimum)),
         lambda e: (sympy.Max if isinstance(e, fn.maximum) else sympy.Min)(*e.args[:2], evaluate=False),
     )

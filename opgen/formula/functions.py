@@ -36,7 +36,7 @@ from sympy import Expr, Function, S
 from sympy.core.logic import fuzzy_and
 
 
-class _Elementwise(Function):
+class Elementwise(Function):
     """A one-argument function whose value at a number SymPy can compute via `rewrite`."""
 
     nargs = 1
@@ -52,7 +52,7 @@ class _Elementwise(Function):
         raise NotImplementedError
 
 
-class sigmoid(_Elementwise):  # noqa: N801 - prints as the spec's name
+class sigmoid(Elementwise):  # noqa: N801 - prints as the spec's name
     def fdiff(self, argindex: int = 1) -> Expr:
         return self * (1 - self)
 
@@ -60,7 +60,7 @@ class sigmoid(_Elementwise):  # noqa: N801 - prints as the spec's name
         return 1 / (1 + sympy.exp(-self.args[0]))
 
 
-class softplus(_Elementwise):  # noqa: N801
+class softplus(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sigmoid(self.args[0])
 
@@ -73,7 +73,7 @@ class softplus(_Elementwise):  # noqa: N801
         return sympy.log(1 + sympy.exp(self.args[0]))
 
 
-class log1p(_Elementwise):  # noqa: N801
+class log1p(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return 1 / (1 + self.args[0])
 
@@ -81,7 +81,7 @@ class log1p(_Elementwise):  # noqa: N801
         return sympy.log(1 + self.args[0])
 
 
-class expm1(_Elementwise):  # noqa: N801
+class expm1(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sympy.exp(self.args[0])
 
@@ -89,7 +89,7 @@ class expm1(_Elementwise):  # noqa: N801
         return sympy.exp(self.args[0]) - 1
 
 
-class _Step(_Elementwise):
+class _Step(Elementwise):
     """A piecewise-constant function: zero gradient everywhere, as PyTorch defines it."""
 
     def fdiff(self, argindex: int = 1) -> Expr:

@@ -30,7 +30,7 @@ from sympy import Expr
 
 from opgen.formula.dims import BATCH, Shape, dim_size, part_dim, part_of, show, split
 from opgen.formula.syntax import int_literal
-from opgen.formula.tensor import ShapedOp, Unsqueeze, _pull_number
+from opgen.formula.tensor import ShapedOp, Unsqueeze, pull_number
 
 EXAMPLE = "x[..., :D // 2] or x[..., D // 2:]"
 
@@ -62,7 +62,7 @@ class _Part(ShapedOp):
 
     @classmethod
     def eval(cls, operand: Expr, *rest: sympy.Basic) -> Expr | None:
-        return _pull_number(cls, operand, *rest)
+        return pull_number(cls, operand, *rest)
 
     @property
     def cut(self) -> Cut:

@@ -64,7 +64,7 @@ class TensorOp(Function):
     is_commutative = True  # as a value inside elementwise products; `@` keeps its own order
 
 
-def _pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr | None:
+def pull_number(cls: type[Function], operand: Expr, *rest: sympy.Basic) -> Expr | None:
     """A linear node of `-2*g` is `-2` times the node of `g`: `-(g.sum(-1))`, not `(-g).sum(-1)`."""
     if operand == 0:  # a linear node of zero is zero (a gradient whose every term vanished)
         return sympy.S.Zero
@@ -88,7 +88,7 @@ class _Linear(TensorOp):
 
     @classmethod
     def eval(cls, operand: Expr, *rest: sympy.Basic) -> Expr | None:
-        return _pull_number(cls, operand, *rest)
+        return pull_number(cls, operand, *rest)
 
 
 class ShapedOp(TensorOp):
@@ -152,7 +152,7 @@ class Transpose(_Linear):
         if isinstance(a, MatMul):
             # (a @ b).T == b.T @ a.T: the form a careful person writes for weight gradients.
             return MatMul(Transpose(a.args[1]), Transpose(a.args[0]))
-        return _pull_number(cls, a)
+        return pull_number(cls, a)
 
 
 class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_ReductionBase` for subclasses
@@ -190,7 +190,7 @@ class ReductionBase(TensorOp):  # "Base": SymPy printers look up `_print_Reducti
 class _LinearReduction(ReductionBase):
     @classmethod
     def eval(cls, operand: Expr, dim: sympy.Basic, keepdim: sympy.Integer) -> Expr | None:
-        return _pull_number(cls, operand, dim, keepdim)
+        return pull_number(cls, operand, dim, keepdim)
 
 
 class ReduceSum(_LinearReduction):

@@ -1,11 +1,13 @@
 """The kernel IR: SymPy nodes for PyTorch's native kernels, forward and backward.
 
 `lower` replaces a subformula that is exactly a PyTorch primitive by its node (`silu(u)`,
-`softplus_beta(u, beta)`, ...); differentiating a primitive gives `_Prime`, its derivative
-in the tensor argument; opgen.optimize.backward_kernels turns a gradient `g * prime(u)` into
-the node of PyTorch's backward kernel (`silu_backward(g, u)`). The nodes hold no code: the
-torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print), the
-docstring printer as its formula.
+`softplus_beta(u, beta)`, ...); differentiating a primitive gives `Prime`, its derivative
+in the tensor argument; `backward_kernel` turns a gradient `g * prime(u)` into the node of
+PyTorch's backward kernel (`silu_backward(g, u)`), or `g * s * (1 - s)` of a saved sigmoid into
+`sigmoid_backward(g, s)`. Which derivatives become a kernel call is the plan's choice
+(opgen.plan.kernel_calls); those that do not are written out by `written_out`. The nodes hold no
+code: the torch printer prints each one with its `_print_<node>` method (opgen.emit.kernel_print),
+the docstring printer as its formula.
 
 Note [native backward kernels]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,6 +27,7 @@ opgen.emit.kernel_lines and Note [forward in place]).
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import sympy
 from sympy import Expr, S
@@ -34,7 +37,7 @@ from opgen.optimize.rewrite import rewrite
 from opgen.optimize.stable_functions import logsigmoid
 
 
-class _Primitive(sympy.Function):
+class Primitive(sympy.Function):
     """A PyTorch primitive: `args[0]` is the tensor, the others plain numbers.
 
     A node of the formula, printed by the torch printer's `_print_<name>` (opgen.emit.kernel_print)
@@ -66,7 +69,7 @@ class _Primitive(sympy.Function):
 
     def fdiff(self, argindex: int = 1) -> Expr:
         if argindex == 1:
-            return _Prime(self.func.__name__, *self.args)
+            return Prime(self.func.__name__, *self.args)
         t = sympy.Dummy("t", real=True)
         args = list(self.args)
         args[argindex - 1] = t
@@ -78,7 +81,7 @@ class _Primitive(sympy.Function):
         return None
 
 
-class silu(_Primitive):  # noqa: N801 - torch's names
+class silu(Primitive):  # noqa: N801 - torch's names
     nargs = 1
 
     @classmethod
@@ -86,7 +89,7 @@ class silu(_Primitive):  # noqa: N801 - torch's names
         return args[0] * fn.sigmoid(args[0])
 
 
-class log_sigmoid(_Primitive):  # noqa: N801
+class log_sigmoid(Primitive):  # noqa: N801
     """logsigmoid(u) (opgen.optimize.rewrite); its backward kernel needs a buffer forward would have to save."""
 
     nargs = 1
@@ -97,7 +100,7 @@ class log_sigmoid(_Primitive):  # noqa: N801
         return logsigmoid(args[0])
 
 
-class mish(_Primitive):  # noqa: N801
+class mish(Primitive):  # noqa: N801
     nargs = 1
     backward_in_place = True  # PyTorch's mish kernels are slow on CPU
     fast = False
@@ -118,7 +121,7 @@ class mish(_Primitive):  # noqa: N801
         return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)
 
 
-class gelu(_Primitive):  # noqa: N801
+class gelu(Primitive):  # noqa: N801
     fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 1
     backward_differentiable = True
@@ -128,7 +131,7 @@ class gelu(_Primitive):  # noqa: N801
         return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2
 
 
-class gelu_tanh(_Primitive):  # noqa: N801
+class gelu_tanh(Primitive):  # noqa: N801
     """u (1 + tanh(z)) / 2 with z = sqrt(2/pi) (u + 0.044715 u**3), which is u sigmoid(2 z) exactly.
 
     Forward (and fused mode) runs the sigmoid form: one sigmoid instead of tanh, ten times
@@ -152,7 +155,7 @@ class gelu_tanh(_Primitive):  # noqa: N801
         return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))
 
 
-class softplus_beta(_Primitive):  # noqa: N801
+class softplus_beta(Primitive):  # noqa: N801
     """softplus(beta * u) / beta, as F.softplus(u, beta) (linear where beta * u > 20, as PyTorch)."""
 
     nargs = 2
@@ -163,7 +166,7 @@ class softplus_beta(_Primitive):  # noqa: N801
         return fn.softplus(args[1] * args[0]) / args[1]
 
 
-class elu(_Primitive):  # noqa: N801
+class elu(Primitive):  # noqa: N801
     fast = False  # inductor's fused loop beats PyTorch's kernels (measured, fused mode)
     nargs = 2
     backward_differentiable = True
@@ -174,7 +177,7 @@ class elu(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))
 
 
-class leaky_relu(_Primitive):  # noqa: N801
+class leaky_relu(Primitive):  # noqa: N801
     """where(u > 0, u, slope * u): the slope below 0 and at 0 itself, as PyTorch's kernels."""
 
     nargs = 2
@@ -186,7 +189,7 @@ class leaky_relu(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)
 
 
-class hardtanh(_Primitive):  # noqa: N801
+class hardtanh(Primitive):  # noqa: N801
     """max(min(u, hi), lo): gradient 1 strictly between the bounds, 0 at them (F.hardtanh).
 
     F.hardtanh refuses lo > hi, where the formula would be the constant lo: a clear error
@@ -202,7 +205,7 @@ class hardtanh(_Primitive):  # noqa: N801
         return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)
 
 
-class huber(_Primitive):  # noqa: N801
+class huber(Primitive):  # noqa: N801
     """The Huber function of a difference `d`, quadratic within delta of 0 and linear beyond.
 
     PyTorch's kernels take an input and a target; the target here is a zero that costs no
@@ -237,7 +240,7 @@ class huber(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)
 
 
-class smooth_l1(_Primitive):  # noqa: N801
+class smooth_l1(Primitive):  # noqa: N801
     """huber(d, beta) / beta: PyTorch's smooth L1, its kernels given a zero target as huber's.
 
     The derivative shared between gradients is d / beta clipped to [-1, 1], and at beta = 0, where
@@ -260,7 +263,7 @@ class smooth_l1(_Primitive):  # noqa: N801
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), beta), d**2 / (2 * beta), sympy.Abs(d) - beta / 2)
 
 
-class hardsigmoid(_Primitive):  # noqa: N801
+class hardsigmoid(Primitive):  # noqa: N801
     """max(min(u + 3, 6), 0) / 6: gradient 1/6 strictly inside (-3, 3), 0 at the kinks (F.hardsigmoid).
 
     `clamp` would pass the gradient at the kinks: not this function's derivative there.
@@ -275,7 +278,7 @@ class hardsigmoid(_Primitive):  # noqa: N801
         return hardtanh.elementary(args[0] + 3, S.Zero, sympy.Integer(6)) / 6
 
 
-class hardswish(_Primitive):  # noqa: N801
+class hardswish(Primitive):  # noqa: N801
     """u * hardsigmoid(u): the gradient at the kinks is the formula's, 0 at -3 and 1 at 3 (F.hardswish)."""
 
     nargs = 1
@@ -286,7 +289,7 @@ class hardswish(_Primitive):  # noqa: N801
         return args[0] * hardsigmoid.elementary(args[0])
 
 
-PRIMITIVES: dict[str, type[_Primitive]] = {
+PRIMITIVES: dict[str, type[Primitive]] = {
     c.__name__: c
     for c in (
         silu,
@@ -306,7 +309,7 @@ PRIMITIVES: dict[str, type[_Primitive]] = {
 }
 
 
-class _Prime(sympy.Function):
+class Prime(sympy.Function):
     """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
 
     is_real = True
@@ -316,12 +319,12 @@ class _Prime(sympy.Function):
         return super().__new__(cls, tag, *args)
 
     @property
-    def primitive(self) -> type[_Primitive]:
+    def primitive(self) -> type[Primitive]:
         return PRIMITIVES[str(self.args[0])]
 
     def elementary(self, form: str = "elementary") -> Expr:
         """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
-        return _prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({_T: self.args[1]})
+        return prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({TENSOR_ARG: self.args[1]})
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
@@ -334,12 +337,104 @@ class _Prime(sympy.Function):
         return set().union(*(a.free_symbols for a in self.args[1:]))
 
 
-_T = sympy.Dummy("t", real=True)  # the tensor argument of `_prime_formula`'s primitive
+TENSOR_ARG = sympy.Dummy("t", real=True)  # the tensor argument of `prime_formula`'s primitive
 
 
 @functools.lru_cache(maxsize=512)
-def _prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
-    """d primitive(_T, *rest) / d _T, rewritten: `_Prime.elementary` before its argument goes in.
+def prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
+    """d primitive(TENSOR_ARG, *rest) / d TENSOR_ARG, rewritten: `Prime.elementary` before its argument goes in.
     Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
     double backward that shows a kernel's derivative (tens of milliseconds each)."""
-    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(_T, *rest), _T))
+    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(TENSOR_ARG, *rest), TENSOR_ARG))
+
+
+class KernelBackward(sympy.Function):
+    """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
+
+    is_real = True
+    primitive: ClassVar[type[Primitive]]
+
+    @classmethod
+    def eval(cls, g: Expr, *args: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
+
+    def elementary(self) -> Expr:
+        g, *args = self.args
+        return g * Prime(self.primitive.__name__, *args).elementary()
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)
+
+
+# `<primitive>_backward` for each primitive: printed by the printer's `_print_<primitive>_backward`.
+BACKWARD: dict[type[Primitive], type[KernelBackward]] = {
+    p: type(f"{name}_backward", (KernelBackward,), {"primitive": p}) for name, p in PRIMITIVES.items()
+}
+
+
+class OutputBackward(sympy.Function):
+    """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
+
+    is_real = True
+
+    @classmethod
+    def eval(cls, g: Expr, output: Expr) -> Expr | None:
+        return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
+
+    def elementary(self) -> Expr:
+        raise NotImplementedError
+
+    def _eval_derivative(self, s: sympy.Symbol) -> Expr:
+        return sympy.diff(self.elementary(), s)
+
+
+class sigmoid_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, s = self.args
+        return g * s * (1 - s)
+
+
+class tanh_backward(OutputBackward):  # noqa: N801
+    def elementary(self) -> Expr:
+        g, t = self.args
+        return g * (1 - t**2)
+
+
+class threshold_backward(OutputBackward):  # noqa: N801
+    """`g` where the saved output of `max(0, u)` is positive, else 0: relu's backward kernel."""
+
+    def elementary(self) -> Expr:
+        g, out = self.args
+        return fn.where(sympy.StrictGreaterThan(out, 0), g, S.Zero)
+
+
+def _factors(expr: Expr) -> tuple[Expr, ...]:
+    return expr.args if isinstance(expr, sympy.Mul) else (expr,)
+
+
+def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
+    """The kernel node computing the gradient `total` (`g * prime(u)`, ...), or None.
+
+    `tensors` are the symbols that hold tensors: an output kernel reads a saved tensor.
+    """
+    factors = _factors(total)
+    for k, factor in enumerate(factors):
+        rest = [f for i, f in enumerate(factors) if i != k]
+        for s in rest:
+            if s.is_Symbol and s in tensors and factor == 1 - s:
+                return sigmoid_backward(sympy.Mul(*[f for f in rest if f is not s]), s)
+        if isinstance(factor, sympy.Add) and len(factor.args) == 2 and S.One in factor.args:
+            other = factor.args[0] if factor.args[1] == S.One else factor.args[1]
+            base, power = (-other).as_base_exp()
+            if power == 2 and base.is_Symbol and base in tensors:
+                return tanh_backward(sympy.Mul(*rest), base)
+    primes = [f for f in factors if isinstance(f, Prime)]
+    if len(primes) != 1:
+        return None
+    prime = primes[0]
+    return BACKWARD[prime.primitive](total / prime, *prime.args[1:])
+
+
+def written_out(expr: Expr) -> Expr:
+    """`expr` with each derivative of a primitive as its one-call form or its formula."""
+    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary())

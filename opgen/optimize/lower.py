@@ -18,8 +18,8 @@ from sympy import Expr, S
 from opgen.formula import functions as fn
 from opgen.optimize.kernels import (
     PRIMITIVES,
-    _Prime,
-    _Primitive,
+    Prime,
+    Primitive,
     elu,
     gelu,
     gelu_tanh,
@@ -38,8 +38,8 @@ from opgen.optimize.stable_functions import logsigmoid
 
 __all__ = [
     "PRIMITIVES",
-    "_Prime",
-    "_Primitive",
+    "Prime",
+    "Primitive",
     "elu",
     "gelu",
     "gelu_tanh",

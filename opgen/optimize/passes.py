@@ -10,10 +10,13 @@ calls another stage.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sympy
 from sympy import Expr
 
 from opgen.derive.gradients import Derived
+from opgen.derive.jvp import OutputTangent, Tangents, Term
 from opgen.formula.read import Formulas
 from opgen.optimize.gates import lower_gates
 from opgen.optimize.lets import through_lets
@@ -77,3 +80,19 @@ def _through_lets(formulas: Formulas) -> Formulas:
 def optimize_gradients(derived: Derived) -> Derived:
     """`derived` with its gradients rewritten, when the spec's `optimize.rewrite` allows."""
     return spread_gradients(rewrite_gradients(derived)) if derived.spec.optimize.rewrite else derived
+
+
+def optimize_tangents(tangents: Tangents, derived: Derived) -> Tangents:
+    """`tangents` (of `derived`'s op) with every term rewritten, when the spec's `optimize.rewrite` allows;
+    a term the rewrites make 0 goes."""
+    if not derived.spec.optimize.rewrite:
+        return tangents
+
+    def rewritten(out: OutputTangent | None) -> OutputTangent | None:
+        if out is None:
+            return None
+        terms = (Term(t.input, rewrite(t.value)) for t in out.terms)
+        return replace(out, terms=tuple(t for t in terms if t.value != 0))
+
+    variants = tuple(replace(v, outputs=tuple(rewritten(out) for out in v.outputs)) for v in tangents.variants)
+    return replace(tangents, variants=variants)

@@ -218,12 +218,14 @@ def _hidden_calls(derived: Derived, factors: list[Expr]) -> list[Expr]:
     for name, expr in derived.full.lets:
         lets[derived.symbols.lets[name]] = expr.xreplace(lets)
     calls = {c for c in calls if not any(e.has(c) for e in lets.values())}
+    parts = {p.expr for p in derived.parts if not p.tensor_op}  # what derive differentiated
+    calls &= parts
     return sorted(calls, key=sympy.default_sort_key)
 
 
 def _hide(derived: Derived, calls: list[Expr]) -> tuple[Derived, tuple[Residual, ...]]:
     """`derived` whose gradients read each of `calls` as a residual, and the residuals."""
-    spec, symbols, variant = derived.spec, derived.symbols, derived.full
+    spec, variant = derived.spec, derived.full
     taken = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
     residuals = []
     for call in calls:
@@ -233,12 +235,12 @@ def _hide(derived: Derived, calls: list[Expr]) -> tuple[Derived, tuple[Residual,
         taken.add(name)
         residuals.append(Residual(name, call, sympy.Symbol(name, real=True), sympy.Symbol("grad:" + name, real=True)))
     swap: dict[Expr, Expr] = {r.expr: r.symbol for r in residuals}
+    parts = {p.expr: p for p in derived.parts if not p.tensor_op}  # Note [parts of the outputs] in opgen.derive.parts
     gradients = []
     for gradient in variant.gradients:
-        x = symbols.inputs[gradient.input]
         contributions = [replace(c, factor=c.factor.xreplace(swap)) for c in gradient.contributions]
         for residual in residuals:
-            factor = sympy.diff(residual.expr, x).xreplace(swap)
+            factor = parts[residual.expr].derivative(gradient.input).xreplace(swap)
             if factor != 0:
                 contributions.append(Contribution(residual.name, factor))
         gradients.append(replace(gradient, contributions=tuple(contributions)))

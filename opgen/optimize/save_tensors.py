@@ -12,7 +12,8 @@ without overrides whose one output is differentiable, not in fused mode.
 
 Double backward differentiates through it: the residual is an output of the Function, so the
 gradients read it as autograd's saved output, and backward adds its own vector-Jacobian term
-(`vjp_terms`) for the incoming gradient of the residual. That gradient is None in a first-order
+(`vjp_terms`) for the incoming gradient of the residual: the gradient derive gave the part
+(Note [parts of the outputs] in opgen.derive.parts), summed over the residuals. That gradient is None in a first-order
 backward (`set_materialize_grads(False)`, `Plan.gated_residuals`): the term costs nothing there.
 Forward mode gets its tangent from the tensor jvp rules (`opgen.derive.jvp`).
 """
@@ -23,7 +24,7 @@ import sympy
 from sympy import Expr
 
 from opgen.derive.gradients import Derived
-from opgen.derive.vjp import leaf_fit, tensor_gradient
+from opgen.derive.vjp import leaf_fit
 from opgen.formula.tensor import (
     LogSoftmax,
     MatMul,
@@ -64,16 +65,17 @@ def offered(derived: Derived) -> bool:
 
 def candidates(derived: Derived, factors: list[Expr]) -> list[Expr]:
     """The costly tensor operations the gradients read that the output's formula computes (not whole,
-    and outside every let, which forward computes already), outermost first."""
+    and outside every let, which forward computes already), outermost first; each one of the parts
+    derive differentiated (Note [parts of the outputs] in opgen.derive.parts)."""
     symbols = derived.symbols
+    parts = {p.expr for p in derived.parts if p.tensor_op}
     grads = set(symbols.grads.values())
-    inputs = set(symbols.tensor_inputs)
     (_, output), *_ = derived.full.inlined
     lets = [e for _, e in derived.full.lets]
     found: set[Expr] = set()
     for factor in factors:
         for node in sympy.preorder_traversal(factor):
-            if type(node) in COST and node.free_symbols & inputs and not node.free_symbols & grads:
+            if type(node) in COST and node in parts and not node.free_symbols & grads:
                 found.add(node)
     found = {n for n in found if output.has(n) and n != output and not any(e.has(n) for e in lets)}
     outer = [n for n in found if not any(o is not n and o.has(n) for o in found)]
@@ -97,15 +99,21 @@ def vjp_terms(
     derived: Derived, residuals: list[tuple[Expr, sympy.Symbol, sympy.Symbol]], swap: dict[Expr, Expr]
 ) -> dict[str, Expr] | None:
     """For each tensor input, the gradient through the residuals `(expr, symbol, grad)` reading them
-    from their symbols; None when one would need fitting to its input unlike the op's gradient."""
+    from their symbols, as derive gave it for each (`Derived.parts`); None when one would need fitting
+    to its input unlike the op's gradient."""
     shapes = dict(derived.shapes)
     for expr, symbol, grad in residuals:
         shapes[symbol] = shapes[grad] = shape_of(expr, shapes)
+    parts = {p.expr: p for p in derived.parts if p.tensor_op}
+    if any(parts[e].derivatives is None for e, _, _ in residuals):
+        return None  # a shape rule refused the gradient through one
     terms: dict[str, Expr] = {}
     for gradient in derived.full.gradients:
         x = derived.symbols.inputs[gradient.input]
+        # The residuals' incoming gradients add up (each part's gradient is linear in its own).
+        through = [parts[e].derivative(gradient.input).xreplace({parts[e].grad: g}) for e, _, g in residuals]
         try:
-            total = tensor_gradient([(e, g) for e, _, g in residuals], x, shapes, lambda e: e)
+            total = sympy.Add(*through)
             fit = leaf_fit(total, x, shapes, 0)
         except ShapeError:
             return None

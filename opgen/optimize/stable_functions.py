@@ -14,7 +14,7 @@ from sympy import Expr
 from opgen.formula import functions as fn
 
 
-class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
+class logsigmoid(fn.Elementwise):  # noqa: N801 - prints as torch's name
     """log(sigmoid(u)) = -softplus(-u)."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -24,7 +24,7 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
         return -sympy.log(1 + sympy.exp(-self.args[0]))
 
 
-class logcosh(fn._Elementwise):  # noqa: N801
+class logcosh(fn.Elementwise):  # noqa: N801
     """log(cosh(u)), printed as `|u| + softplus(-2|u|) - log(2)`, which cannot overflow (opgen.emit.kernel_print).
 
     Its derivative is tanh(u), as plain autograd's of log(cosh(u)): 0 at u = 0, where the
@@ -46,7 +46,7 @@ class logcosh(fn._Elementwise):  # noqa: N801
         return sympy.log(sympy.cosh(self.args[0]))
 
 
-class log1mexp(fn._Elementwise):  # noqa: N801
+class log1mexp(fn.Elementwise):  # noqa: N801
     """log(1 - exp(u)) for u < 0 (Mächler, "Accurately computing log(1 - exp(-|a|))"), printed as
     `log(-expm1(u))` above u = -log(2), where `1 - exp(u)` cancels, and `log1p(-exp(u))` below it,
     where `expm1(u)` rounds to -1. Its derivative is -1 / expm1(-u), finite away from u = 0."""

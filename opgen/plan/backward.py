@@ -1,10 +1,12 @@
 """Plan stage: `Derived` -> what backward computes, in which order, from what it saved.
 
-Receives `Derived` and the residuals `opgen.optimize.save` chose; returns a `Plan`: common
+Receives `Derived`, the residuals `opgen.optimize.save` chose and the `Tangents` of
+`opgen.derive.jvp`; returns a `Plan`, built once and never changed after: common
 subexpressions of the gradient factors (`sympy.cse(order='canonical')`, so output does not
 depend on the machine), which temporaries each input's gradient needs (so work is gated on
 `needs_input_grad`), which inputs, outputs and residuals `setup_context` must save, which
-non-tensor values and shapes it keeps on `ctx`, and how forward returns each output. Every
+non-tensor values and shapes it keeps on `ctx`, how forward returns each output, and what `jvp`
+computes (`opgen.plan.forward`). Every
 decision is made here, before anything prints; the emitters only print the plan.
 
 Note [what backward may use]
@@ -42,21 +44,19 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import sympy
 from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
+from opgen.derive.jvp import Tangents
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
-from opgen.optimize.backward_kernels import kernel_factors
 from opgen.optimize.save import Residual
-from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.conditions import Temp, TempGroup, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.forward import ForwardPlan, plan_forward
+from opgen.plan.kernel_calls import kernel_factors
 from opgen.plan.kinks import kink_of_output, shared_kinks
 from opgen.plan.numbers import pull_numbers
-
-if TYPE_CHECKING:
-    from opgen.plan.forward import ForwardPlan
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,6 @@ class GradPlan:
     reduce: bool  # sum back to the input's shape (it may have been broadcast)
     expand: bool = False  # expand to the input's shape (a reduction left a dimension out)
     separate: bool = False  # sum each contribution to the input's shape on its own
-
-
-@dataclass(frozen=True)
-class TempGroup:
-    """Temporaries needed by exactly the gradients of `users`."""
-
-    users: tuple[str, ...]
-    temps: tuple[Temp, ...]
 
 
 @dataclass(frozen=True)
@@ -94,11 +86,11 @@ class Plan:
     backward: tuple[BackwardPlan, ...]  # one per variant, same order as derived.variants
     gate_none: bool  # several differentiable outputs: a None incoming gradient adds nothing
     temps: frozenset[sympy.Symbol]  # every temporary symbol
+    forward: ForwardPlan  # what `jvp` computes (opgen.plan.forward)
     dim_sizes: tuple[str, ...] = ()  # named dimensions whose size backward needs (mean), kept on ctx
     aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
     residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
     varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
-    forward: ForwardPlan | None = None  # what `jvp` computes (opgen.plan.forward)
 
     @property
     def returned(self) -> tuple[str, ...]:
@@ -367,7 +359,8 @@ def _varies(derived: Derived, backward: tuple[BackwardPlan, ...]) -> bool:
     return any((bp.groups, bp.grads) != (last.groups, last.grads) for bp in backward)
 
 
-def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
+def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) -> Plan:
+    """The whole plan of the op: backward (here) and `jvp` (`opgen.plan.forward`), decided once."""
     spec = derived.spec
     index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
     backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
@@ -401,5 +394,16 @@ def plan(derived: Derived, residuals: tuple[Residual, ...] = ()) -> Plan:
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
     return Plan(
-        derived, tuple(saved), ctx_values, shapes, backward, gate_none, temps, dim_sizes, aliases, residuals, varies
+        derived=derived,
+        saved=tuple(saved),
+        ctx_values=ctx_values,
+        shapes=shapes,
+        backward=backward,
+        gate_none=gate_none,
+        temps=temps,
+        forward=plan_forward(derived, residuals, aliases, tangents),
+        dim_sizes=dim_sizes,
+        aliases=aliases,
+        residuals=residuals,
+        varies=varies,
     )

@@ -21,6 +21,14 @@ class Temp:
     kernel: bool = False  # `g * prime(u)` may print as a backward kernel (Note [gradients that negate another])
 
 
+@dataclass(frozen=True)
+class TempGroup:
+    """Temporaries needed by exactly the gradients (or the tangents) of `users`."""
+
+    users: tuple[str, ...]
+    temps: tuple[Temp, ...]
+
+
 def inline_conditions(
     replacements: list[tuple[sympy.Symbol, sympy.Basic]],
     exprs: list[Expr],

@@ -48,7 +48,7 @@ import mpmath
 import sympy
 
 from opgen.derive.gradients import Derived
-from opgen.optimize.kernels import _Prime
+from opgen.optimize.kernels import Prime
 from opgen.plan.extremes import DIGITS, FLOAT32_MAX, FLOAT32_TINY, MPMATH_ERRORS, Oracle
 
 PRECISION = 24  # float32's significand bits
@@ -95,7 +95,7 @@ def _form(node: sympy.Basic, args: tuple[sympy.Basic, ...]) -> sympy.Expr | None
     """The elementary form of `node`'s function at `args`, where it is a node opgen defines; else None."""
     applied = node.func(*args)
     try:
-        if isinstance(applied, _Prime):  # a kernel's derivative: its name, then the kernel's arguments
+        if isinstance(applied, Prime):  # a kernel's derivative: its name, then the kernel's arguments
             return applied.elementary()
         if hasattr(applied, "_as_elementary"):
             return applied._as_elementary()
@@ -124,7 +124,7 @@ class _Nodes:
         args = tuple(self(a) for a in expr.args)
         if not isinstance(expr, sympy.Function):
             return expr.func(*args)
-        kept = args[:1] if isinstance(expr, _Prime) else ()  # a kernel's derivative: the kernel's name
+        kept = args[:1] if isinstance(expr, Prime) else ()  # a kernel's derivative: the kernel's name
         dummies = tuple(sympy.Dummy(f"a{k}", real=True) for k in range(len(args) - len(kept)))
         form = _form(expr, (*kept, *dummies))
         if form is None:

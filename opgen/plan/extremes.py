@@ -207,7 +207,7 @@ def _namespace() -> dict[str, Any]:
 # tensor's dtype. At the clamp bound `1 - eps` with eps = 1e-6 that rounding alone moves
 # `log(q / (1 - q))` by 1e-3, which no float32 op avoids. So the exact rows see those numbers
 # rounded to float32 too (`_f32`); integers are left alone (exact in float32 up to 2 ** 24).
-_F32 = sympy.Function("_f32")
+F32 = sympy.Function("_f32")
 
 
 def _rounded(expr: sympy.Basic, tensors: set[sympy.Symbol], bools: set[sympy.Symbol]) -> sympy.Basic:
@@ -215,7 +215,7 @@ def _rounded(expr: sympy.Basic, tensors: set[sympy.Symbol], bools: set[sympy.Sym
     (Note [float32 constants])."""
     number = isinstance(expr, sympy.Expr) and not isinstance(expr, sympy.Integer) and expr not in bools
     if number and not (expr.free_symbols & tensors):
-        return _F32(expr)
+        return F32(expr)
     if not expr.args:
         return expr
     return expr.func(*(_rounded(a, tensors, bools) for a in expr.args))

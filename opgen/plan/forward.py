@@ -1,25 +1,30 @@
 """Plan stage for forward mode: `Tangents` -> what `jvp` computes, gated on which tangents exist.
 
-Receives the op's `Plan` (backward) and the `Tangents` of `opgen.derive.jvp`; returns a
-`ForwardPlan`: the terms of every output's tangent after common subexpressions are shared
-(`sympy.cse(order='canonical')`), the temporaries grouped by the input tangents that use them
-(so work is gated on `tangent is not None`, as backward gates on `needs_input_grad`), and what
-`setup_context` must keep for `jvp`: inputs and outputs through `ctx.save_for_forward`,
+Receives `Derived`, the residuals, the outputs that alias (Note [outputs that alias] in
+opgen.plan.backward) and the `Tangents` of `opgen.derive.jvp`; returns the `ForwardPlan` that
+`opgen.plan.backward.plan` puts in the op's `Plan`: the terms of every output's tangent after
+common subexpressions are shared (`sympy.cse(order='canonical')`), the temporaries grouped by
+the input tangents that use them (so work is gated on `tangent is not None`, as backward gates
+on `needs_input_grad`), and what `setup_context` must keep for `jvp`: inputs and outputs through `ctx.save_for_forward`,
 non-tensor inputs as `ctx` attributes (Note [what backward may use] holds for `jvp` too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import sympy
 
-from opgen.derive.gradients import Variant
+from opgen.derive.gradients import Derived, Variant
 from opgen.derive.jvp import OutputTangent, Tangents, Term, VariantTangents, tangent_symbol
 from opgen.formula.tensor import has_tensor_ops, is_dim_size, shape_of
-from opgen.optimize.backward_kernels import kernel_factors
-from opgen.plan.backward import Plan, TempGroup
-from opgen.plan.conditions import Temp, cse_as_written, inline_conditions, read_multiples
+from opgen.optimize.save import Residual
+from opgen.plan.conditions import Temp, TempGroup, cse_as_written, inline_conditions, read_multiples
+from opgen.plan.kernel_calls import kernel_factors
+
+if TYPE_CHECKING:
+    from opgen.plan.backward import Plan
 
 
 @dataclass(frozen=True)
@@ -93,24 +98,19 @@ def _used(variant: ForwardVariant) -> set[sympy.Symbol]:
     return used
 
 
-def _may_be_zero(plan: Plan, out: OutputTangent) -> bool:
+def _may_be_zero(derived: Derived, out: OutputTangent) -> bool:
     """Whether no term may be computed: jvp is called when some Tensor input has a tangent."""
-    tensors = {i.name for i in plan.derived.spec.tensor_inputs}
+    tensors = {i.name for i in derived.spec.tensor_inputs}
     return {t.input for t in out.terms} != tensors or not out.terms
 
 
-def with_forward(plan: Plan, tangents: Tangents) -> Plan:
-    """`plan` with what its `jvp` computes."""
-    return replace(plan, forward=plan_forward(plan, tangents))
-
-
-def _views(plan: Plan, variant: Variant) -> frozenset[str]:
+def _views(derived: Derived, variant: Variant) -> frozenset[str]:
     """The outputs that are a Tensor input as-is: forward returns a view of it (Note [outputs that alias])."""
-    inputs = set(plan.derived.symbols.tensor_inputs)
+    inputs = set(derived.symbols.tensor_inputs)
     return frozenset(name for name, expr in variant.inlined if expr in inputs)
 
 
-def _refuse_aliases(plan: Plan, variant: VariantTangents, aliases: frozenset[str]) -> VariantTangents:
+def _refuse_aliases(variant: VariantTangents, aliases: frozenset[str]) -> VariantTangents:
     """An output that is an input as-is (Note [outputs that alias]) is a view of it, and torch wants its
     tangent to be a view of that input's tangent: an override that scales it (`-alpha * grad`) cannot be one."""
     bare = set(variant.refused)
@@ -131,10 +131,13 @@ def _refuse_aliases(plan: Plan, variant: VariantTangents, aliases: frozenset[str
     return replace(variant, outputs=outputs, refused=tuple(sorted(bare)))
 
 
-def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
-    spec, symbols = plan.derived.spec, plan.derived.symbols
-    views = [_views(plan, v) for v in plan.derived.variants]
-    checked = tuple(_refuse_aliases(plan, v, a) for v, a in zip(tangents.variants, views, strict=True))
+def plan_forward(
+    derived: Derived, residuals: tuple[Residual, ...], aliases: tuple[frozenset[str], ...], tangents: Tangents
+) -> ForwardPlan:
+    """What `jvp` computes; `aliases`: per variant, the outputs forward returns as a view (`Plan.aliases`)."""
+    spec, symbols = derived.spec, derived.symbols
+    views = [_views(derived, v) for v in derived.variants]
+    checked = tuple(_refuse_aliases(v, a) for v, a in zip(tangents.variants, views, strict=True))
     variants = tuple(_plan_variant(v) for v in checked)
     full = variants[-1]
     varies = any(
@@ -143,14 +146,14 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
     )
     chosen = variants if varies else variants[-1:]
     used = set().union(*(_used(v) for v in chosen))
-    zeros = frozenset(out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(plan, out))
+    zeros = frozenset(out.output for v in chosen for out in v.outputs if out is not None and _may_be_zero(derived, out))
     # A term may have fewer dimensions than its output (the tangent of `b` in `x * z + b`, or of a reduction
     # in `sum(x) - (x / x) ** 2`, whose other term SymPy made a number): torch wants the output's shape.
     # Outputs that are an input as-is (Note [outputs that alias]) keep the input tangent's view.
     # One the forward expands to its shape as written (`where(c, x, x)` over x and z) widens as any other.
-    expanded = {name for v in plan.derived.variants for name, pieces in v.expand if pieces}
+    expanded = {name for v in derived.variants for name, pieces in v.expand if pieces}
     # Only an output that is an input as-is in every variant: `x + 2 * p` is `x` when p is None, and wider when not.
-    aliased = frozenset.intersection(*map(frozenset, plan.aliases)) - expanded if plan.aliases else frozenset()
+    aliased = frozenset.intersection(*aliases) - expanded if aliases else frozenset()
     viewed = frozenset().union(*views)
     widen = frozenset(
         out.output
@@ -158,23 +161,24 @@ def plan_forward(plan: Plan, tangents: Tangents) -> ForwardPlan:
         for out in v.outputs
         if out is not None
         and out.output not in aliased
-        and (len(spec.tensor_inputs) > 1 or any(_narrower(plan, out.output, t) for t in out.terms))
+        and (len(spec.tensor_inputs) > 1 or any(_narrower(derived, out.output, t) for t in out.terms))
     )
     saved = [i.name for i in spec.tensor_inputs if symbols.inputs[i.name] in used or (varies and i.type.optional)]
-    returned_symbols = {o: symbols.outputs[o] for o in symbols.outputs} | {r.name: r.symbol for r in plan.residuals}
-    saved += [name for name in plan.returned if returned_symbols[name] in used or name in zeros | widen]
+    returned = {o: symbols.outputs[o] for o in symbols.outputs} | {r.name: r.symbol for r in residuals}
+    # What the Function returns (`Plan.returned`): the spec's outputs, then the residuals.
+    order = [*(o.name for o in spec.outputs), *(r.name for r in residuals)]
+    saved += [name for name in order if returned[name] in used or name in zeros | widen]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     temps = frozenset(t.symbol for v in variants for g in v.groups for t in g.temps)
     return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed)
 
 
-def _narrower(plan: Plan, output: str, term: Term) -> bool:
+def _narrower(derived: Derived, output: str, term: Term) -> bool:
     """Whether a term of one input's tangent may have fewer dimensions than its output: through a
     reduction, where another term SymPy made a number kept the output's shape as written."""
     if not has_tensor_ops(term.value):
         return False
-    derived = plan.derived
     table = {**derived.shapes, tangent_symbol(term.input): derived.shapes[derived.symbols.inputs[term.input]]}
     try:
         return shape_of(term.value, table) != derived.shapes.get(derived.symbols.outputs[output])
@@ -209,7 +213,7 @@ def filled_incoming(plan: Plan) -> tuple[str, ...]:
     """The differentiable outputs whose incoming gradient backward fills with zeros where it is None,
     because jvp refuses a tangent (Note [refused tangents]); empty where autograd fills them or
     another rule reads None (`gate_none`, `gated_residuals`)."""
-    refused = {name for v in plan.forward.variants for name, _ in v.refused} if plan.forward else set()
+    refused = {name for v in plan.forward.variants for name, _ in v.refused}
     others = {i.name for i in plan.derived.spec.tensor_inputs} - refused  # a tangent jvp takes
     if not refused or not others or plan.gate_none or plan.gated_residuals:
         return ()

@@ -38,10 +38,10 @@ import sympy
 
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
-from opgen.optimize.kernels import _T, _Prime, _prime_formula
+from opgen.optimize.kernels import TENSOR_ARG, Prime, prime_formula
 from opgen.optimize.save import Residual
 from opgen.plan.digits import Digits, float32_value, node_form
-from opgen.plan.extremes import _F32, FLOAT32_MAX, FLOAT32_TINY, Oracle
+from opgen.plan.extremes import F32, FLOAT32_MAX, FLOAT32_TINY, Oracle
 
 Quick = Callable[[dict[sympy.Basic, float]], float]
 _HOLD = sympy.Function("_hold")  # a value forward computes on its own, rounded as a whole
@@ -130,7 +130,7 @@ _CALLS: dict[type, Callable[..., float]] = {
     sympy.And: lambda *truths: float(all(truths)),
     sympy.Or: lambda *truths: float(any(truths)),
     sympy.Not: lambda truth: float(not truth),
-    _F32: lambda value: value,  # a constant the rows round to float32: `_ieee` rounds every call
+    F32: lambda value: value,  # a constant the rows round to float32: `_ieee` rounds every call
 }
 _RELATIONS: dict[type, Callable[[float, float], bool]] = {
     sympy.StrictLessThan: lambda a, b: a < b,
@@ -156,7 +156,7 @@ def _quick(expr: sympy.Basic) -> Quick:
     if expr in (sympy.true, sympy.false):
         truth = float(bool(expr))
         return lambda env: truth
-    if isinstance(expr, _Prime):  # its formula in `_T`, shared with the stages that print it
+    if isinstance(expr, Prime):  # its formula in `TENSOR_ARG`, shared with the stages that print it
         return _kernel(expr)
     args = [_quick(a) for a in expr.args]
     if isinstance(expr, _HOLD):
@@ -198,11 +198,11 @@ def _form_of(function: Any, arity: int) -> tuple[tuple[sympy.Dummy, ...], Quick]
     return dummies, _quick(form)
 
 
-def _kernel(expr: _Prime) -> Quick:
-    """A kernel's derivative: its formula in `_T` (`opgen.optimize.kernels`), `_T` the tensor argument."""
-    form = _prime_formula(str(expr.args[0]), "elementary", tuple(expr.args[2:]))
+def _kernel(expr: Prime) -> Quick:
+    """A kernel's derivative: its formula in `TENSOR_ARG`, the tensor argument (`opgen.optimize.kernels`)."""
+    form = prime_formula(str(expr.args[0]), "elementary", tuple(expr.args[2:]))
     inner, tensor = _quick(form), _quick(expr.args[1])
-    return lambda env: inner({**env, _T: tensor(env)})
+    return lambda env: inner({**env, TENSOR_ARG: tensor(env)})
 
 
 def _symbols(derived: Derived, residuals: Sequence[Residual]) -> dict[sympy.Symbol, sympy.Expr]:
