@@ -89,8 +89,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     code = forward + backward + jvp + [h for f in helpers for h in f] + list(defs.values())
     if module is not None:
         code += [module.init_def, module.forward_def, *module.init_body, *module.reset_body]
-    text = renderer.render(
-        "op.py.j2",
+    context = dict(
         spec=spec,
         source_comment=quote.comment(spec.source),
         module_doc=quote.docstring([f"{spec.name}: a custom autograd op generated from {spec.source}."], indent=0),
@@ -121,11 +120,19 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         **_capture_context(plan, names, jnames),
         **defs,
         uses_math=quote.uses_math(code, names.math),
-        rt=names.runtime,
-        runtime_import=_runtime_import(plan, names),
-        shape_checks_import=from_imports(".._shape_checks", [("check_shapes", names.check_shapes)]),
     )
+    context |= _imports(plan, names)  # last: every runtime name the lines above print is recorded
+    text = renderer.render("op.py.j2", **context)
     return with_fingerprint(text) if spec.custom_op else text
+
+
+def _imports(plan: Plan, names: OpNames) -> dict[str, object]:
+    """The names the template writes of the package's shared modules, and their imports."""
+    return {
+        "rt": names.runtime,
+        "runtime_import": _runtime_import(plan, names),
+        "shape_checks_import": from_imports(".._shape_checks", [("check_shapes", names.check_shapes)]),
+    }
 
 
 def _runtime_import(plan: Plan, names: OpNames) -> str:
