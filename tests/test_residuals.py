@@ -7,6 +7,7 @@ residuals it saves, and the `Tensor?` inputs it saves because backward branches 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,16 @@ def test_ops_with_residuals_match_plain_autograd_to_second_order(ops, name: str)
         (w2,) = torch.autograd.grad(w1.pow(2).sum(), x, retain_graph=True)
         torch.testing.assert_close(g2, w2)
     assert torch.autograd.gradgradcheck(f, (x,))
+
+
+def test_docstrings_show_the_gradient_a_caller_gets():
+    """A residual is returned for backward only: its incoming gradient (nonzero only inside double
+    backward) is no part of the gradients a docstring shows, and one visible output's is `grad`."""
+    import generated
+
+    for name in ("tanhshrink", "cross_entropy", "label_smoothing_ce", "rms_norm"):
+        doc = getattr(generated, name).__doc__
+        gradients = doc.split("Gradients")[1]
+        assert "grad_saved" not in gradients, name
+        assert re.search(r"\bgrad\b", gradients) and not re.search(r"\bgrad_(y|loss)\b", gradients), name
+    assert "grad_x = grad*saved_tanh**2" in generated.tanhshrink.__doc__

@@ -85,9 +85,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         loss = -mean(sum(saved_log_softmax*target, dim=-1), dim=-1)
 
     Gradients:
-        grad_input = grad_saved_log_softmax - exp(saved_log_softmax)*sum(grad_saved_log_softmax, dim=-1, keepdim=true) +
-            exp(saved_log_softmax)*sum(grad_loss*target/N, dim=-1, keepdim=true) - grad_loss*target/N
-        grad_target = -grad_loss*saved_log_softmax/N
+        grad_input = exp(saved_log_softmax)*sum(grad*target/N, dim=-1, keepdim=true) - grad*target/N
+        grad_target = -grad*saved_log_softmax/N
     """
     if (proxy := capture(cross_entropy, input, target)) is not None:  # torch.fx: one node
         return proxy

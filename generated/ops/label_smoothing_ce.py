@@ -97,9 +97,8 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
         loss = -mean(sum(saved_log_softmax*smoothed, dim=-1), dim=-1)
 
     Gradients:
-        grad_input = grad_saved_log_softmax - exp(saved_log_softmax)*sum(grad_saved_log_softmax, dim=-1, keepdim=true) +
-            exp(saved_log_softmax)*sum(grad_loss*smoothed/N, dim=-1, keepdim=true) - grad_loss*smoothed/N
-        grad_target = -grad_loss*saved_log_softmax*(1 - smoothing)/N
+        grad_input = exp(saved_log_softmax)*sum(grad*smoothed/N, dim=-1, keepdim=true) - grad*smoothed/N
+        grad_target = -grad*saved_log_softmax*(1 - smoothing)/N
     """
     if (proxy := capture(label_smoothing_ce, input, target, smoothing)) is not None:  # torch.fx: one node
         return proxy

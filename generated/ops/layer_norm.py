@@ -129,9 +129,9 @@ def layer_norm(
         y = bias + weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
 
     Gradients:
-        grad_x = layer_norm_backward(grad_y, x)[0]
-        grad_weight = layer_norm_backward(grad_y, x)[1]
-        grad_bias = layer_norm_backward(grad_y, x)[2]
+        grad_x = layer_norm_backward(grad, x)[0]
+        grad_weight = layer_norm_backward(grad, x)[1]
+        grad_bias = layer_norm_backward(grad, x)[2]
     """
     if (proxy := capture(layer_norm, x, weight, bias, eps)) is not None:  # torch.fx: one node
         return proxy

@@ -79,8 +79,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
         y = saved_rstd*weight*x
 
     Gradients:
-        grad_x = grad_y*saved_rstd*weight - x*sum(grad_y*saved_rstd**3*weight*x, dim=-1, keepdim=true)/D
-        grad_weight = grad_y*saved_rstd*x
+        grad_x = grad*saved_rstd*weight - x*sum(grad*saved_rstd**3*weight*x, dim=-1, keepdim=true)/D
+        grad_weight = grad*saved_rstd*x
     """
     if (proxy := capture(rms_norm, x, weight, eps)) is not None:  # torch.fx: one node
         return proxy

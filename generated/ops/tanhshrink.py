@@ -59,7 +59,7 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
         y = x - saved_tanh
 
     Gradients:
-        grad_x = grad_saved_tanh*(1 - saved_tanh**2) + grad_y*saved_tanh**2
+        grad_x = grad*saved_tanh**2
     """
     if (proxy := capture(tanhshrink, x)) is not None:  # torch.fx: one node
         return proxy

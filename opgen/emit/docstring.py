@@ -38,14 +38,14 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
     lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
+    hidden = {r.name for r in plan.residuals}  # returned for backward only: the caller never sees them
     for gradient in full.gradients:
-        if not gradient.contributions:
+        seen = [c for c in gradient.contributions if c.output not in hidden]
+        if not seen:
             lines.append(f"    {labels[gradient.input]} = 0")
             continue
-        total = sum(
-            ((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in gradient.contributions),
-            sympy.S.Zero,
-        )
+        total = sum(((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in seen), sympy.S.Zero)
+        total = total.xreplace({r.grad: sympy.S.Zero for r in plan.residuals})
         if gradient.fit is not None:
             total = total.xreplace(lets)
         mark = "  (override)" if gradient.overridden else ""
@@ -58,7 +58,7 @@ def _incoming_names(plan: Plan, taken: set[str]) -> dict[sympy.Basic, str]:
     """How the docstring names each output's incoming gradient: `grad` (one output) or `grad_y`, else
     (an input, let or output of that name: `grad * grad` would read as the input squared) the name
     with `_` appended until it is none of them."""
-    single = len(plan.incoming) == 1
+    single = len([o for o in plan.incoming if o not in {r.name for r in plan.residuals}]) == 1
     names: dict[sympy.Basic, str] = {}
     for output, symbol in plan.incoming.items():
         name = "grad" if single and "grad" not in taken else f"grad_{output}"
