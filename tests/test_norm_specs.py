@@ -171,4 +171,4 @@ def test_docstring_keeps_the_log_softmax_of_a_product_in_parentheses(generated):
     # as the saved log-softmax forward computes (Note [saved tensor operations] in opgen.optimize.save_tensors).
     assert "saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)\n" in generated.cross_entropy.__doc__
     assert "sum(saved_log_softmax*target, dim=-1)" in generated.cross_entropy.__doc__
-    assert "-grad_loss*saved_log_softmax/N" in generated.cross_entropy.__doc__
+    assert "-grad*saved_log_softmax/N" in generated.cross_entropy.__doc__

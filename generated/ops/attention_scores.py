@@ -48,12 +48,12 @@ class AttentionScoresFunction(Function):
         q, k, weights = ctx.saved_tensors
         tangent_weights = None
         if tangent_k is not None or tangent_q is not None:
-            jvp0 = 1 / math.sqrt(ctx.D)
+            rsqrt = 1 / math.sqrt(ctx.D)
         if tangent_q is not None:
-            tangent_weights_t0 = jvp0 * (tangent_q @ k.mT)
+            tangent_weights_t0 = rsqrt * (tangent_q @ k.mT)
             tangent_weights = torch.ops.aten._softmax_backward_data(tangent_weights_t0, weights, -1, weights.dtype)
         if tangent_k is not None:
-            step = torch.ops.aten._softmax_backward_data(jvp0 * (q @ tangent_k.mT), weights, -1, weights.dtype)
+            step = torch.ops.aten._softmax_backward_data(rsqrt * (q @ tangent_k.mT), weights, -1, weights.dtype)
             tangent_weights = step if tangent_weights is None else tangent_weights + step
         tangent_weights = tangent_weights.expand(weights.shape)
         return tangent_weights

@@ -41,9 +41,9 @@ class GluFunction(Function):
     @staticmethod
     def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        jvp0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
-        tangent_y_t0 = jvp0 * (1 - jvp0) * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) * x.narrow(-1, 0, ctx.D // 2)
-        tangent_y = jvp0 * tangent_x.narrow(-1, 0, ctx.D // 2) + tangent_y_t0
+        sig = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))
+        tangent_y_t0 = sig * (1 - sig) * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) * x.narrow(-1, 0, ctx.D // 2)
+        tangent_y = sig * tangent_x.narrow(-1, 0, ctx.D // 2) + tangent_y_t0
         return tangent_y
 
 

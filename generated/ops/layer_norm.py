@@ -98,13 +98,13 @@ class LayerNormFunction(Function):
         tangent_y = None
         if tangent_weight is not None or tangent_x is not None:
             jvp0 = eps + x.var(-1, correction=0, keepdim=True)
-            jvp1 = torch.rsqrt(jvp0)
+            rsqrt = torch.rsqrt(jvp0)
             jvp2 = x - x.mean(-1, keepdim=True)
         if tangent_x is not None:
             tangent_y_t0 = -(jvp2 * weight * (jvp2 * tangent_x).sum(-1, keepdim=True) / (jvp0**1.5 * ctx.D))
-            tangent_y = jvp1 * tangent_x * weight - jvp1 * weight * tangent_x.mean(-1, keepdim=True) + tangent_y_t0
+            tangent_y = rsqrt * tangent_x * weight - rsqrt * weight * tangent_x.mean(-1, keepdim=True) + tangent_y_t0
         if tangent_weight is not None:
-            step = jvp1 * jvp2 * tangent_weight
+            step = rsqrt * jvp2 * tangent_weight
             tangent_y = step if tangent_y is None else tangent_y + step
         if tangent_bias is not None:
             step = tangent_bias

@@ -56,11 +56,11 @@ class RmsNormFunction(Function):
         tangent_y = None
         if tangent_weight is not None or tangent_x is not None:
             jvp0 = eps + (x**2).mean(-1, keepdim=True)
-            jvp1 = torch.rsqrt(jvp0)
+            rsqrt = torch.rsqrt(jvp0)
         if tangent_x is not None:
-            tangent_y = jvp1 * tangent_x * weight - weight * x * (tangent_x * x).mean(-1, keepdim=True) / jvp0**1.5
+            tangent_y = rsqrt * tangent_x * weight - weight * x * (tangent_x * x).mean(-1, keepdim=True) / jvp0**1.5
         if tangent_weight is not None:
-            step = jvp1 * tangent_weight * x
+            step = rsqrt * tangent_weight * x
             tangent_y = step if tangent_y is None else tangent_y + step
         tangent_y = tangent_y.expand(y.shape)
         return tangent_y, None

@@ -32,12 +32,12 @@ class SnakeFunction(Function):
         grad_x = grad_a = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = a * x
-            tmp1 = torch.sin(2 * tmp0)
+            sin = torch.sin(2 * tmp0)
         if ctx.needs_input_grad[0]:
-            grad_x = grad_y * (tmp1 + 1)
+            grad_x = grad_y * (sin + 1)
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_a = grad_y * (tmp1 * x / a - torch.sin(tmp0) ** 2 / a**2)
+            grad_a = grad_y * (sin * x / a - torch.sin(tmp0) ** 2 / a**2)
             grad_a = grad_a.sum_to_size(a.shape)
         return grad_x, grad_a
 

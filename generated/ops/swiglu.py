@@ -31,20 +31,20 @@ class SwigluFunction(Function):
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
         gate = x.narrow(-1, 0, ctx.D // 2)
-        tmp1 = torch.sigmoid(gate)
-        tmp2 = tmp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
-        grad_x_t0 = torch.nn.functional.pad(grad_y * (gate * tmp2 * (1 - tmp1) + tmp2), (0, ctx.D // 2))
-        grad_x = grad_x_t0 + torch.nn.functional.pad(grad_y * gate * tmp1, (ctx.D // 2, 0))
+        sig = torch.sigmoid(gate)
+        tmp2 = sig * x.narrow(-1, ctx.D // 2, ctx.D // 2)
+        grad_x_t0 = torch.nn.functional.pad(grad_y * (gate * tmp2 * (1 - sig) + tmp2), (0, ctx.D // 2))
+        grad_x = grad_x_t0 + torch.nn.functional.pad(grad_y * gate * sig, (ctx.D // 2, 0))
         return grad_x
 
     @staticmethod
     def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         gate = x.narrow(-1, 0, ctx.D // 2)
-        jvp1 = torch.sigmoid(gate)
-        jvp2 = jvp1 * x.narrow(-1, ctx.D // 2, ctx.D // 2)
-        tangent_y_t0 = (gate * jvp2 * (1 - jvp1) + jvp2) * tangent_x.narrow(-1, 0, ctx.D // 2)
-        tangent_y = gate * jvp1 * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) + tangent_y_t0
+        sig = torch.sigmoid(gate)
+        jvp2 = sig * x.narrow(-1, ctx.D // 2, ctx.D // 2)
+        tangent_y_t0 = (gate * jvp2 * (1 - sig) + jvp2) * tangent_x.narrow(-1, 0, ctx.D // 2)
+        tangent_y = gate * sig * tangent_x.narrow(-1, ctx.D // 2, ctx.D // 2) + tangent_y_t0
         return tangent_y
 
 

@@ -31,8 +31,8 @@ class SwishFunction(Function):
         (x,) = ctx.saved_tensors
         beta = ctx.beta
         tmp0 = beta * x
-        tmp1 = torch.sigmoid(tmp0)
-        grad_x = grad_y * tmp1 * (tmp0 * (1 - tmp1) + 1)
+        sig = torch.sigmoid(tmp0)
+        grad_x = grad_y * sig * (tmp0 * (1 - sig) + 1)
         return grad_x, None
 
     @staticmethod
@@ -40,8 +40,8 @@ class SwishFunction(Function):
         (x,) = ctx.saved_tensors
         beta = ctx.beta
         jvp0 = beta * x
-        jvp1 = torch.sigmoid(jvp0)
-        tangent_y = jvp1 * tangent_x * (jvp0 * (1 - jvp1) + 1)
+        sig = torch.sigmoid(jvp0)
+        tangent_y = sig * tangent_x * (jvp0 * (1 - sig) + 1)
         return tangent_y
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sympy
+from sympy import S
 
 from opgen.derive.gradients import Derived
 from opgen.emit.annotations import TypeNames, type_names
@@ -126,24 +127,57 @@ def let_values(plan: Plan) -> dict[sympy.Basic, str]:
     return named
 
 
+# A temporary that is one of these functions of one argument is named after it (`sig = torch.sigmoid(...)`).
+FUNCTION_TEMPS = {
+    "sigmoid": "sig",
+    "tanh": "tanh",
+    "exp": "exp",
+    "log": "log",
+    "softplus": "softplus",
+    "logsigmoid": "logsig",
+    "erf": "erf",
+    "sin": "sin",
+    "cos": "cos",
+    "expm1": "expm1",
+    "log1p": "log1p",
+}
+
+
+def _function_temp(expr: sympy.Basic) -> str | None:
+    """What a temporary holding `expr` is called where the printer can tell what it is."""
+    if isinstance(expr, sympy.Pow) and expr.exp in (S.Half, -S.Half):
+        return "sqrt" if expr.exp == S.Half else "rsqrt"
+    if isinstance(expr, sympy.Function) and len(expr.args) == 1:
+        return FUNCTION_TEMPS.get(type(expr).__name__)
+    return None
+
+
 def temp_names(plan: Plan, variants: Iterable[Iterable[Temp]], prefix: str, namer: Namer) -> dict[sympy.Symbol, str]:
     """A name for each temporary of the variants' (each variant's temporaries in order, numbered alike
     across variants): the name of the let whose value it holds in every variant (let names are not
-    variables of backward or jvp, so the one the spec gave is free), else `prefix` and its number."""
+    variables of backward or jvp, so the one the spec gave is free), else what it is where that is one
+    function (`sig`) held by no other temporary, else `prefix` and its number."""
     lets = let_values(plan)
     values: dict[sympy.Symbol, set[sympy.Basic]] = {}
+    kinds: dict[sympy.Symbol, set[str | None]] = {}
     for temps in variants:
         inlined: dict[sympy.Basic, sympy.Basic] = {}
         for temp in temps:
             inlined[temp.symbol] = temp.expr.xreplace(inlined)
             values.setdefault(temp.symbol, set()).add(inlined[temp.symbol])
+            kinds.setdefault(temp.symbol, set()).add(_function_temp(temp.expr))
+    described = [next(iter(k)) for k in kinds.values() if len(k) == 1]
+    unique = {d for d in described if d is not None and described.count(d) == 1 and d not in namer.taken}
     names: dict[sympy.Symbol, str] = {}
     for symbol in sorted(values, key=sympy.default_sort_key):
         held = values[symbol]
         let = lets.get(next(iter(held))) if len(held) == 1 else None
+        kind = next(iter(kinds[symbol])) if len(kinds[symbol]) == 1 else None
         if let is not None and let not in names.values():
             namer.taken.discard(let)
             names[symbol] = namer.fresh(let)
+        elif kind in unique:
+            names[symbol] = namer.fresh(kind)
         else:
             names[symbol] = namer.fresh(f"{prefix}{symbol.name.split(':')[1]}")
     return names
