@@ -108,6 +108,17 @@ gradients:
   a_rather_long_input_name: grad_first_output_with_long_name * a_rather_long_input_name + 2
     * a_rather_long_input_name * grad_second_output_with_long_name
 """,
+    # Inputs so long that the functional's target tuple alone fills a line.
+    "wide": """\
+name: wide
+inputs:
+  the_first_input_with_a_very_long_name_indeed: Tensor
+  the_second_input_with_a_very_long_name_indeed: Tensor
+  the_third_input_with_a_very_long_name_indeed: Tensor?
+outputs:
+  y: the_first_input_with_a_very_long_name_indeed * the_second_input_with_a_very_long_name_indeed
+    + the_third_input_with_a_very_long_name_indeed
+""",
     # Names of the package's runtime taken by the spec: the op module imports them under other names.
     "capture": """\
 name: capture
@@ -143,6 +154,18 @@ def test_tests_generated_from_unusual_specs_are_ruff_clean(unusual_package):
     """Long reference formulas, signatures, shape tables and native calls are laid out as ruff would."""
     ops = [unusual_package / "ops" / f"{name}.py" for name in ("constants", "capture")]
     _ruff_clean(sorted((unusual_package / "tests").glob("*.py")) + ops)
+
+
+def test_runtime_calls_of_long_names_are_laid_out_as_ruff_does(unusual_package):
+    """The functional's calls of the runtime (capture, argument checks, promotion) with long argument
+    names: ruff would change none of their lines."""
+    config = ["--config", str(ROOT / "pyproject.toml")]
+    for name in UNUSUAL_SPECS:
+        path = unusual_package / "ops" / f"{name}.py"
+        diff = subprocess.run([*_ruff(), "format", *config, "--diff", str(path)], capture_output=True).stdout.decode()
+        changed = [line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+        runtime = ("capture(", "check_floating(", "promoted(", "not_scriptable", "proxy", ".apply(", "function")
+        assert not [line for line in changed if any(word in line for word in runtime)], diff
 
 
 def test_tests_generated_from_unusual_specs_pass(unusual_package):

@@ -84,7 +84,12 @@ def float_checks(op: str, inputs: list[tuple[str, bool]], runtime: RuntimeNames)
     required = [name for name, optional in inputs if not optional]
     optional = [name for name, optional in inputs if optional]
     args = [quote.string(op), _dict(required)] + ([_dict(optional)] if optional else [])
-    return layout.call(runtime.check_floating, args, 4)
+    text = layout.call(runtime.check_floating, args, 4)
+    if all(len(line) + 4 <= layout.LINE_LENGTH for line in text.split("\n")):
+        return text
+    # one argument a line, a dict too long for its line one entry a line (as ruff formats a call)
+    items = [quote.string(op), *(_dict_lines(names) for names in (required, optional) if names)]
+    return f"{runtime.check_floating}(\n" + "".join(f"        {item},\n" for item in items) + "    )"
 
 
 def promotion(inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
@@ -104,8 +109,25 @@ def promotion(inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
     names = [name for name, _ in inputs]
     if len(names) < 2 or all(optional for _, optional in inputs):
         return ""
-    return layout.call(f"{', '.join(names)} = {runtime.promoted}", names, 4)
+    return layout.assign_call(", ".join(names), runtime.promoted, names, 4)
+
+
+def capture_lines(functional: str, args: list[str], proxy: str, runtime: RuntimeNames) -> Lines:
+    """The functional's first lines: while torch.fx traces, the call recorded as one node (the runtime's
+    `capture`), on one line where it fits, else its result named first."""
+    call = f"{runtime.capture}({', '.join([functional, *args])})"
+    line = f"if ({proxy} := {call}) is not None:  # torch.fx: one node"
+    if 4 + len(line) <= layout.LINE_LENGTH:
+        return [line, f"    return {proxy}"]
+    named = layout.call(f"{proxy} = {runtime.capture}", [functional, *args], 4).split("\n")
+    named = named[:1] + [line.removeprefix("    ") for line in named[1:]]  # the template indents every line
+    return [*named, f"if {proxy} is not None:  # torch.fx: one node", f"    return {proxy}"]
 
 
 def _dict(names: list[str]) -> str:
     return "{" + ", ".join(f"{quote.string(name)}: {name}" for name in names) + "}"
+
+
+def _dict_lines(names: list[str]) -> str:
+    """The dict of `names` as an argument at indentation 8: on its line, else one entry a line."""
+    return layout.collection("", [f"{quote.string(name)}: {name}" for name in names], "{}", 8)

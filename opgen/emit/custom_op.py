@@ -35,6 +35,7 @@ import keyword
 import re
 from typing import TYPE_CHECKING
 
+from opgen.emit import layout
 from opgen.emit.runtime_names import from_imports
 from opgen.spec import quote
 from opgen.spec.names import Namer
@@ -87,23 +88,25 @@ def broadcasts(plan: Plan) -> bool:
     return not any(has_tensor_ops(e) for v in derived.variants for _, e in (*v.lets, *v.outputs))
 
 
-def custom_op_context(plan: Plan, namespace: str, function_ref: str, torch: str, taken: set[str]) -> dict[str, str]:
-    """The names and text `op.py.j2` writes for the custom op."""
+def custom_op_context(plan: Plan, namespace: str, function_ref: str, chosen: str, taken: set[str]) -> dict[str, str]:
+    """The names and text `op.py.j2` writes for the custom op; `chosen`: the functional's name for what
+    it calls (the custom op, or the Function under torch.func and forward mode)."""
     spec = plan.derived.spec
     namer = Namer(taken)
     define, choose = namer.fresh("define"), namer.fresh("op_or_function")
     imports = from_imports(".._custom_ops", [("define", define), ("op_or_function", choose)])
+    ref = namer.fresh(f"_{spec.name}_op")
     return {
-        "ref": namer.fresh(f"_{spec.name}_op"),
+        "ref": ref,
         "define": define,
         "choose": choose,
         "imports": imports,
+        "chosen": layout.assign_call(chosen, choose, [ref, function_ref, *(i.name for i in spec.inputs)], 4),
         "qualname": quote.string(f"{namespace}::{spec.name}"),
         "schema": quote.string(schema(plan)),
         "fingerprint": quote.string(FINGERPRINT),
         "broadcasts": str(broadcasts(plan)),
         "function": function_ref,
-        "torch": torch,
     }
 
 

@@ -27,7 +27,7 @@ from opgen.derive.jvp import OutputTangent
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import temp_names
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import assign
+from opgen.emit.statements import assign, text_lines
 from opgen.formula.dims import size_stem
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import ShapeError, dim_size, shape_of
@@ -173,7 +173,7 @@ def _term_lines(
     if not accumulate:
         return write(var, value, printer, indent)
     lines = write(jnames.step, value, printer, indent)
-    return [*lines, f"{var} = {jnames.step} if {var} is None else {var} + {jnames.step}"]
+    return [*lines, *text_lines(var, f"{jnames.step} if {var} is None else {var} + {jnames.step}", indent)]
 
 
 def _variant_lines(
@@ -224,7 +224,8 @@ def _variant_lines(
             var = jnames.tangents[out.output]
             lines += [f"if {var} is None:", f"    {var} = {printer.torch}.zeros_like({out.output})"]
         if out.output in forward.widen:
-            lines.append(f"{jnames.tangents[out.output]} = {jnames.tangents[out.output]}.expand({out.output}.shape)")
+            var = jnames.tangents[out.output]
+            lines += text_lines(var, f"{var}.expand({out.output}.shape)", indent)
     return lines
 
 

@@ -42,6 +42,19 @@ def call(head: str, args: list[str], indent: int, tail: str = "") -> str:
     return collection(head, args, "()", indent, tail)
 
 
+def assign_call(targets: str, function: str, args: list[str], indent: int) -> str:
+    """`targets = function(args)`: as `call`, and where `targets = function(` leaves no room on its line,
+    the call bracketed on lines of its own (ruff's right-hand side in parentheses)."""
+    head = f"{targets} = {function}"
+    if indent + len(targets) + len(" = (") > LINE_LENGTH:  # the targets bracketed, one a line
+        bracketed = collection("", targets.split(", "), "()", indent)
+        return bracketed[:-1] + call(f") = {function}", args, indent)
+    if indent + len(head) + 1 <= LINE_LENGTH or indent + len(head) + len(", ".join(args)) + 2 <= LINE_LENGTH:
+        return call(head, args, indent)
+    inner = call(function, args, indent + 4)
+    return f"{targets} = (\n{' ' * (indent + 4)}{inner}\n{' ' * indent})"
+
+
 def literal(head: str, value: quote.Literal, indent: int, tail: str = "", math: str | None = None) -> str:
     """`head` + the Python literal of `value` (`quote.literal`'s text and key order) + `tail`;
     nested lists, tuples and dicts that do not fit are laid out one item a line, each in turn."""

@@ -10,8 +10,9 @@ comes from opgen.emit.docstring; the file's shape lives in the Jinja template `o
 from __future__ import annotations
 
 from opgen.emit import annotations as typed
+from opgen.emit import layout
 from opgen.emit.backward import backward_body
-from opgen.emit.capture import float_checks, promotion
+from opgen.emit.capture import capture_lines, float_checks, promotion
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
@@ -188,7 +189,7 @@ def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
     spec = plan.derived.spec
     taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
     taken |= {names.function_ref, names.functional_ref, names.proxy, jnames.compiled}
-    return custom_op_context(plan, spec.namespace, names.function_ref, names.torch, taken)
+    return custom_op_context(plan, spec.namespace, names.function_ref, jnames.chosen, taken)
 
 
 def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
@@ -198,6 +199,8 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
     loss = capture_loss(plan)
     return {
         "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
+        "capture": capture_lines(names.functional_ref, [i.name for i in spec.inputs], names.proxy, names.runtime),
+        "applied": _applied(plan, names, jnames),
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
         "promotion": promotion(promoted_inputs(plan), names.runtime),
@@ -219,6 +222,17 @@ def _forward_mode(
     sizes = {d: (size_text(spec, *where, names.torch), size_inputs(where[0])) for d, where in sources}
     setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)
     return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
+
+
+def _applied(plan: Plan, names: OpNames, jnames: JvpNames) -> str:
+    """The functional's last line: the chosen Function (or custom op) applied, under autocast's casts for
+    a matrix op, laid out as ruff lays out a long call."""
+    spec = plan.derived.spec
+    args = [i.name for i in spec.inputs]
+    run = jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply"
+    if autocasts(plan):
+        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args], 4, _visible(plan))
+    return layout.call(f"return {run}", args, 4, _visible(plan))
 
 
 def _visible(plan: Plan) -> str:

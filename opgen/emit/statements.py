@@ -172,12 +172,29 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
         printer = _knowing(printer, symbol, part)
         expr = expr.xreplace({part: symbol})
         text = _unwrapped(printer.doprint_expr(expr))
+    return [*lines, *_wrapped(var, text, width)]
+
+
+def _wrapped(var: str, text: str, width: int) -> list[str]:
+    """`var = text` in `width` columns as ruff wraps a right-hand side that cannot be cut further."""
     call = _call_parts(text)
     if len(var) + 3 + len(text) > width and call is not None and len(call[1]) <= width - 4:
-        return [*lines, f"{var} = {call[0]}(", f"    {call[1]}", ")"]  # as ruff splits a call's arguments
+        return [f"{var} = {call[0]}(", f"    {call[1]}", ")"]  # as ruff splits a call's arguments
     if len(var) + 3 + len(text) > width and len(text) <= width - 4:
-        return [*lines, f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
-    return [*lines, f"{var} = {text}"]
+        return [f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
+    return [f"{var} = {text}"]
+
+
+def text_lines(var: str, text: str, indent: int) -> list[str]:
+    """`var = text`, printed code that is no formula (`t if t is None else t + step`), at `indent`, as ruff
+    lays it out: on one line, else bracketed on one line of its own, else a conditional split at `if`
+    and `else`, or a call's arguments on a line of their own."""
+    width = LINE_LENGTH - indent
+    ternary = _ternary_parts(text)
+    if len(var) + 3 + len(text) > width and len(text) > width - 4 and ternary:
+        value, condition, other = ternary
+        return [f"{var} = (", f"    {value}", f"    if {condition}", f"    else {other}", ")"]
+    return _wrapped(var, text, width)
 
 
 def _ternary_parts(text: str) -> tuple[str, str, str] | None:
