@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import GENERATED, import_package
 from spec_ops import build_ops
+from test_generated_style import UNUSUAL_SPECS
 
 OP_FILES = sorted(p for p in (GENERATED / "ops").glob("*.py") if p.name != "__init__.py")
 # torch's private modules and functions (`torch._C`, `torch.fx._symbolic_trace`); aten's operators
@@ -138,23 +139,7 @@ def test_scripting_the_functional_names_what_works():
 
 def test_spec_names_equal_to_runtime_names_do_not_hide_them(tmp_path):
     """Inputs and lets named like the runtime's functions: the module imports those under other names."""
-    ops = build_ops(
-        tmp_path,
-        "clash_ops",
-        {
-            "capture": """
-                name: capture
-                inputs:
-                  Function: Tensor
-                  check_floating: Tensor
-                  promoted: float = 2.0
-                let:
-                  not_scriptable: Function * check_floating
-                outputs:
-                  y: sin(not_scriptable) * promoted
-            """,
-        },
-    )
+    ops = build_ops(tmp_path, "clash_ops", {"capture": UNUSUAL_SPECS["capture"]})
     source = (tmp_path / "clash_ops" / "ops" / "capture.py").read_text(encoding="utf-8")
     assert "from .._runtime import Function as Function_\n" in source.split("class ")[0]
     a = torch.randn(3, dtype=torch.float64, requires_grad=True)
