@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sympy
 
+from opgen.emit import layout
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import OpNames, variant_printer
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import Lines, assign, indent_lines, unpack, variant_branches
+from opgen.emit.statements import Lines, assign, indent_lines, text_lines, variant_branches
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan
 from opgen.plan.forward import filled_incoming
 
@@ -51,7 +52,7 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     elif plan.gated_residuals and not grad.overridden:
         lines += _residual_terms(plan, grad, names, printer)
         if grad.contributions[0].factor.free_symbols & _residual_grads(plan):
-            fit = _fit_lines(grad, var, names, shape)
+            fit = _fit_lines(grad, var, names, shape, _indent_of(plan, 4))
             return lines + ([f"if {var} is not None:", *indent_lines(fit)] if fit else [])
     elif grad.overridden or grad.contributions[0].output is None:
         expr = grad.contributions[0].factor
@@ -73,17 +74,19 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
             lines += backward_lines(var, total, printer, _indent_of(plan, 3))
         else:
             lines += assign(var, total, printer, _indent_of(plan, 3))
-    return lines + _fit_lines(grad, var, names, shape)
+    return lines + _fit_lines(grad, var, names, shape, _indent_of(plan, 3))
 
 
-def _fit_lines(grad: GradPlan, var: str, names: OpNames, shape: str) -> Lines:
+def _fit_lines(grad: GradPlan, var: str, names: OpNames, shape: str, indent: int) -> Lines:
     if grad.expand and grad.reduce:
-        return [f"{var} = {var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})"]
-    if grad.expand:
-        return [f"{var} = {var}.expand({shape})"]
-    if grad.reduce:
-        return [f"{var} = {var}.sum_to_size({shape})"]
-    return []
+        fitted = f"{var}.expand({names.torch}.broadcast_shapes({var}.shape, {shape})).sum_to_size({shape})"
+    elif grad.expand:
+        fitted = f"{var}.expand({shape})"
+    elif grad.reduce:
+        fitted = f"{var}.sum_to_size({shape})"
+    else:
+        return []
+    return text_lines(var, fitted, indent)
 
 
 def _residual_grads(plan: Plan) -> set[sympy.Symbol]:
@@ -164,7 +167,7 @@ def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter)
 def _indent_of(plan: Plan, level: int) -> int:
     """The indentation of a statement `level` deep in a method (a gradient's, under its `needs_input_grad`
     test where the plan gates gradients), one more inside variant branches."""
-    return 4 * (level - (not plan.gates_gradients) + (len(plan.derived.variants) > 1))
+    return 4 * (level - (not plan.gates_gradients) + plan.varies)
 
 
 def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: TorchPrinter) -> Lines:
@@ -204,7 +207,7 @@ def _filled_lines(plan: Plan, names: OpNames) -> Lines:
         for other in reversed(others[:-1]):
             present = f"({other} if {other} is not None else {present})"
         lines.append(f"if {grad} is None:")
-        lines.append(f"    {grad} = {present}.new_zeros({names.ctx}.{names.shape_attrs[name]})")
+        lines += indent_lines(text_lines(grad, f"{present}.new_zeros({names.ctx}.{names.shape_attrs[name]})", 12))
     return lines
 
 
@@ -212,7 +215,7 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     spec = plan.derived.spec
     lines: Lines = _filled_lines(plan, names)
     if plan.saved:
-        lines.append(f"{unpack(list(plan.saved))} = {names.ctx}.saved_tensors")
+        lines += layout.unpacked(list(plan.saved), f"{names.ctx}.saved_tensors", 8)
     for name in plan.ctx_values:
         lines.append(f"{name} = {names.ctx}.{names.ctx_attrs[name]}")
     for residual in plan.residuals:
@@ -223,7 +226,8 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
         incoming = names.grads_in[name]
         lines.append(f"if {incoming} is None:")
-        lines.append(f"    {incoming} = {saved_residual}.new_zeros({names.ctx}.{names.shape_attrs[name]})")
+        zeros = f"{saved_residual}.new_zeros({names.ctx}.{names.shape_attrs[name]})"
+        lines += indent_lines(text_lines(incoming, zeros, 12))
     grad_vars = [names.grads_out[i.name] for i in spec.tensor_inputs]
     if plan.gates_gradients or plan.gate_none or plan.gated_residuals:  # some gradient may stay None
         lines.append(" = ".join([*grad_vars, "None"]))
@@ -233,5 +237,5 @@ def backward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     bodies = [(bp.absent, _backward_variant(plan, bp, names, printer)) for bp in variants]
     lines += variant_branches(bodies, optional, is_none)
     returned = [names.grads_out[i.name] if i.is_tensor else "None" for i in spec.inputs]
-    lines.append(f"return {', '.join(returned)}")
+    lines += layout.returned(returned, 8)
     return lines

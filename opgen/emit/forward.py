@@ -10,13 +10,14 @@ from __future__ import annotations
 import sympy
 
 from opgen.derive.gradients import Variant
+from opgen.emit import layout
 from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.norm_print import let_statistics, saved_statistics, statistics_lines
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import Lines, assign, unpack, variant_branches
+from opgen.emit.statements import Lines, assign, text_lines, variant_branches
 from opgen.formula.dims import counted
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
@@ -172,7 +173,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         needed_inputs |= {i.name for i in spec.tensor_inputs if i.type.optional}
     if needed_inputs & {i.name for i in spec.inputs}:
         targets = [i.name if i.name in needed_inputs else "_" for i in spec.inputs]
-        lines.append(f"{unpack(targets)} = {names.inputs}")
+        lines += layout.unpacked(targets, names.inputs, 8)
     outputs = list(plan.returned)
     needed_outputs = set(plan.saved) | {o.name for o in spec.outputs if not o.differentiable}
     needed_outputs |= set(plan.gated_residuals) | set(filled_shapes(plan))
@@ -183,13 +184,13 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         else:
             lines.append(f"{', '.join(o if o in needed_outputs else '_' for o in outputs)} = {names.output}")
     if plan.saved:
-        lines.append(f"{ctx}.save_for_backward({', '.join(plan.saved)})")
+        lines += layout.body_lines(layout.call(f"{ctx}.save_for_backward", list(plan.saved), 8), 8)
     for name in plan.ctx_values:
         lines.append(f"{ctx}.{names.ctx_attrs[name]} = {name}")
     optional = {i.name for i in spec.tensor_inputs if i.type.optional}
     for name in plan.shapes:
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
-        lines.append(f"{ctx}.{names.shape_attrs[name]} = {shape}")
+        lines += text_lines(f"{ctx}.{names.shape_attrs[name]}", shape, 8)
     for dim, where in sizes.items():
         lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where, names.torch)}")
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors

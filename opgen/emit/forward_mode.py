@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import sympy
 
 from opgen.derive.jvp import OutputTangent
+from opgen.emit import layout
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import temp_names
 from opgen.emit.printer import TorchPrinter
@@ -99,7 +100,8 @@ def jvp_setup(
 ) -> JvpSetup:
     """What setup_context adds for jvp; `set_attrs`: ctx attributes it sets already; `sizes`: for
     each named dimension, the source text of its size and the inputs that text reads."""
-    lines = [f"{ctx}.save_for_forward({', '.join(forward.saved)})"] if forward.saved else []
+    saved = layout.call(f"{ctx}.save_for_forward", list(forward.saved), 8)
+    lines = layout.body_lines(saved, 8) if forward.saved else []
     spec_inputs = {i.name for i in plan.derived.spec.inputs}
     inputs = {n for n in forward.saved if n in spec_inputs} | set(forward.ctx_values)
     for name in forward.ctx_values:
@@ -235,7 +237,7 @@ def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchP
     lines: Lines = []
     if forward.saved:
         targets = list(forward.saved)
-        lines.append(f"{f'({targets[0]},)' if len(targets) == 1 else ', '.join(targets)} = {ctx}.saved_tensors")
+        lines += layout.unpacked(targets, f"{ctx}.saved_tensors", 8)
     for name in forward.ctx_values:
         lines.append(f"{name} = {ctx}.{jnames.ctx_attrs[name]}")
     indent = 8 + 4 * forward.varies
@@ -255,5 +257,5 @@ def jvp_body(plan: Plan, forward: ForwardPlan, jnames: JvpNames, printer: TorchP
         jnames.tangents[n] if out is not None else "None"
         for n, out in zip(plan.returned, forward.variants[-1].outputs, strict=True)
     ]
-    lines.append(f"return {', '.join(returned)}")
+    lines += layout.returned(returned, 8)
     return lines

@@ -42,6 +42,29 @@ def call(head: str, args: list[str], indent: int, tail: str = "") -> str:
     return collection(head, args, "()", indent, tail)
 
 
+def body_lines(text: str, indent: int) -> list[str]:
+    """Laid-out `text` (continuation lines indented from column 0) as the lines of a body that is
+    indented `indent` as a whole: continuation lines relative to the first."""
+    first, *rest = text.split("\n")
+    return [first, *(line.removeprefix(" " * indent) for line in rest)]
+
+
+def unpacked(targets: list[str], source: str, indent: int) -> list[str]:
+    """`a, b = source` as body lines at `indent`; targets that do not fit bracketed, one a line."""
+    flat = f"({targets[0]},) = {source}" if len(targets) == 1 else f"{', '.join(targets)} = {source}"
+    if indent + len(flat) <= LINE_LENGTH:
+        return [flat]
+    return ["(", *(f"    {target}," for target in targets), f") = {source}"]
+
+
+def returned(values: list[str], indent: int) -> list[str]:
+    """`return a, b` as body lines at `indent`; values that do not fit bracketed, one a line."""
+    flat = f"return {', '.join(values)}"
+    if indent + len(flat) <= LINE_LENGTH or len(values) == 1:
+        return [flat]
+    return ["return (", *(f"    {value}," for value in values), ")"]
+
+
 def assign_call(targets: str, function: str, args: list[str], indent: int) -> str:
     """`targets = function(args)`: as `call`, and where `targets = function(` leaves no room on its line,
     the call bracketed on lines of its own (ruff's right-hand side in parentheses)."""

@@ -178,7 +178,8 @@ def _short(var: str, expr: sympy.Basic, printer: TorchPrinter, temporaries: _Tem
 def _wrapped(var: str, text: str, width: int) -> list[str]:
     """`var = text` in `width` columns as ruff wraps a right-hand side that cannot be cut further."""
     call = _call_parts(text)
-    if len(var) + 3 + len(text) > width and call is not None and len(call[1]) <= width - 4:
+    fits = call is not None and len(call[1]) <= width - 4 and len(var) + 4 + len(call[0]) <= width
+    if len(var) + 3 + len(text) > width and call is not None and fits:
         return [f"{var} = {call[0]}(", f"    {call[1]}", ")"]  # as ruff splits a call's arguments
     if len(var) + 3 + len(text) > width and len(text) <= width - 4:
         return [f"{var} = (", f"    {text}", ")"]  # as ruff wraps a right-hand side: parts too small to name
