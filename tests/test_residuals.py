@@ -15,6 +15,7 @@ import torch
 from conftest import SPECS
 from spec_ops import build_ops
 
+import generated  # at collection: a test may later import another package of that name
 from opgen.errors import Problems
 from opgen.pipeline import run_stages
 from opgen.spec.load import load_file
@@ -89,8 +90,6 @@ def test_ops_with_residuals_match_plain_autograd_to_second_order(ops, name: str)
 def test_docstrings_show_the_gradient_a_caller_gets():
     """A residual is returned for backward only: its incoming gradient (nonzero only inside double
     backward) is no part of the gradients a docstring shows, and one visible output's is `grad`."""
-    import generated
-
     for name in ("tanhshrink", "cross_entropy", "label_smoothing_ce", "rms_norm"):
         doc = getattr(generated, name).__doc__
         gradients = doc.split("Gradients")[1]

@@ -13,6 +13,10 @@ from conftest import GENERATED, import_package
 from spec_ops import build_ops
 from test_generated_style import UNUSUAL_SPECS
 
+import generated  # at collection: a test may later import another package of that name
+from generated import _runtime
+from generated.ops import swish
+
 OP_FILES = sorted(p for p in (GENERATED / "ops").glob("*.py") if p.name != "__init__.py")
 # torch's private modules and functions (`torch._C`, `torch.fx._symbolic_trace`); aten's operators
 # (`torch.ops.aten._softmax_backward_data`) are the dispatcher's own names, not private modules.
@@ -76,9 +80,6 @@ def test_each_fallback_gives_what_the_internal_gives(monkeypatch, name, missing)
     """A torch release without one of the internals: the runtime's fallback path (the plain formula,
     PyTorch's own apply, the autocast and FX checks always made) computes the same values, first and
     second derivatives, and vmap and forward mode still work."""
-    import generated
-    from generated import _runtime
-
     op = getattr(generated, name)
     inputs = CASES[name](torch.Generator().manual_seed(7))
     expected = _values_and_gradients(op, *inputs)
@@ -98,9 +99,6 @@ def test_each_fallback_gives_what_the_internal_gives(monkeypatch, name, missing)
 
 
 def test_fx_capture_keeps_the_op_one_node_without_the_tracing_internal(monkeypatch):
-    import generated
-    from generated import _runtime
-
     monkeypatch.setattr(_runtime, "_fx_tracing", None)
 
     class Model(torch.nn.Module):
@@ -119,8 +117,6 @@ def test_fx_capture_keeps_the_op_one_node_without_the_tracing_internal(monkeypat
 
 
 def test_the_twin_without_jvp_shares_everything_but_the_jvp():
-    from generated import _runtime
-    from generated.ops import swish
 
     twin = swish._SwishFunctionNoJvp
     assert issubclass(twin, swish.SwishFunction)
@@ -131,8 +127,6 @@ def test_the_twin_without_jvp_shares_everything_but_the_jvp():
 
 
 def test_scripting_the_functional_names_what_works():
-    import generated
-
     with pytest.raises(Exception, match="silu runs a torch.autograd.Function"):
         torch.jit.script(generated.silu)
 
