@@ -269,8 +269,3 @@ def variant_branches(
         "else:",
         *indent_lines(variant_branches(present, rest, is_none)),
     ]
-
-
-def unpack(targets: list[str]) -> str:
-    """The target of a tuple assignment: `(x,)` for one name."""
-    return f"({targets[0]},)" if len(targets) == 1 else ", ".join(targets)
