@@ -27,6 +27,7 @@ from opgen.formula import functions as fn
 from opgen.formula import tensor, written
 from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
 from opgen.formula.syntax import holds_tensors, parse_ast
+from opgen.nodes.base import Lowered
 from opgen.spec.model import Spec
 
 __all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]
@@ -92,7 +93,7 @@ def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
         return expr
     if expr in absent:
         return None
-    if hasattr(expr, "without"):  # a lowered node with a term of its own (opgen.optimize.norms)
+    if isinstance(expr, Lowered):  # a lowered node with a term of its own (a layer norm's bias)
         return expr.without(absent, drop_terms)
     if isinstance(expr, sympy.Add):
         kept = [t for t in (drop_terms(a, absent) for a in expr.args) if t is not None]

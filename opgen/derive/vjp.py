@@ -76,6 +76,7 @@ from opgen.formula.whole_reductions import (
     spread_to_operand,
     whole_reduction_of_plain,
 )
+from opgen.nodes.base import Lowered
 
 Clean = Callable[[Expr], Expr]
 
@@ -198,8 +199,9 @@ class _Vjp:
         return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:
-        if hasattr(node, "vjp_pushes"):  # a lowered node with its own rule (opgen.optimize.norms)
-            for part, part_grad in node.vjp_pushes(grad, bool(self.narrow(grad, node))):
+        if isinstance(node, Lowered):  # its own rule; a narrower gradient through its formula (Note [narrow gradients])
+            pushes = [(node.elementary(), grad)] if self.narrow(grad, node) else node.vjp_pushes(grad)
+            for part, part_grad in pushes:
                 self.push(part, part_grad)
             return
         if isinstance(node, (MatMul, Transpose)):

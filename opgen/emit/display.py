@@ -107,7 +107,7 @@ def _formulas(expr: sympy.Basic) -> sympy.Basic:
         expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, _Prime)), lambda e: e.elementary())
     if not expr.has(_Primitive):
         return expr
-    return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary(*e.args))
+    return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary())
 
 
 def _unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:

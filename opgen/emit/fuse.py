@@ -68,8 +68,8 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 def _written_out(expr: sympy.Basic) -> sympy.Basic:
     """Primitives and their derivatives as formulas, which inductor fuses with what surrounds them."""
-    expr = expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.fused_form(*e.args))
-    return expr.replace(lambda e: isinstance(e, _Prime), lambda e: e.elementary("fused_form"))
+    expr = expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.fused_form())
+    return expr.replace(lambda e: isinstance(e, _Prime), lambda e: e.fused_form())
 
 
 def fuse(

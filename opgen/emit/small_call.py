@@ -152,7 +152,7 @@ def native_op(plan: Plan) -> tuple[str, sympy.Basic] | None:
         return None
     (_, expr), tensor = variant.inlined[0], spec.tensor_inputs[0]
     # A kernel whose own second derivative is PyTorch's to get wrong (F.mish's) is its formula here.
-    expr = expr.replace(lambda e: isinstance(e, k._Primitive) and not e.native_twice, lambda e: e.elementary(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, k._Primitive) and not e.native_twice, lambda e: e.elementary())
     numbers = {derived.symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor and i.type.kind != "bool"}
     nodes = _chain_nodes(expr, derived.symbols.inputs[tensor.name], numbers)
     if nodes is None or not 0 < nodes <= MAX_NODES:

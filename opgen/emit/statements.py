@@ -20,6 +20,7 @@ from opgen.emit.gate_print import glu_backward_lines
 from opgen.emit.norm_print import norm_backward_formulas
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
+from opgen.nodes.base import Node
 from opgen.optimize.gates import GluBackward
 from opgen.optimize.norms import LayerNormGrads
 from opgen.spec.names import Namer
@@ -109,9 +110,13 @@ def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
     derivative is tanh, its value a `where` of two stable forms) prints as its `stable_form()`,
     written out here so that a long one is cut into temporaries and its repeated parts shared.
     """
-    if not any(hasattr(node, "stable_form") for node in sympy.preorder_traversal(expr)):
+    if not any(_has_stable_form(node) for node in sympy.preorder_traversal(expr)):
         return expr
-    return expr.replace(lambda e: hasattr(e, "stable_form"), lambda e: e.stable_form())
+    return expr.replace(_has_stable_form, lambda e: e.stable_form())
+
+
+def _has_stable_form(expr: sympy.Basic) -> bool:
+    return isinstance(expr, Node) and expr.stable_form() is not None
 
 
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:

@@ -19,10 +19,11 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula.functions import where
+from opgen.nodes.base import Node
 from opgen.optimize.kernels import PRIMITIVES, _Prime, _Primitive
 
 
-class KernelBackward(sympy.Function):
+class KernelBackward(Node, sympy.Function):
     """`g * prime(u)` by a PyTorch backward kernel: `args` = (g, *the primitive's args)."""
 
     is_real = True
@@ -46,7 +47,7 @@ BACKWARD: dict[type[_Primitive], type[KernelBackward]] = {
 }
 
 
-class OutputBackward(sympy.Function):
+class OutputBackward(Node, sympy.Function):
     """`g * f'` in terms of a saved output of `f`: args (g, output); exactly PyTorch's kernel."""
 
     is_real = True
@@ -54,9 +55,6 @@ class OutputBackward(sympy.Function):
     @classmethod
     def eval(cls, g: Expr, output: Expr) -> Expr | None:
         return S.Zero if g == 0 else None  # Note [kernels of a zero gradient] in opgen.formula.tensor
-
-    def elementary(self) -> Expr:
-        raise NotImplementedError
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
@@ -112,7 +110,7 @@ def backward_kernel(total: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | Non
 def written_out(expr: Expr) -> Expr:
     """`expr` with each derivative of a primitive as its one-call form or its formula."""
     return expr.replace(
-        lambda e: isinstance(e, _Prime), lambda e: e.primitive.prime_form(*e.args[1:]) or e.elementary()
+        lambda e: isinstance(e, _Prime), lambda e: e.primitive(*e.args[1:]).prime_form() or e.elementary()
     )
 
 

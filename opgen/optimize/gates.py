@@ -28,10 +28,11 @@ from opgen.formula import functions as fn
 from opgen.formula import slicing
 from opgen.formula.read import Formulas
 from opgen.formula.tensor import BATCH, Shape, TensorOp, dim_size, shape_of
+from opgen.nodes.base import Lowered, Shaped
 from opgen.optimize.lets import lower_through_lets
 
 
-class _GateOp(TensorOp):
+class _GateOp(Shaped, TensorOp):
     """A node over the halves of `u` along `dim`: its last four arguments are (u, dim, the dimension
     cut, the fraction of it `u` holds there), as a `Slice`'s (Note [the dimension of a gate])."""
 
@@ -46,7 +47,7 @@ class _GateOp(TensorOp):
         return bool(self.args[-1])
 
 
-class Glu(_GateOp):
+class Glu(Lowered, _GateOp):
     """`F.glu(u, dim)`: args (u, dim, name of the dimension (a `Str`), whole, carried).
 
     Note [the dimension of a gate]
@@ -62,18 +63,11 @@ class Glu(_GateOp):
     def elementary(self) -> Expr:
         return self.half(0) * fn.sigmoid(self.half(1))
 
-    def jvp_form(self) -> Expr:
-        """What forward mode differentiates: the formula."""
-        return self.elementary()
-
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
         return shape_of(self.half(0), table)
 
-    def vjp_pushes(self, grad: Expr, narrow: bool) -> list[tuple[Expr, Expr]]:
-        """(part, its gradient): a gradient narrower than the output (Note [narrow gradients] in
-        opgen.derive.vjp) goes through the formula, the kernel wants the full shape."""
-        if narrow:
-            return [(self.elementary(), grad)]
+    def vjp_pushes(self, grad: Expr) -> list[tuple[Expr, Expr]]:
+        """(part, its gradient): `aten.glu_backward`."""
         u, dim, base, whole, carried = self.args
         return [(u, GluBackward(grad, u, dim, dim_size(str(base)), whole, carried))]
 

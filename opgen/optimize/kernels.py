@@ -30,11 +30,12 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.nodes.base import Node
 from opgen.optimize.rewrite import rewrite
 from opgen.optimize.stable_functions import logsigmoid
 
 
-class _Primitive(sympy.Function):
+class _Primitive(Node, sympy.Function):
     """A PyTorch primitive: `args[0]` is the tensor, the others plain numbers.
 
     A node of the formula, printed by the torch printer's `_print_<name>` (opgen.emit.kernel_print)
@@ -50,17 +51,11 @@ class _Primitive(sympy.Function):
     backward_in_place = False
     fast = True  # fused mode leaves it alone: PyTorch's kernels are as quick as a compiled loop
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        raise NotImplementedError
-
-    @classmethod
-    def fused_form(cls, *args: Expr) -> Expr:
+    def fused_form(self) -> Expr:
         """The formula fused mode compiles (opgen.emit.fuse): the same function, cheap to fuse."""
-        return cls.elementary(*args)
+        return self.elementary()
 
-    @classmethod
-    def prime_form(cls, *args: Expr) -> Expr | None:
+    def prime_form(self) -> Expr | None:
         """The derivative alone as one call, where backward shares it between gradients; None: its formula."""
         return None
 
@@ -70,20 +65,19 @@ class _Primitive(sympy.Function):
         t = sympy.Dummy("t", real=True)
         args = list(self.args)
         args[argindex - 1] = t
-        return rewrite(sympy.diff(self.elementary(*args), t)).xreplace({t: self.args[argindex - 1]})
+        return rewrite(sympy.diff(self.func(*args).elementary(), t)).xreplace({t: self.args[argindex - 1]})
 
     def _eval_evalf(self, prec: int) -> Expr | None:
         if all(a.is_number for a in self.args):
-            return self.elementary(*self.args).evalf(prec)
+            return self.elementary().evalf(prec)
         return None
 
 
 class silu(_Primitive):  # noqa: N801 - torch's names
     nargs = 1
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * fn.sigmoid(args[0])
+    def elementary(self) -> Expr:
+        return self.args[0] * fn.sigmoid(self.args[0])
 
 
 class log_sigmoid(_Primitive):  # noqa: N801
@@ -92,9 +86,8 @@ class log_sigmoid(_Primitive):  # noqa: N801
     nargs = 1
     backward_in_place = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return logsigmoid(args[0])
+    def elementary(self) -> Expr:
+        return logsigmoid(self.args[0])
 
 
 class mish(_Primitive):  # noqa: N801
@@ -103,19 +96,18 @@ class mish(_Primitive):  # noqa: N801
     fast = False
     native_twice = False  # F.mish's second derivative is NaN from x = 100 in float32 (1e4 in float64), where it is 0
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * sympy.tanh(fn.softplus(args[0]))
+    def elementary(self) -> Expr:
+        return self.args[0] * sympy.tanh(fn.softplus(self.args[0]))
 
-    @classmethod
-    def fused_form(cls, *args: Expr) -> Expr:
+    def fused_form(self) -> Expr:
         """tanh(softplus(u)) = s (2 - s) / (1 + (1 - s)**2) with s = sigmoid(u), exactly.
 
         One sigmoid instead of softplus and tanh (tanh is ten times slower than sigmoid on
         CPU), with no cancellation or overflow anywhere: s lies in [0, 1].
         """
-        s = fn.sigmoid(args[0])
-        return args[0] * s * (2 - s) / (1 + (1 - s) ** 2)
+        u = self.args[0]
+        s = fn.sigmoid(u)
+        return u * s * (2 - s) / (1 + (1 - s) ** 2)
 
 
 class gelu(_Primitive):  # noqa: N801
@@ -123,9 +115,8 @@ class gelu(_Primitive):  # noqa: N801
     nargs = 1
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * (1 + sympy.erf(args[0] / sympy.sqrt(2))) / 2
+    def elementary(self) -> Expr:
+        return self.args[0] * (1 + sympy.erf(self.args[0] / sympy.sqrt(2))) / 2
 
 
 class gelu_tanh(_Primitive):  # noqa: N801
@@ -141,15 +132,13 @@ class gelu_tanh(_Primitive):  # noqa: N801
     fast = False
     kappa = sympy.Rational("0.044715")
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        u = args[0]
-        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))) / 2
+    def elementary(self) -> Expr:
+        u = self.args[0]
+        return u * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (u + self.kappa * u**3))) / 2
 
-    @classmethod
-    def fused_form(cls, *args: Expr) -> Expr:
-        u = args[0]
-        return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + cls.kappa * u**3))
+    def fused_form(self) -> Expr:
+        u = self.args[0]
+        return u * fn.sigmoid(2 * sympy.sqrt(2 / sympy.pi) * (u + self.kappa * u**3))
 
 
 class softplus_beta(_Primitive):  # noqa: N801
@@ -158,9 +147,8 @@ class softplus_beta(_Primitive):  # noqa: N801
     nargs = 2
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return fn.softplus(args[1] * args[0]) / args[1]
+    def elementary(self) -> Expr:
+        return fn.softplus(self.args[1] * self.args[0]) / self.args[1]
 
 
 class elu(_Primitive):  # noqa: N801
@@ -168,9 +156,8 @@ class elu(_Primitive):  # noqa: N801
     nargs = 2
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        u, alpha = args
+    def elementary(self) -> Expr:
+        u, alpha = self.args
         return fn.where(sympy.StrictGreaterThan(u, 0), u, alpha * fn.expm1(u))
 
 
@@ -180,9 +167,8 @@ class leaky_relu(_Primitive):  # noqa: N801
     nargs = 2
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        u, slope = args
+    def elementary(self) -> Expr:
+        u, slope = self.args
         return fn.where(sympy.StrictGreaterThan(u, 0), u, slope * u)
 
 
@@ -196,9 +182,8 @@ class hardtanh(_Primitive):  # noqa: N801
     nargs = 3
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        u, lo, hi = args
+    def elementary(self) -> Expr:
+        u, lo, hi = self.args
         return fn.maximum(fn.minimum(u, hi, S.Zero), lo, S.Zero)
 
 
@@ -218,21 +203,19 @@ class huber(_Primitive):  # noqa: N801
     backward_why = "no forward-mode derivative"
     native_twice = False  # F.huber_loss's gradient has no forward-mode derivative either
 
-    @classmethod
-    def prime_form(cls, *args: Expr) -> Expr | None:
+    def prime_form(self) -> Expr | None:
         """d itself within delta of 0, delta * sign(d) beyond: d clipped, with a zero gradient at the
         clip points as the formula's (as F.hardtanh's); delta <= 0, which F.hardtanh's bounds refuse,
         the linear branch (Note [parameters of lowered primitives])."""
-        d, delta = args
+        d, delta = self.args
         if delta.is_positive:
             return hardtanh(d, -delta, delta)
         return fn.where(
             sympy.StrictGreaterThan(delta, 0), hardtanh(d, -sympy.Abs(delta), sympy.Abs(delta)), delta * fn.sign(d)
         )
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        d, delta = args
+    def elementary(self) -> Expr:
+        d, delta = self.args
         quadratic, linear = d**2 / 2, delta * (sympy.Abs(d) - delta / 2)
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), delta), quadratic, linear)
 
@@ -248,15 +231,13 @@ class smooth_l1(_Primitive):  # noqa: N801
     nargs = 2
     backward_differentiable = True
 
-    @classmethod
-    def prime_form(cls, *args: Expr) -> Expr | None:
-        d, beta = args
+    def prime_form(self) -> Expr | None:
+        d, beta = self.args
         clipped = hardtanh(d / beta, S.NegativeOne, S.One)
         return clipped if beta.is_positive else fn.where(sympy.StrictGreaterThan(beta, 0), clipped, fn.sign(d))
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        d, beta = args
+    def elementary(self) -> Expr:
+        d, beta = self.args
         return fn.where(sympy.StrictLessThan(sympy.Abs(d), beta), d**2 / (2 * beta), sympy.Abs(d) - beta / 2)
 
 
@@ -270,9 +251,8 @@ class hardsigmoid(_Primitive):  # noqa: N801
     nargs = 1
     native_twice = False
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return hardtanh.elementary(args[0] + 3, S.Zero, sympy.Integer(6)) / 6
+    def elementary(self) -> Expr:
+        return hardtanh(self.args[0] + 3, S.Zero, sympy.Integer(6)).elementary() / 6
 
 
 class hardswish(_Primitive):  # noqa: N801
@@ -281,9 +261,8 @@ class hardswish(_Primitive):  # noqa: N801
     nargs = 1
     backward_differentiable = True
 
-    @classmethod
-    def elementary(cls, *args: Expr) -> Expr:
-        return args[0] * hardsigmoid.elementary(args[0])
+    def elementary(self) -> Expr:
+        return self.args[0] * hardsigmoid(self.args[0]).elementary()
 
 
 PRIMITIVES: dict[str, type[_Primitive]] = {
@@ -306,7 +285,7 @@ PRIMITIVES: dict[str, type[_Primitive]] = {
 }
 
 
-class _Prime(sympy.Function):
+class _Prime(Node, sympy.Function):
     """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
 
     is_real = True
@@ -319,9 +298,13 @@ class _Prime(sympy.Function):
     def primitive(self) -> type[_Primitive]:
         return PRIMITIVES[str(self.args[0])]
 
-    def elementary(self, form: str = "elementary") -> Expr:
-        """The derivative as a formula: of the primitive's `elementary` or `fused_form`."""
-        return _prime_formula(str(self.args[0]), form, tuple(self.args[2:])).xreplace({_T: self.args[1]})
+    def elementary(self) -> Expr:
+        """The derivative as a formula: of the primitive's `elementary()`."""
+        return _prime_formula(str(self.args[0]), "elementary", tuple(self.args[2:])).xreplace({_T: self.args[1]})
+
+    def fused_form(self) -> Expr:
+        """The derivative of the primitive's `fused_form()`, the formula fused mode compiles."""
+        return _prime_formula(str(self.args[0]), "fused_form", tuple(self.args[2:])).xreplace({_T: self.args[1]})
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)
@@ -342,4 +325,5 @@ def _prime_formula(name: str, form: str, rest: tuple[Expr, ...]) -> Expr:
     """d primitive(_T, *rest) / d _T, rewritten: `_Prime.elementary` before its argument goes in.
     Differentiated once per primitive, form and other arguments, not at every docstring, jvp and
     double backward that shows a kernel's derivative (tens of milliseconds each)."""
-    return rewrite(sympy.diff(getattr(PRIMITIVES[name], form)(_T, *rest), _T))
+    primitive = PRIMITIVES[name](_T, *rest)
+    return rewrite(sympy.diff(primitive.fused_form() if form == "fused_form" else primitive.elementary(), _T))

@@ -114,11 +114,11 @@ def _match_gelu(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
         return None
     for e in node.atoms(sympy.erf):
         u = sympy.expand(e.args[0] * sympy.sqrt(2))
-        if _same(node, gelu.elementary(u)):
+        if _same(node, gelu(u).elementary()):
             return gelu(u)
     for t in node.atoms(sympy.tanh):
         for u in sorted(_tensors(t, numbers), key=sympy.default_sort_key):
-            if _same(node, gelu_tanh.elementary(u)):
+            if _same(node, gelu_tanh(u).elementary()):
                 return gelu_tanh(u)
     return None
 
@@ -222,7 +222,7 @@ def _match_band(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
         return None
     d, bound, _, _ = band
     for primitive in (huber, smooth_l1):
-        formula = primitive.elementary(d, bound)
+        formula = primitive(d, bound).elementary()
         if _same(fn.where(sympy.StrictLessThan(sympy.Abs(d), bound), *band[2:]), formula):
             return primitive(d, bound)
     return None

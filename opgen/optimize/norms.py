@@ -40,10 +40,11 @@ from opgen.formula.tensor import (
     dim_size,
     shape_of,
 )
+from opgen.nodes.base import Lowered, Shaped
 from opgen.optimize.lets import lower_through_lets
 
 
-class LayerNorm(TensorOp):
+class LayerNorm(Lowered, TensorOp):
     """`(u - mean) * rstd * w + b` over the trailing dims whose sizes are `shape` (a Tuple of size symbols):
     args (u, w, b, eps, shape); `w` is 1 and `b` 0 when absent (printed None)."""
 
@@ -65,19 +66,12 @@ class LayerNorm(TensorOp):
         bias = drop(b, absent)
         return LayerNorm(u, w, S.Zero if bias is None else bias, eps, shape)
 
-    def jvp_form(self) -> Expr:
-        """What forward mode differentiates: the formula."""
-        return self.elementary()
-
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
         return shape_of(self.args[0], table)
 
-    def vjp_pushes(self, grad: Expr, narrow: bool) -> list[tuple[Expr, Expr]]:
-        """(part, its gradient) for each argument; a gradient narrower than the output (Note [narrow
-        gradients] in opgen.derive.vjp) goes through the formula, the kernel wants the full shape."""
+    def vjp_pushes(self, grad: Expr) -> list[tuple[Expr, Expr]]:
+        """(part, its gradient) for each argument: `native_layer_norm_backward`."""
         u, w, b, eps, shape = self.args
-        if narrow:
-            return [(self.elementary(), grad)]
         stats = LayerNormStats(u, eps, shape)
         grads = LayerNormGrads(grad, u, Item(stats, sympy.Integer(1)), Item(stats, sympy.Integer(2)), w, b, shape, eps)
         pushes = [(u, Item(grads, S.Zero))]
@@ -88,7 +82,7 @@ class LayerNorm(TensorOp):
         return pushes
 
 
-class LayerNormStats(TensorOp):
+class LayerNormStats(Shaped, TensorOp):
     """`torch.native_layer_norm(u, shape, None, None, eps)`: (normalized, mean, rstd); args (u, eps, shape)."""
 
     nargs = 3
@@ -104,7 +98,7 @@ class LayerNormStats(TensorOp):
         return full[: len(full) - count] + (1,) * count
 
 
-class LayerNormGrads(TensorOp):
+class LayerNormGrads(Shaped, TensorOp):
     """`native_layer_norm_backward`: (grad of u, of w, of b); args (g, u, mean, rstd, w, b, shape, eps)."""
 
     nargs = 8
@@ -120,7 +114,7 @@ class LayerNormGrads(TensorOp):
         return shape_of(self.args[index if index == 0 else index + 3], table)
 
 
-class Item(TensorOp):
+class Item(Shaped, TensorOp):
     """One tensor of a node that returns several: args (node, index)."""
 
     nargs = 2
@@ -299,11 +293,14 @@ def _rstd_base(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
     return expr.base
 
 
-class Rstd(TensorOp):
+class Rstd(Shaped, TensorOp):
     """`base**(-1/2)` kept as a statistic autograd does not differentiate (Note [saved rstd]): args (base,)."""
 
     nargs = 1
-    detached = True
+
+    @property
+    def detached(self) -> bool:
+        return True
 
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
         return shape_of(self.args[0], table)

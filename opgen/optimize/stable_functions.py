@@ -1,7 +1,7 @@
 """The functions the stable rewrites introduce (opgen/optimize/rewrite.py, Note [stable rewrites]).
 
 Each is a SymPy function with its exact derivative (`fdiff`) and its value in elementary functions
-(`_as_elementary`, for evaluation at many digits); the torch printer prints it as PyTorch's kernel
+(`elementary`, for evaluation at many digits); the torch printer prints it as PyTorch's kernel
 or, where PyTorch has none, as its `stable_form()` (Note [printed stable forms] in
 opgen/emit/statements.py).
 """
@@ -12,6 +12,7 @@ import sympy
 from sympy import Expr
 
 from opgen.formula import functions as fn
+from opgen.nodes.base import Node
 
 
 class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
@@ -20,7 +21,7 @@ class logsigmoid(fn._Elementwise):  # noqa: N801 - prints as torch's name
     def fdiff(self, argindex: int = 1) -> Expr:
         return fn.sigmoid(-self.args[0])
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return -sympy.log(1 + sympy.exp(-self.args[0]))
 
 
@@ -42,7 +43,7 @@ class logcosh(fn._Elementwise):  # noqa: N801
         small = fn.log1p(2 * sympy.sinh(u / 2) ** 2)
         return fn.where(sympy.StrictLessThan(size, 1), small, size + fn.softplus(-2 * size) - sympy.log(2))
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return sympy.log(sympy.cosh(self.args[0]))
 
 
@@ -60,11 +61,11 @@ class log1mexp(fn._Elementwise):  # noqa: N801
         near = sympy.log(-fn.expm1(u))
         return fn.where(sympy.StrictGreaterThan(u, -sympy.log(2)), near, fn.log1p(-sympy.exp(u)))
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return sympy.log(1 - sympy.exp(self.args[0]))
 
 
-class _Binary(sympy.Function):
+class _Binary(Node, sympy.Function):
     """A function of two arguments; the torch printer prints it as `torch.<name>` (opgen.emit.kernel_print)."""
 
     nargs = 2
@@ -72,11 +73,8 @@ class _Binary(sympy.Function):
 
     def _eval_evalf(self, prec: int) -> Expr | None:
         if all(a.is_number for a in self.args):
-            return self._as_elementary().evalf(prec)
+            return self.elementary().evalf(prec)
         return None
-
-    def _as_elementary(self) -> Expr:
-        raise NotImplementedError
 
 
 class logaddexp(_Binary):  # noqa: N801
@@ -86,7 +84,7 @@ class logaddexp(_Binary):  # noqa: N801
         a, b = self.args
         return fn.sigmoid(a - b) if argindex == 1 else fn.sigmoid(b - a)
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         a, b = self.args
         return sympy.log(sympy.exp(a) + sympy.exp(b))
 
@@ -99,6 +97,6 @@ class hypot(_Binary):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return self.args[argindex - 1] / self
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         a, b = self.args
         return sympy.sqrt(a**2 + b**2)
