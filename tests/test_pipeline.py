@@ -32,6 +32,7 @@ STAGES: dict[str, int | None] = {
     "nodes": None,  # the node families (Note [nodes] in opgen/nodes/base.py): see NODES_IMPORT
     "spec": 1,
     "formula": 2,
+    "records": 2,  # what the stages hand on (Derived, Residual, ...): made of the spec's and the formulas' values
     "derive": 3,
     "optimize": 4,
     "plan": 5,

@@ -24,7 +24,6 @@ Everything else broadcasts as the forward does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sympy
 from sympy import Expr, S
@@ -61,39 +60,9 @@ from opgen.formula.tensor import (
 )
 from opgen.formula.whole_reductions import reduction_count
 from opgen.nodes.base import Lowered, Node
+from opgen.records import OutputTangent, Tangents, Term, VariantTangents
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
-
-
-@dataclass(frozen=True)
-class Term:
-    """The directional derivative of one output along the tangent of `input`."""
-
-    input: str
-    value: Expr
-
-
-@dataclass(frozen=True)
-class OutputTangent:
-    output: str  # a spec output or a residual
-    terms: tuple[Term, ...]  # the nonzero ones, in input order
-
-
-@dataclass(frozen=True)
-class VariantTangents:
-    absent: tuple[str, ...]
-    outputs: tuple[OutputTangent | None, ...]  # one per returned output; None: not differentiable
-    refused: tuple[tuple[str, str], ...] = ()  # input -> why forward mode along it is refused
-
-
-@dataclass(frozen=True)
-class Tangents:
-    symbols: dict[str, sympy.Symbol]  # Tensor input -> its tangent symbol
-    variants: tuple[VariantTangents, ...]  # same order as `Derived.variants`
-
-    @property
-    def full(self) -> VariantTangents:
-        return self.variants[-1]
 
 
 def tangent_symbol(name: str) -> sympy.Symbol:

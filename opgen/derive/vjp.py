@@ -35,7 +35,6 @@ in front, so that `@` and `.T` see a matrix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sympy
 from sympy import Expr, S
@@ -77,16 +76,9 @@ from opgen.formula.whole_reductions import (
     whole_reduction_of_plain,
 )
 from opgen.nodes.base import Lowered
+from opgen.records import LeafFit
 
 Clean = Callable[[Expr], Expr]
-
-
-@dataclass(frozen=True)
-class LeafFit:
-    """What turns a gradient into the shape of its input beyond the static sums in the formula."""
-
-    expand: bool  # some dimension of the input is 1 (or missing) in the gradient
-    sum_to_size: bool  # batch dimensions may have been broadcast: sum back at run time
 
 
 class _Vjp:

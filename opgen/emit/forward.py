@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sympy
 
-from opgen.derive.gradients import Variant
 from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
@@ -23,6 +22,7 @@ from opgen.formula.written import Piece
 from opgen.optimize.norms import Rstd
 from opgen.plan.backward import Plan
 from opgen.plan.forward import filled_incoming, filled_shapes
+from opgen.records import Variant
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer
 
