@@ -13,7 +13,6 @@ from sympy.printing.precedence import precedence
 from sympy.printing.str import StrPrinter
 
 from opgen.emit.gate_print import GateDisplay
-from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
 from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
@@ -29,8 +28,11 @@ def _decimal(value: sympy.Rational) -> str | None:
     return text if exact and len(text) < len(f"{value.p}/{value.q}") else None
 
 
-class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
-    """SymPy's str printer with the spec's own function names and gradient names."""
+class DisplayPrinter(GateDisplay, TensorDisplay, StrPrinter):
+    """SymPy's str printer with the spec's own function names and gradient names; a node that brings its
+    own spelling prints through its `_docstring` method (`printmethod`, Note [nodes] in opgen/nodes/base.py)."""
+
+    printmethod = "_docstring"
 
     def __init__(self, names: dict[sympy.Symbol, str]) -> None:
         super().__init__({"order": None})

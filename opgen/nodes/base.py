@@ -23,7 +23,10 @@ the classes below, by `isinstance`, never by looking for a method by name:
 - a `Spelled` node prints itself: SymPy's printers call the method their `printmethod` names,
   `_torch(printer)` for the torch printer (opgen.emit.printer) and `_docstring(printer)` for the
   docstring printer (opgen.emit.display), before any `_print_<Class>` method of theirs. `printer`
-  is typed by what a spelling may use of it (`TorchCode`, `Printer`).
+  is typed by what a spelling may use of it (`TorchCode`, `Printer`);
+- an `UnderTransforms` node is a backward kernel that torch.func transforms do not take as they
+  should: backward calls the kernel (`kernel_call`), and under the transforms computes the
+  formulas (`transform_formulas`) instead, inline or as an `if` statement (opgen.emit.statements).
 
 A family module (layer norm, the gated linear unit, the native kernels) holds its node classes
 with all these rules side by side, as JAX's `lax.py` defines a primitive with its shape rule, its
@@ -35,14 +38,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-if TYPE_CHECKING:
-    import sympy
-    from sympy import Expr
+import sympy
+from sympy import Expr
 
+if TYPE_CHECKING:
     from opgen.formula.dims import Shape
 
-    Domain = tuple[tuple[int, ...], Expr]  # positions of restricted arguments, a safe value for them
-    Drop = Callable[[Expr, frozenset[sympy.Symbol]], Expr | None]
+Domain = tuple[tuple[int, ...], Expr]  # positions of restricted arguments, a safe value for them
+Drop = Callable[[Expr, frozenset[sympy.Symbol]], Expr | None]  # opgen.derive.gradients.drop_terms
 
 
 class Printer(Protocol):
@@ -66,13 +69,13 @@ class TorchCode(Printer, Protocol):
 
     def doprint_expr(self, expr: sympy.Basic) -> str: ...
 
-    def postfix(self, expr: sympy.Basic) -> str:
+    def _postfix(self, expr: sympy.Basic) -> str:
         """`expr` printed so that a method call may follow it: in parentheses unless it is a name or call."""
         ...
 
     def is_tensor(self, expr: sympy.Basic) -> bool: ...
 
-    def as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str:
+    def _as_tensor(self, value: sympy.Basic, like: sympy.Basic) -> str:
         """A number printed as a tensor of the dtype of `like`."""
         ...
 
@@ -142,3 +145,36 @@ class Spelled(Node):
     def _docstring(self, printer: Printer) -> str:
         """The node as docstrings show it: by default as the formula it computes."""
         return printer._print(self.elementary())
+
+
+class UnderTransforms(Spelled):
+    """A backward kernel torch.func transforms do not take as they should (Note [layer norm under
+    torch.func] in opgen.nodes.layer_norm, Note [glu under torch.func] in opgen.nodes.glu): backward
+    calls the kernel, and under the transforms computes its formulas instead."""
+
+    __slots__ = ()
+
+    def kernel_call(self, printer: TorchCode) -> tuple[str, list[str]]:
+        """The kernel and its arguments, printed."""
+        raise NotImplementedError
+
+    def transform_formulas(self) -> list[tuple[Expr | None, Expr | None]]:
+        """What the kernel computes, as formulas: one, its value; several, the tuple it returns, each
+        (formula, the input whose shape it is summed to, or None), or (None, None) for a None."""
+        raise NotImplementedError
+
+    def _torch(self, printer: TorchCode) -> str:
+        """The kernel, or under torch.func transforms the formulas; opgen.emit.statements writes the two
+        as an `if` statement instead where the node is a statement's whole value."""
+        function, args = self.kernel_call(printer)
+        parts = [_part(printer, part, into) for part, into in self.transform_formulas()]
+        formula = parts[0] if len(parts) == 1 else f"({', '.join(parts)})"
+        return f"({function}({', '.join(args)}) if not {printer.runtime.transforms_active}() else {formula})"
+
+
+def _part(printer: TorchCode, part: Expr | None, into: Expr | None) -> str:
+    if part is None:
+        return "None"
+    return (
+        printer._print(part) if into is None else f"{printer._postfix(part)}.sum_to_size({printer._print(into)}.shape)"
+    )
