@@ -12,7 +12,6 @@ import sympy
 from sympy.printing.precedence import precedence
 from sympy.printing.str import StrPrinter
 
-from opgen.emit.gate_print import GateDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
 from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
@@ -28,7 +27,7 @@ def _decimal(value: sympy.Rational) -> str | None:
     return text if exact and len(text) < len(f"{value.p}/{value.q}") else None
 
 
-class DisplayPrinter(GateDisplay, TensorDisplay, StrPrinter):
+class DisplayPrinter(TensorDisplay, StrPrinter):
     """SymPy's str printer with the spec's own function names and gradient names; a node that brings its
     own spelling prints through its `_docstring` method (`printmethod`, Note [nodes] in opgen/nodes/base.py)."""
 

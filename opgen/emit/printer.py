@@ -19,7 +19,6 @@ from sympy.core.mul import _keep_coeff
 from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
-from opgen.emit.gate_print import GatePrinting
 from opgen.emit.kernel_print import KernelPrinting
 from opgen.emit.number_print import NumberPrinting, common_factor, decimal, is_exact_constant, power
 from opgen.emit.runtime_names import RuntimeNames
@@ -68,7 +67,7 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(NumberPrinting, KernelPrinting, GatePrinting, TensorPrinting, CodePrinter):
+class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
     """Every node prints through one dispatch, SymPy's: a node that brings its own spelling through its
     `_torch` method (`printmethod`, Note [nodes] in opgen/nodes/base.py), any other through the
     printer's `_print_<Class>` along the class's MRO.

@@ -16,11 +16,9 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
-from opgen.emit.gate_print import glu_backward_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
 from opgen.nodes.base import Node, UnderTransforms
-from opgen.optimize.gates import GluBackward
 from opgen.spec.names import Namer
 
 LINE_LENGTH = 120
@@ -48,8 +46,6 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     is computed once, before."""
     if isinstance(expr, UnderTransforms):
         return _under_transforms(var, expr, printer, indent)
-    if isinstance(expr, GluBackward):
-        return glu_backward_lines(var, expr, printer, indent, assign, call_lines, LINE_LENGTH)
     temporaries = _Temporaries(var, printer)
     width = LINE_LENGTH - indent
     expr = _stable_forms(expr)
@@ -70,7 +66,8 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
 
 def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, indent: int) -> list[str]:
     """`var = ` the kernel, or under torch.func transforms its formulas: the value itself, or each part
-    of the tuple assigned on its own lines (Note [layer norm under torch.func] in opgen.nodes.layer_norm)."""
+    of the tuple assigned on its own lines (Note [glu under torch.func] in opgen.nodes.glu, Note [layer norm
+    under torch.func] in opgen.nodes.layer_norm)."""
     function, args = expr.kernel_call(printer)
     formulas = expr.transform_formulas()
     if len(formulas) == 1:
