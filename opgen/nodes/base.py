@@ -20,10 +20,11 @@ the classes below, by `isinstance`, never by looking for a method by name:
   gradient narrower than the node (Note [narrow gradients] in opgen.derive.vjp), go through its
   `elementary()` form; it gives its own gradient (`vjp_pushes`) and its value where some
   `Tensor?` inputs are None (`without`);
-- a `Spelled` node prints itself: SymPy's printers call the method their `printmethod` names,
-  `_torch(printer)` for the torch printer (opgen.emit.printer) and `_docstring(printer)` for the
-  docstring printer (opgen.emit.display), before any `_print_<Class>` method of theirs. `printer`
-  is typed by what a spelling may use of it (`TorchCode`, `Printer`);
+- a `Spelled` node prints itself as torch code, and a `Shown` node in docstrings: SymPy's printers
+  call the method their `printmethod` names, `_torch(printer)` for the torch printer
+  (opgen.emit.printer) and `_docstring(printer)` for the docstring printer (opgen.emit.display),
+  before any `_print_<Class>` method of theirs. `printer` is typed by what a spelling may use of
+  it (`TorchCode`, `Printer`);
 - an `UnderTransforms` node is a backward kernel that torch.func transforms do not take as they
   should: backward calls the kernel (`kernel_call`), and under the transforms computes the
   formulas (`transform_formulas`) instead, inline or as an `if` statement (opgen.emit.statements).
@@ -134,13 +135,19 @@ class Lowered(Shaped):
 
 
 class Spelled(Node):
-    """A node that prints itself, through the printers' `printmethod` (Note [nodes])."""
+    """A node that prints itself as torch code, through the torch printer's `printmethod` (Note [nodes])."""
 
     __slots__ = ()
 
     def _torch(self, printer: TorchCode) -> str:
         """The node as torch code."""
         raise NotImplementedError
+
+
+class Shown(Node):
+    """A node that prints itself in docstrings, through the docstring printer's `printmethod` (Note [nodes])."""
+
+    __slots__ = ()
 
     def _docstring(self, printer: Printer) -> str:
         """The node as docstrings show it: by default as the formula it computes."""

@@ -30,7 +30,7 @@ from sympy import Expr, S
 from opgen.formula import functions as fn
 from opgen.formula import slicing
 from opgen.formula.tensor import Shape, TensorOp, dim_size, shape_of
-from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Spelled, TorchCode, UnderTransforms
+from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Shown, Spelled, TorchCode, UnderTransforms
 
 
 class _GateOp(Shaped, TensorOp):
@@ -48,7 +48,7 @@ class _GateOp(Shaped, TensorOp):
         return bool(self.args[-1])
 
 
-class Glu(Lowered, Spelled, _GateOp):
+class Glu(Lowered, Spelled, Shown, _GateOp):
     """`F.glu(u, dim)`: args (u, dim, name of the dimension (a `Str`), whole, carried)."""
 
     nargs = 5
@@ -72,7 +72,7 @@ class Glu(Lowered, Spelled, _GateOp):
         return f"{printer.torch}.nn.functional.glu({printer._print(self.args[0])}, {int(self.args[1])})"
 
 
-class GluBackward(UnderTransforms, _GateOp):
+class GluBackward(UnderTransforms, Shown, _GateOp):
     """`aten.glu_backward(g, u, dim)`, the gradient of `u`: args (g, u, dim, size, whole, carried)."""
 
     nargs = 6

@@ -37,10 +37,10 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula.tensor import ReduceMean, ReduceVar, Shape, TensorOp, shape_of
-from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Spelled, TorchCode, UnderTransforms
+from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Shown, Spelled, TorchCode, UnderTransforms
 
 
-class LayerNorm(Lowered, Spelled, TensorOp):
+class LayerNorm(Lowered, Spelled, Shown, TensorOp):
     """`(u - mean) * rstd * w + b` over the trailing dims whose sizes are `shape` (a Tuple of size symbols):
     args (u, w, b, eps, shape); `w` is 1 and `b` 0 when absent (printed None)."""
 
@@ -79,7 +79,7 @@ class LayerNorm(Lowered, Spelled, TensorOp):
         return _call(printer, "layer_norm", self)
 
 
-class LayerNormStats(Shaped, Spelled, TensorOp):
+class LayerNormStats(Shaped, Spelled, Shown, TensorOp):
     """`torch.native_layer_norm(u, shape, None, None, eps)`: (normalized, mean, rstd); args (u, eps, shape)."""
 
     nargs = 3
@@ -106,7 +106,7 @@ class LayerNormStats(Shaped, Spelled, TensorOp):
         return f"layer_norm_stats({printer._print(self.args[0])})"
 
 
-class LayerNormGrads(Shaped, UnderTransforms, TensorOp):
+class LayerNormGrads(Shaped, UnderTransforms, Shown, TensorOp):
     """`native_layer_norm_backward`: (grad of u, of w, of b); args (g, u, mean, rstd, w, b, shape, eps)."""
 
     nargs = 8
@@ -146,7 +146,7 @@ class LayerNormGrads(Shaped, UnderTransforms, TensorOp):
         return f"layer_norm_backward({printer._print(self.args[0])}, {printer._print(self.args[1])})"
 
 
-class Item(Shaped, Spelled, TensorOp):
+class Item(Shaped, Spelled, Shown, TensorOp):
     """One tensor of a node that returns several: args (node, index)."""
 
     nargs = 2
@@ -169,7 +169,7 @@ class Item(Shaped, Spelled, TensorOp):
         return f"{printer._print(self.args[0])}[{int(self.args[1])}]"
 
 
-class Rstd(Shaped, Spelled, TensorOp):
+class Rstd(Shaped, Spelled, Shown, TensorOp):
     """`base**(-1/2)` kept as a statistic autograd does not differentiate (Note [saved rstd] in
     opgen.optimize.norms): args (base,)."""
 
