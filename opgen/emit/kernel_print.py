@@ -79,11 +79,6 @@ class KernelPrinting:
     def _print_log_sigmoid(self, expr: k.log_sigmoid) -> str:
         return self._functional("logsigmoid", *expr.args)
 
-    def _print_logsigmoid(self, expr: sympy.Function) -> str:
-        if not self.is_tensor(expr):  # Note [numbers and tensors]; an atom in its parent
-            return f"({self._print(-fn.softplus(-expr.args[0]))})"
-        return self._functional("logsigmoid", *expr.args)
-
     def _print_mish(self, expr: k.mish) -> str:
         if not self._settings["no_grad"]:
             return self._functional("mish", *expr.args)
@@ -238,29 +233,3 @@ class KernelPrinting:
         if not self.is_tensor(expr):
             return self._print(fn.where(sympy.Eq(u, 0), sympy.S.One, sympy.sin(sympy.pi * u) / (sympy.pi * u)))
         return self._call(f"{self.torch}.sinc", u)
-
-    def _print_logaddexp(self, expr: sympy.Function) -> str:
-        if not self.is_tensor(expr):
-            a, b = expr.args
-            larger = fn.where(sympy.GreaterThan(a, b), a, b)
-            return f"({self._print(larger + fn.log1p(sympy.exp(-sympy.Abs(a - b))))})"
-        return self._binary("logaddexp", expr)
-
-    def _print_logcosh(self, expr: Any) -> str:
-        return self._print(expr.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
-
-    def _print_log1mexp(self, expr: Any) -> str:
-        return self._print(expr.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
-
-    def _print_hypot(self, expr: sympy.Function) -> str:
-        if not self.is_tensor(expr):
-            return self._call(f"{self.math}.hypot", *expr.args)
-        return self._binary("hypot", expr)
-
-    def _binary(self, name: str, expr: sympy.Function) -> str:
-        a, b = expr.args
-        if not self.is_tensor(a):
-            return f"{self.torch}.{name}({self._as_tensor(a, b)}, {self._print(b)})"
-        if not self.is_tensor(b):
-            return f"{self.torch}.{name}({self._print(a)}, {self._as_tensor(b, a)})"
-        return self._call(f"{self.torch}.{name}", a, b)

@@ -38,7 +38,7 @@ from sympy.core.logic import fuzzy_and
 from opgen.nodes.base import Node
 
 
-class _Elementwise(Node, Function):
+class Elementwise(Node, Function):
     """A one-argument function whose value at a number SymPy can compute via `rewrite`."""
 
     nargs = 1
@@ -51,7 +51,7 @@ class _Elementwise(Node, Function):
         return None
 
 
-class sigmoid(_Elementwise):  # noqa: N801 - prints as the spec's name
+class sigmoid(Elementwise):  # noqa: N801 - prints as the spec's name
     def fdiff(self, argindex: int = 1) -> Expr:
         return self * (1 - self)
 
@@ -59,7 +59,7 @@ class sigmoid(_Elementwise):  # noqa: N801 - prints as the spec's name
         return 1 / (1 + sympy.exp(-self.args[0]))
 
 
-class softplus(_Elementwise):  # noqa: N801
+class softplus(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sigmoid(self.args[0])
 
@@ -72,7 +72,7 @@ class softplus(_Elementwise):  # noqa: N801
         return sympy.log(1 + sympy.exp(self.args[0]))
 
 
-class log1p(_Elementwise):  # noqa: N801
+class log1p(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return 1 / (1 + self.args[0])
 
@@ -80,7 +80,7 @@ class log1p(_Elementwise):  # noqa: N801
         return sympy.log(1 + self.args[0])
 
 
-class expm1(_Elementwise):  # noqa: N801
+class expm1(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sympy.exp(self.args[0])
 
@@ -88,7 +88,7 @@ class expm1(_Elementwise):  # noqa: N801
         return sympy.exp(self.args[0]) - 1
 
 
-class _Step(_Elementwise):
+class _Step(Elementwise):
     """A piecewise-constant function: zero gradient everywhere, as PyTorch defines it."""
 
     def fdiff(self, argindex: int = 1) -> Expr:

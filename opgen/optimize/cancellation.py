@@ -42,7 +42,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
-from opgen.optimize.stable_functions import hypot
+from opgen.nodes.stable import hypot
 
 MAX_OPS = 40  # expanding `r**2` of a longer sum costs more than the rule is worth
 

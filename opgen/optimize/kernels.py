@@ -31,8 +31,8 @@ from sympy import Expr, S
 
 from opgen.formula import functions as fn
 from opgen.nodes.base import Node
+from opgen.nodes.stable import logsigmoid
 from opgen.optimize.rewrite import rewrite
-from opgen.optimize.stable_functions import logsigmoid
 
 
 class _Primitive(Node, sympy.Function):

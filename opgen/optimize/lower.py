@@ -16,6 +16,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.nodes.stable import logsigmoid
 from opgen.optimize.kernels import (
     PRIMITIVES,
     _Prime,
@@ -34,7 +35,6 @@ from opgen.optimize.kernels import (
     smooth_l1,
     softplus_beta,
 )
-from opgen.optimize.stable_functions import logsigmoid
 
 __all__ = [
     "PRIMITIVES",

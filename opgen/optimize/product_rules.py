@@ -24,7 +24,7 @@ from sympy import Expr, S
 from opgen.formula import functions as fn
 
 
-class sinc(fn._Elementwise):  # noqa: N801
+class sinc(fn.Elementwise):  # noqa: N801
     """The normalised sinc, sin(pi u) / (pi u), with sinc(0) = 1 (as torch.sinc)."""
 
     # Finite everywhere, but its derivative divides by its argument: inside a `where` branch
