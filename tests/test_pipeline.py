@@ -47,9 +47,11 @@ STAGES: dict[str, int | None] = {
     "__init__": 9,
 }
 
-# What the node families are made of: not a stage, every stage imports them (the nodes of later stages
-# meet earlier ones in formulas), and they import no stage but the formula language.
-NODES_IMPORT = {"formula"}
+# What the node families are made of (Note [nodes] in opgen/nodes/base.py): not a stage, every stage
+# imports them (the nodes of later stages meet earlier ones in formulas); they import the formula
+# language and, for a primitive's derivative (its formula's, rewritten as every derivative is:
+# opgen.nodes.kernels), the optimizer's rewrite alone.
+NODES_IMPORT = ("opgen.formula", "opgen.nodes", "opgen.optimize.rewrite")
 
 
 def _imports(path) -> set[str]:
@@ -78,12 +80,46 @@ def test_every_module_is_in_a_stage_package_or_sequences_them():
 def test_no_module_imports_a_later_stage():
     wrong = []
     for path in sorted((ROOT / "opgen").rglob("*.py")):
+        if _stage_of(path) == "nodes":
+            continue  # test_the_node_families_import_the_formula_language_and_the_rewrite_alone
         stage = STAGES[_stage_of(path)]
-        allowed = NODES_IMPORT if _stage_of(path) == "nodes" else set()
-        for used in _imports(path) - allowed:
+        for used in _imports(path):
             used_stage = STAGES[used]
             if used_stage is not None and (stage is None or used_stage > stage):
                 wrong.append(f"{path.relative_to(ROOT)} (stage {stage}) imports {used} (stage {used_stage})")
+    assert not wrong
+
+
+def _modules(path) -> set[str]:
+    """The opgen modules (dotted) `path` imports from."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "opgen":
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "opgen"}
+    return found
+
+
+def test_the_node_families_import_the_formula_language_and_the_rewrite_alone():
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "opgen" / "nodes").glob("*.py"))
+        for module in sorted(_modules(path))
+        if not any(module == allowed or module.startswith(allowed + ".") for allowed in NODES_IMPORT)
+    ]
+    assert not wrong
+    assert len(list((ROOT / "opgen" / "nodes").glob("*.py"))) > 3
+
+
+def test_emit_imports_nothing_of_derive_or_optimize():
+    """Emit reads what the earlier stages made through the plan, the records and the nodes (opgen/records.py,
+    opgen/nodes/): never derives or optimizes."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {used}"
+        for path in sorted((ROOT / "opgen" / "emit").rglob("*.py"))
+        for used in sorted(_imports(path) & {"derive", "optimize"})
+    ]
     assert not wrong
 
 

@@ -1,6 +1,6 @@
 """Formulas as people read them, for docstrings: `grad_y * sigmoid(x)`, `max(x, 0)`.
 
-Kernel nodes (opgen.optimize.kernels) show as the formulas they compute, and a fraction with a
+Kernel nodes (opgen.nodes.kernels) show as the formulas they compute, and a fraction with a
 shorter decimal as that decimal, as specs write it: `0.044715*x**3`, not `8943*x**3/200000`.
 """
 
@@ -14,8 +14,7 @@ from sympy.printing.str import StrPrinter
 
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
-from opgen.optimize.backward_kernels import KernelBackward, OutputBackward
-from opgen.optimize.kernels import _Prime, _Primitive
+from opgen.nodes.kernels import KernelBackward, OutputBackward, Prime, Primitive
 
 
 def _decimal(value: sympy.Rational) -> str | None:
@@ -104,11 +103,11 @@ class DisplayPrinter(TensorDisplay, StrPrinter):
 
 def _formulas(expr: sympy.Basic) -> sympy.Basic:
     """`expr` with each kernel node as the formula it computes."""
-    if expr.has(KernelBackward, OutputBackward, _Prime):  # `has` reads the tree; `replace` rebuilds it
-        expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, _Prime)), lambda e: e.elementary())
-    if not expr.has(_Primitive):
+    if expr.has(KernelBackward, OutputBackward, Prime):  # `has` reads the tree; `replace` rebuilds it
+        expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, Prime)), lambda e: e.elementary())
+    if not expr.has(Primitive):
         return expr
-    return expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.elementary())
+    return expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.elementary())
 
 
 def _unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:

@@ -24,7 +24,7 @@ import sympy
 
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.syntax import is_elementwise
-from opgen.optimize.kernels import _Prime, _Primitive
+from opgen.nodes.kernels import Prime, Primitive
 from opgen.plan.backward import Plan
 
 
@@ -53,7 +53,7 @@ def fusable(plan: Plan) -> bool:
 
 def _one_kernel(expr: sympy.Basic) -> bool:
     """A single call of tensors (`F.silu(x)`): PyTorch's kernel is as fused as it gets."""
-    if isinstance(expr, _Primitive) and not expr.fast:
+    if isinstance(expr, Primitive) and not expr.fast:
         return False
     return isinstance(expr, sympy.Function) and all(a.is_Symbol or a.is_number for a in expr.args)
 
@@ -68,8 +68,8 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 def _written_out(expr: sympy.Basic) -> sympy.Basic:
     """Primitives and their derivatives as formulas, which inductor fuses with what surrounds them."""
-    expr = expr.replace(lambda e: isinstance(e, _Primitive), lambda e: e.fused_form())
-    return expr.replace(lambda e: isinstance(e, _Prime), lambda e: e.fused_form())
+    expr = expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.fused_form())
+    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.fused_form())
 
 
 def fuse(

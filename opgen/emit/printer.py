@@ -19,7 +19,7 @@ from sympy.core.mul import _keep_coeff
 from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
-from opgen.emit.kernel_print import KernelPrinting
+from opgen.emit.function_print import FunctionPrinting
 from opgen.emit.number_print import NumberPrinting, common_factor, decimal, is_exact_constant, power
 from opgen.emit.runtime_names import RuntimeNames
 from opgen.emit.tensor_print import TensorPrinting
@@ -67,7 +67,7 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
+class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter):
     """Every node prints through one dispatch, SymPy's: a node that brings its own spelling through its
     `_torch` method (`printmethod`, Note [nodes] in opgen/nodes/base.py), any other through the
     printer's `_print_<Class>` along the class's MRO.
@@ -126,9 +126,10 @@ class TorchPrinter(NumberPrinting, KernelPrinting, TensorPrinting, CodePrinter):
     def no_grad(self) -> bool:
         return bool(self._settings["no_grad"])
 
-    def untaken(self, base: str) -> str:
-        """A name from `base` that no symbol this printer knows, nor torch or math, takes."""
-        return Namer({*self.names.values(), self.torch, self.math}).fresh(base)
+    def untaken(self, *bases: str) -> list[str]:
+        """A name from each of `bases`, all different, that no symbol this printer knows, nor torch or math, takes."""
+        namer = Namer({*self.names.values(), self.torch, self.math})
+        return [namer.fresh(base) for base in bases]
 
     def _dtype_source(self, expr: sympy.Basic) -> str:
         symbols = sorted(expr.xreplace(self.masks).free_symbols & self.tensors, key=lambda s: s.name)

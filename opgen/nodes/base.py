@@ -80,8 +80,8 @@ class TorchCode(Printer, Protocol):
         """A number printed as a tensor of the dtype of `like`."""
         ...
 
-    def untaken(self, base: str) -> str:
-        """A name from `base` that no symbol the printer knows, nor torch or math, takes."""
+    def untaken(self, *bases: str) -> list[str]:
+        """A name from each of `bases`, all different, that no symbol the printer knows, nor torch or math, takes."""
         ...
 
 

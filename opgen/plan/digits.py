@@ -49,7 +49,7 @@ import sympy
 
 from opgen.derive.gradients import Derived
 from opgen.nodes.base import Node
-from opgen.optimize.kernels import _Prime
+from opgen.nodes.kernels import Prime as _Prime
 from opgen.plan.extremes import DIGITS, FLOAT32_MAX, FLOAT32_TINY, MPMATH_ERRORS, Oracle
 
 PRECISION = 24  # float32's significand bits

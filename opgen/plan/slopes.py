@@ -38,7 +38,9 @@ import sympy
 
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
-from opgen.optimize.kernels import _T, _Prime, _prime_formula
+from opgen.nodes.kernels import TENSOR_ARG as _T
+from opgen.nodes.kernels import Prime as _Prime
+from opgen.nodes.kernels import prime_formula as _prime_formula
 from opgen.optimize.save import Residual
 from opgen.plan.digits import Digits, float32_value, node_form
 from opgen.plan.extremes import _F32, FLOAT32_MAX, FLOAT32_TINY, Oracle
