@@ -1,4 +1,4 @@
-"""Clips PyTorch computes in one kernel: hardtanh, hardsigmoid, hardswish.
+"""Clips and shrinks PyTorch computes in one kernel: hardtanh, hardsigmoid, hardswish, hardshrink.
 
 Each primitive (opgen.nodes.kernels) with its formula, its lowering pattern (`LOWERINGS`, tried in
 order by opgen.optimize.lower: a clip first, then the clip a hardsigmoid or hardswish holds), its
@@ -76,6 +76,28 @@ class hardswish(Primitive):  # noqa: N801
         return aten(printer, "hardswish_backward", g, *args)
 
 
+class hardshrink(Primitive):  # noqa: N801
+    """where(|u| > lambd, u, 0): u outside [-lambd, lambd], 0 inside and at its ends (F.hardshrink).
+
+    Its gradient is 1 outside and 0 at the ends, the formula's; a negative lambd leaves no inside,
+    for the kernel as for the formula (u everywhere), so every lambd lowers.
+    """
+
+    nargs = 2
+    backward_differentiable = True
+
+    def elementary(self) -> Expr:
+        u, lambd = self.args
+        return fn.where(sympy.StrictGreaterThan(sympy.Abs(u), lambd), u, S.Zero)
+
+    def _torch(self, printer: TorchCode) -> str:
+        return functional(printer, "hardshrink", *self.args)
+
+    @classmethod
+    def backward_torch(cls, printer: TorchCode, g: Expr, *args: Expr) -> str:
+        return aten(printer, "hardshrink_backward", g, *args)
+
+
 # -- lowering patterns (opgen.optimize.lower) --------------------------------------------------------
 
 
@@ -138,4 +160,25 @@ def _match_hard(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
     return None
 
 
-LOWERINGS: tuple[Lowering, ...] = (_match_hardtanh, _match_hard)
+def _match_hardshrink(node: Expr, numbers: frozenset[sympy.Symbol]) -> Expr | None:
+    """`where(|u| > lambd, u, 0)`, or `where(|u| <= lambd, 0, u)`, -> hardshrink(u, lambd), lambd a number.
+
+    Not `where(|u| >= lambd, u, 0)`: at |u| = lambd it is u, where the kernel gives 0.
+    """
+    if not isinstance(node, fn.where) or not isinstance(node.args[0], sympy.core.relational.Relational):
+        return None
+    cond, a, b = node.args
+    if isinstance(cond, (sympy.StrictGreaterThan, sympy.StrictLessThan)):
+        size, lambd, kept, zero = cond.gts, cond.lts, a, b  # |u| > lambd: u, else 0
+    elif isinstance(cond, (sympy.GreaterThan, sympy.LessThan)):
+        size, lambd, kept, zero = cond.lts, cond.gts, b, a  # |u| <= lambd: 0, else u
+    else:
+        return None
+    if not isinstance(size, sympy.Abs) or size.args[0] != kept or zero != 0:
+        return None
+    if not tensors(kept, numbers) or tensors(lambd, numbers):
+        return None
+    return hardshrink(kept, lambd)
+
+
+LOWERINGS: tuple[Lowering, ...] = (_match_hardtanh, _match_hard, _match_hardshrink)
