@@ -339,7 +339,7 @@ def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Resi
     A reduced statistic (a layer norm's mean and 1/std, `[..., 1]`) costs a pass over its input
     to recompute, and next to nothing to keep: except under `memory`, and in fused mode (whose
     backward reads inputs and outputs only), backward reads it as a hidden output that forward
-    computes in the same call as the op's output (Note [layer norm statistics] in opgen.optimize.norms).
+    computes in the same call as the op's output (Note [layer norm statistics] in opgen.nodes.layer_norm).
     """
     if policy == "memory" or derived.spec.optimize.fuse:
         return derived, ()
