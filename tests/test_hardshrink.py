@@ -70,7 +70,8 @@ def test_the_op_calls_pytorchs_kernels():
     source = (ROOT / "generated" / "ops" / "hardshrink.py").read_text(encoding="utf-8")
     forward, backward = source.split("def forward")[1].split("def setup_context")[0], source.split("def backward")[1]
     assert "torch.nn.functional.hardshrink(x, lambd)" in forward and "where" not in forward
-    assert "torch.ops.aten.hardshrink_backward(grad_y, x, lambd)" in backward
+    assert "torch.ops.aten.threshold_backward(grad_y, torch.abs(x), lambd)" in backward  # (not hardshrink_backward:
+    # it has no implementation for symbolic shapes, which torch.compile and the custom_op form's opcheck trace)
 
 
 x, lambd = sympy.Symbol("x", real=True), sympy.Symbol("lambd", real=True)

@@ -32,14 +32,14 @@ class HardshrinkFunction(Function):
         lambd = ctx.lambd
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.hardshrink_backward(grad_y, x, lambd)
+            grad_x = torch.ops.aten.threshold_backward(grad_y, torch.abs(x), lambd)
         return grad_x, None
 
     @staticmethod
     def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_lambd: None) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         lambd = ctx.lambd
-        tangent_y = torch.ops.aten.hardshrink_backward(tangent_x, x, lambd)
+        tangent_y = torch.ops.aten.threshold_backward(tangent_x, torch.abs(x), lambd)
         return tangent_y
 
 

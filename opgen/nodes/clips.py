@@ -80,7 +80,9 @@ class hardshrink(Primitive):  # noqa: N801
     """where(|u| > lambd, u, 0): u outside [-lambd, lambd], 0 inside and at its ends (F.hardshrink).
 
     Its gradient is 1 outside and 0 at the ends, the formula's; a negative lambd leaves no inside,
-    for the kernel as for the formula (u everywhere), so every lambd lowers.
+    for the kernel as for the formula (u everywhere), so every lambd lowers. Backward runs
+    `threshold_backward(g, |u|, lambd)`, which is `aten.hardshrink_backward` to the bit (NaN too) but,
+    unlike it, runs on symbolic shapes (torch 2.13: torch.compile with dynamic shapes, opcheck).
     """
 
     nargs = 2
@@ -95,7 +97,8 @@ class hardshrink(Primitive):  # noqa: N801
 
     @classmethod
     def backward_torch(cls, printer: TorchCode, g: Expr, *args: Expr) -> str:
-        return aten(printer, "hardshrink_backward", g, *args)
+        u, lambd = args
+        return aten(printer, "threshold_backward", g, sympy.Abs(u), lambd)
 
 
 # -- lowering patterns (opgen.optimize.lower) --------------------------------------------------------
