@@ -17,6 +17,7 @@ from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
 from .ops.glu import GluFunction, glu
 from .ops.grad_reverse import GradReverseFunction, grad_reverse
+from .ops.hardshrink import HardshrinkFunction, hardshrink
 from .ops.hardsigmoid import HardsigmoidFunction, hardsigmoid
 from .ops.hardswish import HardswishFunction, hardswish
 from .ops.hardtanh import HardtanhFunction, hardtanh
@@ -73,6 +74,7 @@ __all__ = [
     "GeluTanhFunction",
     "GluFunction",
     "GradReverseFunction",
+    "HardshrinkFunction",
     "HardsigmoidFunction",
     "HardswishFunction",
     "HardtanhFunction",
@@ -127,6 +129,7 @@ __all__ = [
     "gelu_tanh",
     "glu",
     "grad_reverse",
+    "hardshrink",
     "hardsigmoid",
     "hardswish",
     "hardtanh",

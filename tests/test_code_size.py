@@ -103,15 +103,15 @@ def private_uses(source: str) -> list[str]:
 
 def test_the_check_sees_private_names_imported_and_read() -> None:
     source = (
-        "from opgen.optimize.kernels import _Hidden, silu\n"
-        "from opgen.optimize import kernels as k\n"
+        "from opgen.nodes.kernels import _Hidden, silu\n"
+        "from opgen.nodes import kernels as k\n"
         "import opgen.derive.guard as g\n"
         "from opgen import limits\n"
         "x = k._Other, g._DOMAINS, limits._budget, k.__name__, silu._private_of_a_class\n"
     )
     assert private_uses(source) == [
-        "line 1: from opgen.optimize.kernels import _Hidden",
-        "line 5: opgen.optimize.kernels._Other",
+        "line 1: from opgen.nodes.kernels import _Hidden",
+        "line 5: opgen.nodes.kernels._Other",
         "line 5: opgen.derive.guard._DOMAINS",
         "line 5: opgen.limits._budget",
     ]

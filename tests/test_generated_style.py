@@ -279,13 +279,13 @@ def test_docstrings_show_decimals_as_written_and_kernels_as_formulas():
 
 def test_no_grad_is_a_printer_setting():
     """Forward's in-place forms come from the printer's `no_grad` setting, not a patched copy."""
-    from opgen.optimize import kernels
+    from opgen.nodes import activations
 
     x = sympy.Symbol("x", real=True)
     plain = TorchPrinter({x: "x"}, frozenset({x}))
     in_place = TorchPrinter({x: "x"}, frozenset({x}), settings={"no_grad": True})
-    assert plain.doprint_expr(kernels.mish(x)) == "torch.nn.functional.mish(x)"
-    assert ".mul_(" in in_place.doprint_expr(kernels.mish(x))
+    assert plain.doprint_expr(activations.mish(x)) == "torch.nn.functional.mish(x)"
+    assert ".mul_(" in in_place.doprint_expr(activations.mish(x))
     assert "no_grad" in TorchPrinter._default_settings
 
 

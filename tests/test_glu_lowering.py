@@ -1,5 +1,6 @@
 """The gated linear unit written as halves of one input: lowered to `F.glu` / `aten.glu_backward` where it is
-exactly PyTorch's (opgen.optimize.gates), and right everywhere, near misses included, against PyTorch in float64."""
+exactly PyTorch's (opgen.nodes.glu, found by opgen.optimize.gates), and right everywhere, near misses included,
+against PyTorch in float64."""
 
 from __future__ import annotations
 

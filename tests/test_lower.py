@@ -1,4 +1,4 @@
-"""Lowering to PyTorch's native kernels (opgen/optimize/lower.py).
+"""Lowering to PyTorch's native kernels (opgen/optimize/lower.py, the primitives of opgen/nodes/).
 
 Each primitive's SymPy formula must be the function PyTorch's kernel computes, and its
 derivative PyTorch's backward kernel: both are checked against torch in float64. The
@@ -14,6 +14,10 @@ import torch.nn.functional as F
 from conftest import generate_op, import_package
 
 from opgen.formula import functions as fn
+from opgen.nodes.activations import elu, gelu, gelu_tanh, leaky_relu, mish, silu, softplus_beta
+from opgen.nodes.clips import hardsigmoid, hardswish, hardtanh
+from opgen.nodes.kernels import Primitive
+from opgen.nodes.losses import huber, smooth_l1
 from opgen.optimize import lower as lw
 from opgen.optimize.rewrite import rewrite
 
@@ -23,18 +27,18 @@ HALF = sympy.Rational(1, 2)
 
 # primitive, its arguments after x, PyTorch's op with the same arguments
 NATIVE = [
-    (lw.silu, (), F.silu),
-    (lw.mish, (), F.mish),
-    (lw.gelu, (), F.gelu),
-    (lw.gelu_tanh, (), lambda t: F.gelu(t, approximate="tanh")),
-    (lw.softplus_beta, (1.5,), lambda t: F.softplus(t, 1.5)),
-    (lw.elu, (0.7,), lambda t: F.elu(t, 0.7)),
-    (lw.leaky_relu, (0.1,), lambda t: F.leaky_relu(t, 0.1)),  # the points include the kink 0
-    (lw.hardtanh, (-1.5, 6), lambda t: F.hardtanh(t, -1.5, 6.0)),  # and both bounds
-    (lw.huber, (1.5,), lambda t: F.huber_loss(t, torch.zeros_like(t), reduction="none", delta=1.5)),
-    (lw.smooth_l1, (1.5,), lambda t: F.smooth_l1_loss(t, torch.zeros_like(t), reduction="none", beta=1.5)),
-    (lw.hardsigmoid, (), F.hardsigmoid),  # the points include the kinks -3 and 3
-    (lw.hardswish, (), F.hardswish),
+    (silu, (), F.silu),
+    (mish, (), F.mish),
+    (gelu, (), F.gelu),
+    (gelu_tanh, (), lambda t: F.gelu(t, approximate="tanh")),
+    (softplus_beta, (1.5,), lambda t: F.softplus(t, 1.5)),
+    (elu, (0.7,), lambda t: F.elu(t, 0.7)),
+    (leaky_relu, (0.1,), lambda t: F.leaky_relu(t, 0.1)),  # the points include the kink 0
+    (hardtanh, (-1.5, 6), lambda t: F.hardtanh(t, -1.5, 6.0)),  # and both bounds
+    (huber, (1.5,), lambda t: F.huber_loss(t, torch.zeros_like(t), reduction="none", delta=1.5)),
+    (smooth_l1, (1.5,), lambda t: F.smooth_l1_loss(t, torch.zeros_like(t), reduction="none", beta=1.5)),
+    (hardsigmoid, (), F.hardsigmoid),  # the points include the kinks -3 and 3
+    (hardswish, (), F.hardswish),
 ]
 
 
@@ -45,13 +49,13 @@ def test_primitive_formula_and_derivative_are_pytorchs(primitive, params, native
     (expected_grad,) = torch.autograd.grad(expected.sum(), points)
     call = primitive(x, *params)
     derivative = sympy.diff(call, x)
-    value_fn = _lambdify(call.elementary(x, *params), modules=_MODULES)
+    value_fn = _lambdify(call.elementary(), modules=_MODULES)
     grad_fn = _lambdify(derivative.elementary(), modules=_MODULES)
     torch.testing.assert_close(value_fn(points.detach()), expected.detach())
     torch.testing.assert_close(_f64(grad_fn(points.detach())), expected_grad)  # (where(c, 1, 0) is int)
     # The form fused mode compiles is the same function (mish: through sigmoid, not tanh).
-    fused_fn = _lambdify(call.fused_form(x, *params), modules=_MODULES)
-    fused_grad_fn = _lambdify(derivative.elementary("fused_form"), modules=_MODULES)
+    fused_fn = _lambdify(call.fused_form(), modules=_MODULES)
+    fused_grad_fn = _lambdify(derivative.fused_form(), modules=_MODULES)
     torch.testing.assert_close(fused_fn(points.detach()), expected.detach())
     torch.testing.assert_close(_f64(fused_grad_fn(points.detach())), expected_grad)
 
@@ -87,41 +91,41 @@ _MODULES = [
 @pytest.mark.parametrize(
     "formula, expected",
     [
-        (x * fn.sigmoid(x), lw.silu(x)),
-        (x / (1 + sympy.exp(-x)), lw.silu(x)),
-        (x * sympy.tanh(fn.softplus(x)), lw.mish(x)),
-        (x * sympy.tanh(sympy.log(1 + sympy.exp(x))), lw.mish(x)),
-        (sympy.Rational(1, 2) * x * (1 + sympy.erf(x / sympy.sqrt(2))), lw.gelu(x)),
+        (x * fn.sigmoid(x), silu(x)),
+        (x / (1 + sympy.exp(-x)), silu(x)),
+        (x * sympy.tanh(fn.softplus(x)), mish(x)),
+        (x * sympy.tanh(sympy.log(1 + sympy.exp(x))), mish(x)),
+        (sympy.Rational(1, 2) * x * (1 + sympy.erf(x / sympy.sqrt(2))), gelu(x)),
         (
             sympy.Rational(1, 2)
             * x
             * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + sympy.Rational("0.044715") * x**3))),
-            lw.gelu_tanh(x),
+            gelu_tanh(x),
         ),
-        (sympy.log(1 + sympy.exp(beta * x)) / beta, lw.softplus_beta(x, beta)),
-        (fn.where(x > 0, x, alpha * (sympy.exp(x) - 1)), lw.elu(x, alpha)),
-        (3 + x * fn.sigmoid(x), 3 + lw.silu(x)),
-        (fn.where(x > 0, x, alpha * x), lw.leaky_relu(x, alpha)),
-        (fn.maximum(fn.minimum(x, 6, 0), 0, 0), lw.hardtanh(x, 0, 6)),
-        (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), lw.hardtanh(x, sympy.Min(alpha, beta), beta)),
-        (fn.maximum(fn.minimum(x, alpha, 0), 0, 0), lw.hardtanh(x, 0, sympy.Max(0, alpha))),
+        (sympy.log(1 + sympy.exp(beta * x)) / beta, softplus_beta(x, beta)),
+        (fn.where(x > 0, x, alpha * (sympy.exp(x) - 1)), elu(x, alpha)),
+        (3 + x * fn.sigmoid(x), 3 + silu(x)),
+        (fn.where(x > 0, x, alpha * x), leaky_relu(x, alpha)),
+        (fn.maximum(fn.minimum(x, 6, 0), 0, 0), hardtanh(x, 0, 6)),
+        (fn.minimum(fn.maximum(x, alpha, 0), beta, 0), hardtanh(x, sympy.Min(alpha, beta), beta)),
+        (fn.maximum(fn.minimum(x, alpha, 0), 0, 0), hardtanh(x, 0, sympy.Max(0, alpha))),
         (
             fn.where(sympy.Abs(x - y) < beta, (x - y) ** 2 / 2, beta * (sympy.Abs(x - y) - beta / 2)),
-            lw.huber(x - y, beta),
+            huber(x - y, beta),
         ),
         (  # `<=`: the branches meet with the same value and slope (Note [kinks of lowered primitives])
             fn.where(sympy.Abs(x) <= beta, x**2 / (2 * beta), sympy.Abs(x) - beta / 2),
-            lw.smooth_l1(x, beta),
+            smooth_l1(x, beta),
         ),
-        (fn.where(sympy.Abs(x) >= 2, sympy.Abs(x) - 1, x**2 / 4), lw.smooth_l1(x, 2)),
-        (fn.where(sympy.Abs(x) < HALF, x**2, sympy.Abs(x) - HALF / 2), lw.smooth_l1(x, HALF)),
-        (x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, lw.hardswish(x)),
-        (x * fn.maximum(fn.minimum(x + 3, 6, 0), 0, 0) / 6, lw.hardswish(x)),
-        (x * fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), lw.hardswish(x)),
-        (2 * x * fn.minimum(fn.maximum(2 * x + 3, 0, 0), 6, 0) / 6, lw.hardswish(2 * x)),
-        (y * x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0), 6 * y * lw.hardswish(x)),
-        (fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, lw.hardsigmoid(x)),
-        (fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), lw.hardsigmoid(x)),
+        (fn.where(sympy.Abs(x) >= 2, sympy.Abs(x) - 1, x**2 / 4), smooth_l1(x, 2)),
+        (fn.where(sympy.Abs(x) < HALF, x**2, sympy.Abs(x) - HALF / 2), smooth_l1(x, HALF)),
+        (x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, hardswish(x)),
+        (x * fn.maximum(fn.minimum(x + 3, 6, 0), 0, 0) / 6, hardswish(x)),
+        (x * fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), hardswish(x)),
+        (2 * x * fn.minimum(fn.maximum(2 * x + 3, 0, 0), 6, 0) / 6, hardswish(2 * x)),
+        (y * x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0), 6 * y * hardswish(x)),
+        (fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 6, hardsigmoid(x)),
+        (fn.maximum(fn.minimum(x / 6 + HALF, 1, 0), 0, 0), hardsigmoid(x)),
     ],
 )
 def test_formulas_as_written_lower_to_the_primitive(formula, expected):
@@ -149,7 +153,7 @@ def test_formulas_as_written_lower_to_the_primitive(formula, expected):
 )
 def test_near_misses_are_not_lowered(formula):
     lowered = lw.lower(formula, NUMBERS)
-    assert not lowered.atoms(lw.Primitive), lowered
+    assert not lowered.atoms(Primitive), lowered
 
 
 @pytest.mark.parametrize(
@@ -162,11 +166,11 @@ def test_near_misses_are_not_lowered(formula):
 )
 def test_clips_that_are_not_hardsigmoid_stay_clips(formula):
     lowered = lw.lower(formula, NUMBERS)
-    assert not lowered.atoms(lw.hardswish, lw.hardsigmoid) and lowered.atoms(lw.hardtanh), lowered
+    assert not lowered.atoms(hardswish, hardsigmoid) and lowered.atoms(hardtanh), lowered
 
 
 def test_hardswish_with_a_factor_keeps_it():
-    assert lw.lower(x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 5, NUMBERS) == lw.hardswish(x) * 6 / 5
+    assert lw.lower(x * fn.minimum(fn.maximum(x + 3, 0, 0), 6, 0) / 5, NUMBERS) == hardswish(x) * 6 / 5
 
 
 SILU = "name: op\ninputs:\n  x: Tensor\noutputs:\n  y: x * sigmoid(x)\n"

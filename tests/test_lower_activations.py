@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import ROOT, import_package
 
 from opgen.formula import functions as fn
+from opgen.nodes.clips import hardswish
 from opgen.optimize import lower as lw
 
 OPS = ("hardswish", "hardsigmoid", "smooth_l1", "snake")
@@ -127,4 +128,4 @@ def test_clamp_spelling_keeps_its_own_gradient_at_the_kinks():
 
     x = sympy.Symbol("x", real=True)
     lowered = lw.lower(x * fn.clamp(x + 3, 0, 6) / 6, frozenset())
-    assert not lowered.atoms(lw.hardswish)
+    assert not lowered.atoms(hardswish)

@@ -31,8 +31,10 @@ STAGES: dict[str, int | None] = {
     "limits": None,
     "parallel": None,  # spreads work over forked processes; knows nothing of specs
     "runtime": None,  # copied into the generated package, imported by no stage
+    "nodes": None,  # the node families (Note [nodes] in opgen/nodes/base.py): see NODES_IMPORT
     "spec": 1,
     "formula": 2,
+    "records": 2,  # what the stages hand on (Derived, Residual, ...): made of the spec's and the formulas' values
     "derive": 3,
     "optimize": 4,
     "plan": 5,
@@ -46,6 +48,12 @@ STAGES: dict[str, int | None] = {
     "__main__": 9,
     "__init__": 9,
 }
+
+# What the node families are made of (Note [nodes] in opgen/nodes/base.py): not a stage, every stage
+# imports them (the nodes of later stages meet earlier ones in formulas); they import the formula
+# language and, for a primitive's derivative (its formula's, rewritten as every derivative is:
+# opgen.nodes.kernels), the optimizer's rewrite alone.
+NODES_IMPORT = ("opgen.formula", "opgen.nodes", "opgen.optimize.rewrite")
 
 
 def _imports(path) -> set[str]:
@@ -74,6 +82,8 @@ def test_every_module_is_in_a_stage_package_or_sequences_them():
 def test_no_module_imports_a_later_stage():
     wrong = []
     for path in sorted((ROOT / "opgen").rglob("*.py")):
+        if _stage_of(path) == "nodes":
+            continue  # test_the_node_families_import_the_formula_language_and_the_rewrite_alone
         stage = STAGES[_stage_of(path)]
         for used in _imports(path):
             used_stage = STAGES[used]
@@ -113,6 +123,39 @@ def test_the_save_stage_differentiates_nothing():
         used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         assert not used & {"diff", "real_diff", "tensor_gradient", "derive_jvp"}, name
+
+
+def _modules(path) -> set[str]:
+    """The opgen modules (dotted) `path` imports from."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "opgen":
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "opgen"}
+    return found
+
+
+def test_the_node_families_import_the_formula_language_and_the_rewrite_alone():
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "opgen" / "nodes").glob("*.py"))
+        for module in sorted(_modules(path))
+        if not any(module == allowed or module.startswith(allowed + ".") for allowed in NODES_IMPORT)
+    ]
+    assert not wrong
+    assert len(list((ROOT / "opgen" / "nodes").glob("*.py"))) > 3
+
+
+def test_emit_imports_nothing_of_derive_or_optimize():
+    """Emit reads what the earlier stages made through the plan, the records and the nodes (opgen/records.py,
+    opgen/nodes/): never derives or optimizes."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {used}"
+        for path in sorted((ROOT / "opgen" / "emit").rglob("*.py"))
+        for used in sorted(_imports(path) & {"derive", "optimize"})
+    ]
+    assert not wrong
 
 
 def test_importing_the_rewrites_changes_no_table_of_the_guard():

@@ -14,74 +14,27 @@ decides which formulas (as written, or optimized) to hand it.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import sympy
 from sympy import Expr, S
 
 from opgen import limits
 from opgen.derive.guard import guard_branches, settle_indicators
-from opgen.derive.parts import Part, derive_parts
+from opgen.derive.parts import derive_parts
 from opgen.derive.powers import combine_powers
-from opgen.derive.vjp import LeafFit, leaf_fit, substitute_outputs, tensor_gradient
+from opgen.derive.vjp import leaf_fit, substitute_outputs, tensor_gradient
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import functions as fn
 from opgen.formula import tensor, written
 from opgen.formula.read import Formulas, Symbols, dimension_names, walk_as_written
 from opgen.formula.syntax import holds_tensors, parse_ast
+from opgen.nodes.base import Lowered
+from opgen.records import Contribution, Derived, Gradient, Variant
 from opgen.spec.model import Spec
 
 __all__ = ["Contribution", "Derived", "Gradient", "Symbols", "Variant", "derive", "dimension_names", "drop_terms"]
 
 MAX_OPTIONAL = 3
-
-
-@dataclass(frozen=True)
-class Contribution:
-    """`grad_<output> * factor`, or with `output` None, a whole gradient override."""
-
-    output: str | None
-    factor: Expr
-
-
-@dataclass(frozen=True)
-class Gradient:
-    input: str
-    contributions: tuple[Contribution, ...]
-    overridden: bool
-    # Formulas with tensor operations: one contribution holding the whole gradient (`output`
-    # None), already summed to the input's shape except for what `fit` leaves to run time.
-    fit: LeafFit | None = None
-
-
-@dataclass(frozen=True)
-class Variant:
-    absent: tuple[str, ...]  # the `Tensor?` inputs that are None
-    lets: tuple[tuple[str, Expr], ...]  # in terms of inputs and earlier lets
-    outputs: tuple[tuple[str, Expr], ...]  # in terms of inputs, lets and earlier outputs
-    inlined: tuple[tuple[str, Expr], ...]  # outputs in terms of inputs only
-    gradients: tuple[Gradient, ...]  # one per present Tensor input, in input order
-    # Outputs whose simplified formula lost some of its shape as written, with the pieces it
-    # lost: forward expands them (Note [shapes as written] in opgen.formula.written).
-    expand: tuple[tuple[str, tuple[written.Piece, ...]], ...] = ()
-
-
-@dataclass(frozen=True)
-class Derived:
-    spec: Spec
-    symbols: Symbols
-    variants: tuple[Variant, ...]  # the all-present variant last
-    shapes: dict[sympy.Symbol, tensor.Shape]  # static shape of every input, let, output and gradient
-    parts: tuple[Part, ...] = ()  # what the save stage may make residuals, differentiated (opgen.derive.parts)
-
-    @property
-    def has_tensor_ops(self) -> bool:
-        """Some formula uses `@`, `.T` or a reduction (gradients by `opgen.derive.vjp`)."""
-        return any(g.fit is not None for v in self.variants for g in v.gradients)
-
-    @property
-    def full(self) -> Variant:
-        return self.variants[-1]
 
 
 def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
@@ -95,7 +48,7 @@ def drop_terms(expr: Expr, absent: frozenset[sympy.Symbol]) -> Expr | None:
         return expr
     if expr in absent:
         return None
-    if hasattr(expr, "without"):  # a lowered node with a term of its own (opgen.optimize.norms)
+    if isinstance(expr, Lowered):  # a lowered node with a term of its own (a layer norm's bias)
         return expr.without(absent, drop_terms)
     if isinstance(expr, sympy.Add):
         kept = [t for t in (drop_terms(a, absent) for a in expr.args) if t is not None]

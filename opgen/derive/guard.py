@@ -34,11 +34,12 @@ from sympy import Expr, S
 
 from opgen.formula import functions as fn
 from opgen.formula.tensor import TensorOp
+from opgen.nodes.base import Node
 
 Domain = tuple[tuple[int, ...], Expr]  # positions of a function's restricted arguments, a safe value for them
 
 # SymPy's functions and the formula language's, by class. A function a later stage builds
-# (the stable rewrites' `sinc`) declares its own as a class attribute `guard_domain`: this table
+# (the stable rewrites' `sinc`) declares its own, `Node.guard_domain`: this table
 # is data that no other module changes (`restricted_arguments` reads both).
 DOMAINS: dict[type, Domain] = {
     sympy.log: ((0,), S.One),
@@ -58,7 +59,8 @@ POSITIVE_IS_SAFE = (sympy.log, fn.log1p, sympy.loggamma, sympy.polygamma)
 
 def restricted_arguments(function: type) -> Domain | None:
     """Which arguments of `function` are restricted, and a safe value for them; None if none are."""
-    found: Domain | None = DOMAINS.get(function) or getattr(function, "guard_domain", None)
+    own = function.guard_domain if issubclass(function, Node) else None
+    found: Domain | None = DOMAINS.get(function) or own
     return found
 
 

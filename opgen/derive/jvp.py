@@ -35,7 +35,6 @@ Everything else broadcasts as the forward does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sympy
 from sympy import Expr, S
@@ -71,39 +70,10 @@ from opgen.formula.tensor import (
     top_tensor_ops,
 )
 from opgen.formula.whole_reductions import reduction_count
+from opgen.nodes.base import Lowered, Node
+from opgen.records import OutputTangent, Tangents, Term, VariantTangents
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
-
-
-@dataclass(frozen=True)
-class Term:
-    """The directional derivative of one output along the tangent of `input`."""
-
-    input: str
-    value: Expr
-
-
-@dataclass(frozen=True)
-class OutputTangent:
-    output: str  # a spec output or a residual
-    terms: tuple[Term, ...]  # the nonzero ones, in input order
-
-
-@dataclass(frozen=True)
-class VariantTangents:
-    absent: tuple[str, ...]
-    outputs: tuple[OutputTangent | None, ...]  # one per returned output; None: not differentiable
-    refused: tuple[tuple[str, str], ...] = ()  # input -> why forward mode along it is refused
-
-
-@dataclass(frozen=True)
-class Tangents:
-    symbols: dict[str, sympy.Symbol]  # Tensor input -> its tangent symbol
-    variants: tuple[VariantTangents, ...]  # same order as `Derived.variants`
-
-    @property
-    def full(self) -> VariantTangents:
-        return self.variants[-1]
 
 
 def tangent_symbol(name: str) -> sympy.Symbol:
@@ -169,8 +139,8 @@ class _Jvp:
         return S.One if entry == 1 else dim_size(str(entry))
 
     def rule(self, node: Expr) -> Expr:
-        if hasattr(node, "jvp_form"):  # a lowered node: the tangent of its formula (opgen.optimize.norms)
-            return self.tangent(node.jvp_form())
+        if isinstance(node, Lowered):  # a lowered node (a layer norm): the tangent of its formula
+            return self.tangent(node.elementary())
         if isinstance(node, MatMul):
             # Note [broadcast tangents]: a tangent constant along the contracted dimension meets the other
             # operand summed over it, as a gradient does in backward (Note [narrow gradients]).
@@ -307,10 +277,15 @@ def _output_terms(
     return found
 
 
+def _detached(expr: Expr) -> bool:
+    """A statistic autograd does not differentiate (Note [layer norm statistics] in opgen.nodes.layer_norm)."""
+    return isinstance(expr, Node) and expr.detached
+
+
 def _variant_tangents(derived: Derived, variant: Variant, residuals: tuple[tuple[str, Expr], ...]) -> VariantTangents:
     spec, symbols = derived.spec, derived.symbols
     terms: dict[str, list[Term]] = {o.name: [] for o in spec.outputs if o.differentiable}
-    terms |= {name: [] for name, expr in residuals if not getattr(expr, "detached", False)}
+    terms |= {name: [] for name, expr in residuals if not _detached(expr)}
     refused = []
     for gradient in variant.gradients:
         try:
@@ -320,8 +295,8 @@ def _variant_tangents(derived: Derived, variant: Variant, residuals: tuple[tuple
             continue
         x, t = symbols.inputs[gradient.input], tangent_symbol(gradient.input)
         for name, expr in residuals:  # elementwise, or a tensor operation (opgen.optimize.save_tensors)
-            if getattr(expr, "detached", False):
-                continue  # a statistic autograd does not differentiate (opgen.optimize.norms)
+            if _detached(expr):
+                continue  # a statistic autograd does not differentiate (opgen.nodes.layer_norm)
             if expr.has(TensorOp):
                 found[name] = _Jvp(dict(derived.shapes), _cleaner(spec.loc, "residual"), x).tangent(expr)
                 continue

@@ -22,8 +22,6 @@ operation that costs a pass in the one differentiable output of a spec with tens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy
 from sympy import Expr
 
@@ -41,27 +39,11 @@ from opgen.formula.tensor import (
     has_tensor_ops,
     shape_of,
 )
+from opgen.records import Part
 from opgen.spec.model import Spec
 
 # The tensor operations that cost a pass over their input (`COST` in opgen.optimize.save_tensors).
 PASSES: tuple[type, ...] = (Softmax, LogSoftmax, MatMul, ReductionBase)
-
-
-@dataclass(frozen=True)
-class Part:
-    """A part of an output, differentiated as one more output of the op (Note [parts of the outputs])."""
-
-    expr: Expr  # in terms of the inputs
-    grad: sympy.Symbol  # its incoming gradient: a stand-in, which the save stage replaces by a residual's
-    # Per Tensor input, in input order: of an elementwise call, the factor of its incoming gradient
-    # (`d expr / d input`); of a tensor operation, the whole gradient, in `grad`. None: a shape
-    # rule refused one, and the part cannot be a residual.
-    derivatives: tuple[tuple[str, Expr], ...] | None
-    tensor_op: bool = True  # a tensor operation (else an elementwise call)
-
-    def derivative(self, name: str) -> Expr:
-        assert self.derivatives is not None
-        return dict(self.derivatives)[name]
 
 
 def derive_parts(

@@ -35,7 +35,6 @@ in front, so that `@` and `.T` see a matrix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import sympy
 from sympy import Expr, S
@@ -76,16 +75,10 @@ from opgen.formula.whole_reductions import (
     spread_to_operand,
     whole_reduction_of_plain,
 )
+from opgen.nodes.base import Lowered
+from opgen.records import LeafFit
 
 Clean = Callable[[Expr], Expr]
-
-
-@dataclass(frozen=True)
-class LeafFit:
-    """What turns a gradient into the shape of its input beyond the static sums in the formula."""
-
-    expand: bool  # some dimension of the input is 1 (or missing) in the gradient
-    sum_to_size: bool  # batch dimensions may have been broadcast: sum back at run time
 
 
 class _Vjp:
@@ -198,8 +191,9 @@ class _Vjp:
         return grad
 
     def rule(self, node: Expr, grad: Expr) -> None:
-        if hasattr(node, "vjp_pushes"):  # a lowered node with its own rule (opgen.optimize.norms)
-            for part, part_grad in node.vjp_pushes(grad, bool(self.narrow(grad, node))):
+        if isinstance(node, Lowered):  # its own rule; a narrower gradient through its formula (Note [narrow gradients])
+            pushes = [(node.elementary(), grad)] if self.narrow(grad, node) else node.vjp_pushes(grad)
+            for part, part_grad in pushes:
                 self.push(part, part_grad)
             return
         if isinstance(node, (MatMul, Transpose)):

@@ -1,6 +1,6 @@
 """Formulas as people read them, for docstrings: `grad_y * sigmoid(x)`, `max(x, 0)`.
 
-Kernel nodes (opgen.optimize.kernels) show as the formulas they compute, and a fraction with a
+Kernel nodes (opgen.nodes.kernels) show as the formulas they compute, and a fraction with a
 shorter decimal as that decimal, as specs write it: `0.044715*x**3`, not `8943*x**3/200000`.
 """
 
@@ -12,11 +12,9 @@ import sympy
 from sympy.printing.precedence import precedence
 from sympy.printing.str import StrPrinter
 
-from opgen.emit.gate_print import GateDisplay
-from opgen.emit.norm_print import NormDisplay
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
-from opgen.optimize.kernels import KernelBackward, OutputBackward, Prime, Primitive
+from opgen.nodes.kernels import KernelBackward, OutputBackward, Prime, Primitive
 
 
 def _decimal(value: sympy.Rational) -> str | None:
@@ -28,8 +26,11 @@ def _decimal(value: sympy.Rational) -> str | None:
     return text if exact and len(text) < len(f"{value.p}/{value.q}") else None
 
 
-class DisplayPrinter(NormDisplay, GateDisplay, TensorDisplay, StrPrinter):
-    """SymPy's str printer with the spec's own function names and gradient names."""
+class DisplayPrinter(TensorDisplay, StrPrinter):
+    """SymPy's str printer with the spec's own function names and gradient names; a node that brings its
+    own spelling prints through its `_docstring` method (`printmethod`, Note [nodes] in opgen/nodes/base.py)."""
+
+    printmethod = "_docstring"
 
     def __init__(self, names: dict[sympy.Symbol, str]) -> None:
         super().__init__({"order": None})
@@ -106,7 +107,7 @@ def kernels_as_formulas(expr: sympy.Basic) -> sympy.Basic:
         expr = expr.replace(lambda e: isinstance(e, (KernelBackward, OutputBackward, Prime)), lambda e: e.elementary())
     if not expr.has(Primitive):
         return expr
-    return expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.elementary(*e.args))
+    return expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.elementary())
 
 
 def unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) -> sympy.Basic:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sympy
 
-from opgen.derive.gradients import Derived, dimension_names
 from opgen.emit.display import display_lines
 from opgen.emit.names import OpNames
 from opgen.formula.dims import counted
+from opgen.formula.read import dimension_names
 from opgen.formula.tensor import dim_size
 from opgen.plan.backward import Plan
+from opgen.records import Derived
 
 DOC_WIDTH = 120 - 4  # the functional's docstring is indented once
 

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import sympy
 
-from opgen.derive.gradients import Variant
 from opgen.emit import layout
 from opgen.emit.capture import recorded_forward
 from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
-from opgen.emit.norm_print import let_statistics, saved_statistics, statistics_lines
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, text_lines, variant_branches
 from opgen.formula.dims import counted
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
-from opgen.optimize.norms import Rstd
+from opgen.nodes.layer_norm import Rstd, let_statistics, saved_statistics, statistics_lines
 from opgen.plan.backward import Plan
 from opgen.plan.forward import filled_incoming, filled_shapes
+from opgen.records import Variant
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer
 

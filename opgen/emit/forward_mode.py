@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import sympy
 
-from opgen.derive.jvp import OutputTangent
 from opgen.emit import layout
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import temp_names
@@ -34,6 +33,7 @@ from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import ShapeError, dim_size, shape_of
 from opgen.plan.backward import Plan
 from opgen.plan.forward import ForwardPlan, ForwardVariant, forward_temps
+from opgen.records import OutputTangent
 from opgen.spec import quote
 from opgen.spec.names import Namer, ctx_namer
 

@@ -24,7 +24,7 @@ import sympy
 
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.syntax import is_elementwise
-from opgen.optimize.kernels import Prime, Primitive
+from opgen.nodes.kernels import Prime, Primitive
 from opgen.plan.backward import Plan
 
 
@@ -68,8 +68,8 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 def _written_out(expr: sympy.Basic) -> sympy.Basic:
     """Primitives and their derivatives as formulas, which inductor fuses with what surrounds them."""
-    expr = expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.fused_form(*e.args))
-    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.elementary("fused_form"))
+    expr = expr.replace(lambda e: isinstance(e, Primitive), lambda e: e.fused_form())
+    return expr.replace(lambda e: isinstance(e, Prime), lambda e: e.fused_form())
 
 
 def fuse(

@@ -2,21 +2,18 @@
 
 Used by `opgen.emit.forward` and `opgen.emit.backward`: `forward_printer` lets `Function.forward`
 print primitives as their in-place forms (Note [forward in place]); `backward_lines` writes a
-gradient whose kernel node (opgen.optimize.kernels) PyTorch can compute in one pass, with the
+gradient whose kernel node (opgen.nodes.kernels) PyTorch can compute in one pass, with the
 formula for double backward where the kernel has no derivative (Note [native backward kernels]
-in opgen.optimize.kernels).
+in opgen.nodes.kernels), or in place where the primitive says so (its `in_place_backward`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from sympy import Expr
 
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign
-from opgen.optimize import kernels as k
-from opgen.spec.names import Namer
+from opgen.nodes.kernels import KernelBackward, backward_kernel
 
 
 def forward_printer(printer: TorchPrinter) -> TorchPrinter:
@@ -46,10 +43,10 @@ def forward_printer(printer: TorchPrinter) -> TorchPrinter:
 
 def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) -> list[str]:
     """`var = total`, through a native backward kernel where `total` is one (`g * prime(u)`)."""
-    node = k.backward_kernel(total, printer.tensors)
+    node = backward_kernel(total, printer.tensors)
     if node is None:
         return assign(var, total, printer, indent)
-    if not isinstance(node, k.KernelBackward):  # an output's kernel: it has a derivative
+    if not isinstance(node, KernelBackward):  # an output's kernel: it has a derivative
         return assign(var, node, printer, indent)
     primitive = node.primitive
     if primitive.backward_differentiable and not primitive.backward_in_place:
@@ -58,7 +55,7 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
     recorded = assign(var, node.elementary(), printer, indent + 4, shared=True)
     if primitive.backward_in_place:
         g, u = node.args
-        unrecorded = _IN_PLACE[primitive](var, printer._print(g), printer._print(u), printer)
+        unrecorded = primitive.in_place_backward(var, printer._print(g), printer._print(u), printer)
         return [
             f"if {printer.runtime.may_work_in_place}({printer._print(g)}):  # in place on its own temporaries",
             *(f"    {line}" for line in unrecorded),
@@ -73,33 +70,3 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
         "else:",
         *(f"    {line}" for line in unrecorded),
     ]
-
-
-def _temps(var: str, printer: TorchPrinter, *bases: str) -> list[str]:
-    namer = Namer({*printer.names.values(), printer.torch, printer.math})
-    return [namer.fresh(f"{var}_{b}") for b in bases]
-
-
-def _mish_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> list[str]:
-    """mish' = t + u s (1 - t**2) with s = sigmoid(u), t = s (2 - s) / d, d = 1 + q**2, q = 1 - s;
-    1 - t**2 = 4 q**2 / d**2 exactly: no cancellation where t is near 1."""
-    s, q, d = _temps(var, printer, "s", "q", "d")
-    return [
-        f"{s} = {printer.torch}.sigmoid({u})",
-        f"{q} = 1 - {s}",
-        f"{d} = {q}.square().add_(1)",
-        f"{var} = (2 - {s}).mul_({s}).div_({d})",
-        f"{var}.add_({q}.square_().mul_({s}).mul_({u}).mul_(4).div_({d}.square_()))",
-        f"{var}.mul_({g})",
-    ]
-
-
-def _log_sigmoid_in_place(var: str, g: str, u: str, printer: TorchPrinter) -> list[str]:
-    """logsigmoid' = sigmoid(-u)."""
-    return [f"{var} = {printer.torch}.neg({u}).sigmoid_().mul_({g})"]
-
-
-_IN_PLACE: dict[type[k.Primitive], Callable[[str, str, str, TorchPrinter], list[str]]] = {
-    k.mish: _mish_in_place,
-    k.log_sigmoid: _log_sigmoid_in_place,
-}

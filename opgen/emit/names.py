@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import sympy
 from sympy import S
 
-from opgen.derive.gradients import Derived
 from opgen.emit.annotations import TypeNames, type_names
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.runtime_names import RuntimeNames
@@ -24,6 +23,7 @@ from opgen.formula.kinds import Mask, with_definitions
 from opgen.formula.tensor import BATCH, ShapeError, dim_size, is_dim_size, shape_of
 from opgen.plan.backward import BackwardPlan, Plan, Temp
 from opgen.plan.forward import filled_shapes
+from opgen.records import Derived
 from opgen.spec.model import Spec
 from opgen.spec.names import Namer, ctx_namer
 

@@ -19,9 +19,7 @@ from sympy.core.mul import _keep_coeff
 from sympy.printing.codeprinter import CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
-from opgen.emit.gate_print import GatePrinting
-from opgen.emit.kernel_print import KernelPrinting
-from opgen.emit.norm_print import NormPrinting
+from opgen.emit.function_print import FunctionPrinting
 from opgen.emit.number_print import NumberPrinting, common_factor, decimal, is_exact_constant, power
 from opgen.emit.runtime_names import RuntimeNames
 from opgen.emit.tensor_print import TensorPrinting
@@ -69,14 +67,17 @@ class PrintError(Exception):
     """An expression the printer has no rule for."""
 
 
-class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, TensorPrinting, CodePrinter):
-    """Every node prints through one dispatch, `_print_<Class>` (SymPy's, along the class's MRO).
+class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter):
+    """Every node prints through one dispatch, SymPy's: a node that brings its own spelling through its
+    `_torch` method (`printmethod`, Note [nodes] in opgen/nodes/base.py), any other through the
+    printer's `_print_<Class>` along the class's MRO.
 
     Settings (`_default_settings`): `no_grad` prints code autograd never records, where
     primitives may work in place (Note [forward in place] in opgen.emit.kernel_lines).
     """
 
     language = "Python"
+    printmethod = "_torch"
     _default_settings = dict(
         CodePrinter._default_settings, strict=True, human=True, fully_qualified_modules=False, no_grad=False
     )
@@ -120,6 +121,15 @@ class TorchPrinter(NumberPrinting, KernelPrinting, NormPrinting, GatePrinting, T
 
     def is_tensor(self, expr: sympy.Basic) -> bool:
         return is_tensor_valued(expr, self.tensors)
+
+    @property
+    def no_grad(self) -> bool:
+        return bool(self._settings["no_grad"])
+
+    def untaken(self, *bases: str) -> list[str]:
+        """A name from each of `bases`, all different, that no symbol this printer knows, nor torch or math, takes."""
+        namer = Namer({*self.names.values(), self.torch, self.math})
+        return [namer.fresh(base) for base in bases]
 
     def _dtype_source(self, expr: sympy.Basic) -> str:
         symbols = sorted(expr.xreplace(self.masks).free_symbols & self.tensors, key=lambda s: s.name)

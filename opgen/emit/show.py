@@ -3,7 +3,7 @@
 Receives the `Plan` the pipeline makes for the generated code (nothing is derived again);
 returns lines of text. The formulas and gradients are the ones the functional's docstring
 shows (opgen.emit.docstring), or their LaTeX; what backward saves is the plan's; a kernel is
-an IR node of opgen.optimize.kernels (or a tensor kernel such as `torch.softmax`) printed as
+an IR node of opgen.nodes.kernels (or a tensor kernel such as `torch.softmax`) printed as
 the call the generated code makes.
 """
 
@@ -19,11 +19,11 @@ from opgen.emit.names import make_names, make_printer, variant_printer, variant_
 from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
 from opgen.formula import tensor
-from opgen.optimize import kernels as k
+from opgen.nodes.kernels import KernelBackward, OutputBackward, Primitive, backward_kernel
 from opgen.plan.backward import Plan
 
 # The nodes that are one PyTorch kernel each (the rest of a formula is elementwise arithmetic).
-_KERNELS: tuple[type[sympy.Basic], ...] = (k.Primitive, k.KernelBackward, k.OutputBackward, tensor.Softmax)
+_KERNELS: tuple[type[sympy.Basic], ...] = (Primitive, KernelBackward, OutputBackward, tensor.Softmax)
 _KERNELS += (tensor.LogSoftmax, tensor.SoftmaxBackward, tensor.LogSoftmaxBackward, tensor.ReduceLogSumExp)
 
 
@@ -59,7 +59,7 @@ def _kernels(plan: Plan, printer: TorchPrinter) -> list[str]:
     backward: list[sympy.Basic] = [t.expr for t in variant_temps(plan.backward[-1])]
     for grad in plan.backward[-1].grads:
         total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
-        node = k.backward_kernel(total, printer.tensors) if plan.derived.spec.optimize.lower else None
+        node = backward_kernel(total, printer.tensors) if plan.derived.spec.optimize.lower else None
         backward += [node if node is not None else total] + [c.factor for c in grad.contributions if not c.output]
     lines = []
     for where, exprs in (("forward", forward), ("backward", backward)):
@@ -76,7 +76,7 @@ def _nodes(expr: sympy.Basic) -> list[sympy.Basic]:
 
 
 def _call(node: sympy.Basic, printer: TorchPrinter) -> str:
-    if isinstance(node, k.KernelBackward) and node.primitive.backward_in_place:
+    if isinstance(node, KernelBackward) and node.primitive.backward_in_place:
         return f"{node.primitive.__name__}'s derivative, computed in place (Note [forward in place])"
     return printer.doprint_expr(node)
 
@@ -127,6 +127,6 @@ class _LatexPrinter(LatexPrinter):
         return f"{self.parenthesize(expr.args[0], PRECEDENCE['Pow'], strict=True)}^{{T}}"
 
     def _print_TensorOp(self, expr: tensor.TensorOp) -> str:
-        name = getattr(expr, "spec_name", "") or type(expr).__name__
+        name = (expr.spec_name if isinstance(expr, tensor.ReductionBase) else "") or type(expr).__name__
         args = ", ".join(self._print(arg) for arg in expr.args)
         return rf"\operatorname{{{name}}}\left({args}\right)"

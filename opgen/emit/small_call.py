@@ -75,7 +75,7 @@ import sympy
 
 from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
-from opgen.optimize import kernels as k
+from opgen.nodes.kernels import Primitive
 from opgen.plan.backward import Plan
 from opgen.plan.capture import autocasts
 
@@ -107,7 +107,7 @@ class SmallCall:
 
 def _native_node(expr: sympy.Basic) -> bool:
     """One PyTorch op whose own autograd has every derivative opgen's has (not F.hardsigmoid's second)."""
-    if isinstance(expr, k.Primitive):  # every primitive of k.PRIMITIVES
+    if isinstance(expr, Primitive):  # every primitive of the kernel families
         return bool(expr.native_twice)
     if isinstance(expr, sympy.Pow):
         return bool(expr.exp.is_number and (expr.exp.is_integer or expr.exp.is_negative))
@@ -152,7 +152,7 @@ def native_op(plan: Plan) -> tuple[str, sympy.Basic] | None:
         return None
     (_, expr), tensor = variant.inlined[0], spec.tensor_inputs[0]
     # A kernel whose own second derivative is PyTorch's to get wrong (F.mish's) is its formula here.
-    expr = expr.replace(lambda e: isinstance(e, k.Primitive) and not e.native_twice, lambda e: e.elementary(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, Primitive) and not e.native_twice, lambda e: e.elementary())
     numbers = {derived.symbols.inputs[i.name] for i in spec.inputs if not i.is_tensor and i.type.kind != "bool"}
     nodes = _chain_nodes(expr, derived.symbols.inputs[tensor.name], numbers)
     if nodes is None or not 0 < nodes <= MAX_NODES:

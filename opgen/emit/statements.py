@@ -16,12 +16,9 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
-from opgen.emit.gate_print import glu_backward_lines
-from opgen.emit.norm_print import norm_backward_formulas
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
-from opgen.optimize.gates import GluBackward
-from opgen.optimize.norms import LayerNormGrads
+from opgen.nodes.base import Node, UnderTransforms
 from opgen.spec.names import Namer
 
 LINE_LENGTH = 120
@@ -47,10 +44,8 @@ class _Temporaries:
 def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shared: bool = False) -> list[str]:
     """`var = expr` as lines of at most LINE_LENGTH at `indent`; `shared`: each part used twice
     is computed once, before."""
-    if isinstance(expr, LayerNormGrads):
-        return _norm_backward(var, expr, printer, indent)
-    if isinstance(expr, GluBackward):
-        return glu_backward_lines(var, expr, printer, indent, assign, call_lines, LINE_LENGTH)
+    if isinstance(expr, UnderTransforms):
+        return _under_transforms(var, expr, printer, indent)
     temporaries = _Temporaries(var, printer)
     width = LINE_LENGTH - indent
     expr = _stable_forms(expr)
@@ -69,26 +64,41 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     return lines + _short(var, expr, printer, temporaries, width)
 
 
-def _norm_backward(var: str, expr: LayerNormGrads, printer: TorchPrinter, indent: int) -> list[str]:
-    """The layer norm backward kernel, or under torch.func transforms the gradients' formulas, each
-    assigned on its own lines (Note [layer norm under torch.func] in opgen.emit.norm_print)."""
-    function, args = printer.norm_backward_call(expr)
-    temporaries = _Temporaries(var, printer)
-    names, formulas = [], []
-    for part, into in norm_backward_formulas(expr):
-        if part is None:
-            names.append("None")
-            continue
-        names.append(next(temporaries).name)
-        formulas += assign(names[-1], part, printer, indent + 4, shared=True)
-        if into is not None:
-            formulas.append(f"{names[-1]} = {names[-1]}.sum_to_size({printer.doprint_expr(into)}.shape)")
+def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = ` the kernel, or under torch.func transforms its formulas: the value itself, or each part
+    of the tuple assigned on its own lines (Note [glu under torch.func] in opgen.nodes.glu, Note [layer norm
+    under torch.func] in opgen.nodes.layer_norm)."""
+    function, args = expr.kernel_call(printer)
+    formulas = expr.transform_formulas()
+    if len(formulas) == 1:
+        ((value, _),) = formulas
+        assert value is not None
+        lines = assign(var, value, printer, indent + 4, shared=True)
+    else:
+        lines = _tuple_parts(var, formulas, printer, indent + 4)
     return [
         f"if not {printer.runtime.transforms_active}():",
         *indent_lines(call_lines(var, function, args, LINE_LENGTH - indent - 4)),
         "else:",
-        *indent_lines([*formulas, f"{var} = {', '.join(names)}"]),
+        *indent_lines(lines),
     ]
+
+
+def _tuple_parts(
+    var: str, formulas: list[tuple[Expr | None, Expr | None]], printer: TorchPrinter, indent: int
+) -> Lines:
+    """`var = a, b, c`, each part assigned first (summed to the shape of its input), None where it is."""
+    temporaries = _Temporaries(var, printer)
+    names, lines = [], []
+    for part, into in formulas:
+        if part is None:
+            names.append("None")
+            continue
+        names.append(next(temporaries).name)
+        lines += assign(names[-1], part, printer, indent, shared=True)
+        if into is not None:
+            lines.append(f"{names[-1]} = {names[-1]}.sum_to_size({printer.doprint_expr(into)}.shape)")
+    return [*lines, f"{var} = {', '.join(names)}"]
 
 
 def call_lines(var: str, function: str, args: list[str], width: int) -> list[str]:
@@ -109,9 +119,13 @@ def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
     derivative is tanh, its value a `where` of two stable forms) prints as its `stable_form()`,
     written out here so that a long one is cut into temporaries and its repeated parts shared.
     """
-    if not any(hasattr(node, "stable_form") for node in sympy.preorder_traversal(expr)):
+    if not any(_has_stable_form(node) for node in sympy.preorder_traversal(expr)):
         return expr
-    return expr.replace(lambda e: hasattr(e, "stable_form"), lambda e: e.stable_form())
+    return expr.replace(_has_stable_form, lambda e: e.stable_form())
+
+
+def _has_stable_form(expr: sympy.Basic) -> bool:
+    return isinstance(expr, Node) and expr.stable_form() is not None
 
 
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opgen.derive.gradients import dimension_names
 from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.forward import size_sources
@@ -27,6 +26,7 @@ from opgen.emit.render import Renderer
 from opgen.emit.samples import BATCH_SHAPE, dim_sizes, parameter_sizes, sample_shapes, shape_error, with_cut_sizes
 from opgen.emit.small_call import native_op
 from opgen.formula.python_source import fitted
+from opgen.formula.read import dimension_names
 from opgen.formula.reference import reference_tree
 from opgen.formula.slicing import divisors
 from opgen.formula.syntax import holds_tensors, parse_ast

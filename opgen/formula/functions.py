@@ -35,8 +35,10 @@ import sympy
 from sympy import Expr, Function, S
 from sympy.core.logic import fuzzy_and
 
+from opgen.nodes.base import Node
 
-class Elementwise(Function):
+
+class Elementwise(Node, Function):
     """A one-argument function whose value at a number SymPy can compute via `rewrite`."""
 
     nargs = 1
@@ -45,18 +47,15 @@ class Elementwise(Function):
     def _eval_evalf(self, prec: int) -> Expr | None:
         arg = self.args[0]
         if arg.is_number:
-            return self._as_elementary().evalf(prec)
+            return self.elementary().evalf(prec)
         return None
-
-    def _as_elementary(self) -> Expr:
-        raise NotImplementedError
 
 
 class sigmoid(Elementwise):  # noqa: N801 - prints as the spec's name
     def fdiff(self, argindex: int = 1) -> Expr:
         return self * (1 - self)
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return 1 / (1 + sympy.exp(-self.args[0]))
 
 
@@ -69,7 +68,7 @@ class softplus(Elementwise):  # noqa: N801
         (Note [decaying factors] in opgen/optimize/product_rules.py)."""
         return self.args[0].is_extended_real
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return sympy.log(1 + sympy.exp(self.args[0]))
 
 
@@ -77,7 +76,7 @@ class log1p(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return 1 / (1 + self.args[0])
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return sympy.log(1 + self.args[0])
 
 
@@ -85,7 +84,7 @@ class expm1(Elementwise):  # noqa: N801
     def fdiff(self, argindex: int = 1) -> Expr:
         return sympy.exp(self.args[0])
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         return sympy.exp(self.args[0]) - 1
 
 

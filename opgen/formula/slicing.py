@@ -31,6 +31,7 @@ from sympy import Expr
 from opgen.formula.dims import BATCH, Shape, dim_size, part_dim, part_of, show, split
 from opgen.formula.syntax import int_literal
 from opgen.formula.tensor import ShapedOp, Unsqueeze, pull_number
+from opgen.nodes.base import Lowered
 
 EXAMPLE = "x[..., :D // 2] or x[..., D // 2:]"
 
@@ -131,8 +132,8 @@ def divisors(exprs: list[Expr]) -> dict[str, int]:
     """What each dimension must be divisible by for the parts the formulas cut of it, by name."""
     found: dict[str, int] = {}
     for expr in exprs:
-        # a lowered node (opgen.optimize.gates) as the formula it computes: its parts
-        expr = expr.replace(lambda e: hasattr(e, "jvp_form"), lambda e: e.jvp_form())
+        # a lowered node (a gated linear unit) as the formula it computes: its parts
+        expr = expr.replace(lambda e: isinstance(e, Lowered), lambda e: e.elementary())
         for node in expr.atoms(_Part):
             cut = node.cut
             k = lcm(cut.start.denominator, cut.stop.denominator, cut.whole.denominator)

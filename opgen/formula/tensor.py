@@ -53,11 +53,12 @@ from opgen.formula.reduce_shapes import reduce_dims as reduce_dims
 from opgen.formula.reduce_shapes import reduce_shape, unsqueeze_shape
 from opgen.formula.reduce_shapes import unsqueeze_dim as unsqueeze_dim
 from opgen.formula.shape_rules import broadcast, matmul_shape, transpose_shape
+from opgen.nodes.base import Node, Shaped
 
 # -- nodes -------------------------------------------------------------------------------------
 
 
-class TensorOp(Function):
+class TensorOp(Node, Function):
     """A non-elementwise node; the subclasses say how it prints, what shape it has and its gradient."""
 
     is_real = True
@@ -342,7 +343,7 @@ def shape_of(expr: sympy.Basic, table: dict[sympy.Symbol, Shape]) -> Shape:
         return table.get(expr, ())
     if not expr.args or expr.is_number:
         return ()
-    if hasattr(expr, "shape_in"):  # a node of a later stage (opgen.optimize.norms) knows its own shape
+    if isinstance(expr, Shaped):  # a node of a later stage (a layer norm) knows its own shape
         return expr.shape_in(table)
     if isinstance(expr, MatMul):
         return matmul_shape(shape_of(expr.args[0], table), shape_of(expr.args[1], table))

@@ -42,6 +42,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula import functions as fn
+from opgen.nodes.stable import hypot
 
 MAX_OPS = 40  # expanding `r**2` of a longer sum costs more than the rule is worth
 
@@ -70,7 +71,7 @@ def _root(term: Expr) -> tuple[Expr, Expr] | None:
         return None
     if isinstance(body, sympy.Pow) and body.exp == S.Half:
         return coeff, body.base
-    if getattr(body, "root_of_squares", False):  # hypot(a, b), of opgen.optimize.stable_functions
+    if isinstance(body, hypot):
         a, b = body.args
         return coeff, a**2 + b**2
     return None

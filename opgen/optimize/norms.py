@@ -1,29 +1,15 @@
-"""Layer norm as PyTorch's kernels: the tensor nodes, and the lowering that finds them.
+"""Layer norm and RMS norm: where the optimizer puts a layer norm's kernel, and which statistics it saves.
 
 `lower_norms` replaces a formula that is exactly a layer norm over the last dim(s),
 `(u - mean(u)) / sqrt(var(u, correction=0) + eps)` (the variance also written by hand as
 `mean((u - mean(u))**2)`, lets inlined), times an optional weight plus an optional bias over
-the normalized dims, by the node `LayerNorm`, printed as `torch.layer_norm`. Its gradient
-(`vjp_pushes`) is `native_layer_norm_backward`, one kernel for the input, weight and bias
-gradients, reading the mean and the reciprocal std that forward's `native_layer_norm` gives
-(Note [layer norm statistics]).
-
-Note [layer norm statistics]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-The backward kernel needs the mean and 1/std of each row: `[..., 1]`, tiny next to the input,
-and a pass over the input to recompute (on CPU `var_mean` alone costs three times the kernel).
-The gradients read them as `Item(LayerNormStats(u, eps, shape), 1 or 2)`; `opgen.optimize.save`
-makes them residuals (hidden outputs) when forward computes the layer norm anyway, and forward
-then gets them from the same `native_layer_norm` call as the output (or as the let, or the part
-of an output, that is that layer norm: `relu(ln) + 2 * ln` calls it once). They are outputs autograd
-does not differentiate (`detached`): PyTorch's double backward of the kernel
-(`layer_norm_double_backward`) already accounts for their dependence on the input, as
-PyTorch's own layer norm saves them. Without residuals, backward recomputes them.
+the normalized dims, by the node `LayerNorm` (opgen.nodes.layer_norm, printed as
+`torch.layer_norm`, differentiated by `native_layer_norm_backward`). `saved_statistics` chooses
+the statistics forward returns for that kernel (Note [layer norm statistics] in
+opgen.nodes.layer_norm), `saved_rstds` the reciprocal roots an RMS norm keeps (Note [saved rstd]).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import sympy
 from sympy import Expr, S
@@ -40,107 +26,8 @@ from opgen.formula.tensor import (
     dim_size,
     shape_of,
 )
+from opgen.nodes.layer_norm import Item, LayerNorm, LayerNormStats, Rstd
 from opgen.optimize.lets import lower_through_lets
-
-
-class LayerNorm(TensorOp):
-    """`(u - mean) * rstd * w + b` over the trailing dims whose sizes are `shape` (a Tuple of size symbols):
-    args (u, w, b, eps, shape); `w` is 1 and `b` 0 when absent (printed None)."""
-
-    nargs = 5
-
-    def elementary(self) -> Expr:
-        u, w, b, eps, shape = self.args
-        dims = trailing_dims(shape)
-        centered = u - ReduceMean(u, dims, S.One)
-        return centered / sympy.sqrt(ReduceVar(u, dims, S.One, S.Zero) + eps) * w + b
-
-    def without(
-        self, absent: frozenset[sympy.Symbol], drop: Callable[[Expr, frozenset[sympy.Symbol]], Expr | None]
-    ) -> Expr | None:
-        """The node when the `Tensor?` inputs `absent` are None: its bias is a term, the rest factors."""
-        u, w, b, eps, shape = self.args
-        if any(a.free_symbols & absent for a in (u, w, eps)):
-            return None
-        bias = drop(b, absent)
-        return LayerNorm(u, w, S.Zero if bias is None else bias, eps, shape)
-
-    def jvp_form(self) -> Expr:
-        """What forward mode differentiates: the formula."""
-        return self.elementary()
-
-    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return shape_of(self.args[0], table)
-
-    def vjp_pushes(self, grad: Expr, narrow: bool) -> list[tuple[Expr, Expr]]:
-        """(part, its gradient) for each argument; a gradient narrower than the output (Note [narrow
-        gradients] in opgen.derive.vjp) goes through the formula, the kernel wants the full shape."""
-        u, w, b, eps, shape = self.args
-        if narrow:
-            return [(self.elementary(), grad)]
-        stats = LayerNormStats(u, eps, shape)
-        grads = LayerNormGrads(grad, u, Item(stats, sympy.Integer(1)), Item(stats, sympy.Integer(2)), w, b, shape, eps)
-        pushes = [(u, Item(grads, S.Zero))]
-        if w != 1:
-            pushes.append((w, Item(grads, S.One)))
-        if b != 0:
-            pushes.append((b, Item(grads, sympy.Integer(2))))
-        return pushes
-
-
-class LayerNormStats(TensorOp):
-    """`torch.native_layer_norm(u, shape, None, None, eps)`: (normalized, mean, rstd); args (u, eps, shape)."""
-
-    nargs = 3
-
-    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return self.item_shape(0, table)  # a tuple: as its first tensor
-
-    def item_shape(self, index: int, table: dict[sympy.Symbol, Shape]) -> Shape:
-        full = shape_of(self.args[0], table)
-        if index == 0 or full is None:
-            return full
-        count = len(self.args[2])
-        return full[: len(full) - count] + (1,) * count
-
-
-class LayerNormGrads(TensorOp):
-    """`native_layer_norm_backward`: (grad of u, of w, of b); args (g, u, mean, rstd, w, b, shape, eps)."""
-
-    nargs = 8
-
-    @property
-    def eps(self) -> Expr:
-        return self.args[7]
-
-    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return self.item_shape(0, table)  # a tuple: as its first tensor
-
-    def item_shape(self, index: int, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return shape_of(self.args[index if index == 0 else index + 3], table)
-
-
-class Item(TensorOp):
-    """One tensor of a node that returns several: args (node, index)."""
-
-    nargs = 2
-
-    @property
-    def detached(self) -> bool:
-        """A statistic autograd does not differentiate (Note [layer norm statistics])."""
-        return isinstance(self.args[0], LayerNormStats) and int(self.args[1]) != 0
-
-    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        node = self.args[0]
-        if not isinstance(node, (LayerNormStats, LayerNormGrads)):
-            return None  # of a temporary holding the tuple (emit): a tensor of a shape known at run time
-        return node.item_shape(int(self.args[1]), table)
-
-
-def trailing_dims(shape: sympy.Tuple) -> sympy.Basic:
-    count = len(shape)
-    return sympy.Integer(-1) if count == 1 else sympy.Tuple(*(sympy.Integer(d) for d in range(-count, 0)))
-
 
 # -- matching ------------------------------------------------------------------------------------
 
@@ -297,16 +184,6 @@ def _rstd_base(expr: Expr, tensors: frozenset[sympy.Symbol]) -> Expr | None:
     if eps is None or eps.free_symbols & tensors or eps.has(TensorOp):
         return None
     return expr.base
-
-
-class Rstd(TensorOp):
-    """`base**(-1/2)` kept as a statistic autograd does not differentiate (Note [saved rstd]): args (base,)."""
-
-    nargs = 1
-    detached = True
-
-    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return shape_of(self.args[0], table)
 
 
 def saved_rstds(variants: tuple[Variant, ...], tensors: frozenset[sympy.Symbol]) -> list[Rstd]:

@@ -39,7 +39,7 @@ class sinc(fn.Elementwise):  # noqa: N801
         at_zero = sympy.Eq(u, 0)
         return fn.where(at_zero, S.Zero, (sympy.cos(sympy.pi * u) - self) / fn.where(at_zero, S.One, u))
 
-    def _as_elementary(self) -> Expr:
+    def elementary(self) -> Expr:
         u = self.args[0]
         return sympy.sin(sympy.pi * u) / (sympy.pi * u) if u != 0 else S.One
 

@@ -65,11 +65,11 @@ from opgen.derive.gradients import Derived
 from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
+from opgen.nodes.stable import hypot, log1mexp, logaddexp, logcosh, logsigmoid
 from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
 from opgen.optimize.product_rules import double_angle, exp_decaying, sinh_over_cosh, to_sinc, unsinc, x_log_x
 from opgen.optimize.reductions import Shapes
-from opgen.optimize.stable_functions import hypot, log1mexp, logaddexp, logcosh, logsigmoid
 
 MAX_PASSES = 8  # each pass rewrites bottom-up; a fixpoint is reached in two or three
 

@@ -34,7 +34,7 @@ frees backward from every input, for elementwise ops with one variant.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import sympy
 from sympy import Expr
@@ -45,20 +45,8 @@ from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import ReduceAmax, shape_of
 from opgen.optimize import cancellation, norms, save_tensors
+from opgen.records import Residual
 from opgen.spec.model import POLICIES
-
-
-@dataclass(frozen=True)
-class Residual:
-    """An intermediate forward returns for backward only (Note [hidden outputs])."""
-
-    name: str  # the Function's extra output; no spec name takes it
-    expr: Expr  # what forward computes, in terms of the inputs
-    symbol: sympy.Symbol  # how the gradients read it
-    grad: sympy.Symbol  # its incoming gradient in backward
-    differentiable: bool = True  # False: a statistic autograd does not differentiate (opgen.optimize.norms)
-    recompute: bool = False  # backward recomputes it where it is differentiated (Note [saved rstd] in ...norms)
-
 
 SLACK = 1.10  # `balanced`: at most this much slower than the fastest way
 
@@ -353,7 +341,7 @@ def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Resi
     A reduced statistic (a layer norm's mean and 1/std, `[..., 1]`) costs a pass over its input
     to recompute, and next to nothing to keep: except under `memory`, and in fused mode (whose
     backward reads inputs and outputs only), backward reads it as a hidden output that forward
-    computes in the same call as the op's output (Note [layer norm statistics] in opgen.optimize.norms).
+    computes in the same call as the op's output (Note [layer norm statistics] in opgen.nodes.layer_norm).
     """
     if policy == "memory" or derived.spec.optimize.fuse:
         return derived, ()

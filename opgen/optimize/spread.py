@@ -30,9 +30,10 @@ from sympy import Expr
 from opgen.derive.gradients import Derived
 from opgen.formula.dims import counted
 from opgen.formula.tensor import BroadcastTo, Shape, TensorOp, shape_of
+from opgen.nodes.base import Shaped
 
 
-class Scalar(sympy.Function):
+class Scalar(Shaped, sympy.Function):
     """A product of the incoming gradient of a whole reduction and plain numbers: one element,
     computed before it meets full-size tensors (Note [spread gradients]); its value is its argument's."""
 

@@ -11,7 +11,7 @@ import sympy
 
 from opgen.derive.guard import guard_branches
 from opgen.formula.tensor import MatMul
-from opgen.optimize.norms import LayerNorm
+from opgen.nodes.layer_norm import LayerNorm
 from opgen.plan.backward import Plan
 
 

@@ -48,7 +48,8 @@ import mpmath
 import sympy
 
 from opgen.derive.gradients import Derived
-from opgen.optimize.kernels import Prime
+from opgen.nodes.base import Node
+from opgen.nodes.kernels import Prime
 from opgen.plan.extremes import DIGITS, FLOAT32_MAX, FLOAT32_TINY, MPMATH_ERRORS, Oracle
 
 PRECISION = 24  # float32's significand bits
@@ -93,17 +94,11 @@ def in_float32(function: Callable[..., Any], nodes: dict[str, Callable[..., Any]
 
 def _form(node: sympy.Basic, args: tuple[sympy.Basic, ...]) -> sympy.Expr | None:
     """The elementary form of `node`'s function at `args`, where it is a node opgen defines; else None."""
-    applied = node.func(*args)
+    applied = node.func(*args)  # a kernel's derivative: its name, then the kernel's arguments
     try:
-        if isinstance(applied, Prime):  # a kernel's derivative: its name, then the kernel's arguments
-            return applied.elementary()
-        if hasattr(applied, "_as_elementary"):
-            return applied._as_elementary()
-        if hasattr(node.func, "elementary"):
-            return node.func.elementary(*args)
+        return applied.elementary() if isinstance(applied, Node) else None
     except NotImplementedError:
         return None
-    return None
 
 
 def node_form(node: sympy.Basic) -> sympy.Expr | None:

@@ -1,7 +1,7 @@
 """Plan stage, part of `opgen.plan.backward` and `opgen.plan.forward`: which derivatives of a
 primitive backward (or jvp) computes as one native backward kernel call.
 
-A kernel (`silu_backward(g, u)`, Note [native backward kernels] in opgen.optimize.kernels) takes
+A kernel (`silu_backward(g, u)`, Note [native backward kernels] in opgen.nodes.kernels) takes
 the incoming gradient, which the plan's factors leave out; whether a derivative can be one depends
 on how the plan groups the factors: where it is a factor of the only contribution of its gradient,
 or the whole factor of two gradients that negate each other (Note [gradients that negate another]
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sympy
 from sympy import Expr
 
-from opgen.optimize.kernels import Prime, written_out
+from opgen.nodes.kernels import Prime, written_out
 
 
 def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:

@@ -26,7 +26,7 @@ from sympy import Expr
 from opgen.derive.gradients import Derived, Variant
 from opgen.formula.functions import maximum, where
 from opgen.formula.tensor import SumTo
-from opgen.optimize.kernels import threshold_backward
+from opgen.nodes.kernels import threshold_backward
 
 
 def kink_of_output(derived: Derived, variant: Variant) -> dict[Expr, Expr]:

@@ -38,7 +38,7 @@ import sympy
 
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
-from opgen.optimize.kernels import TENSOR_ARG, Prime, prime_formula
+from opgen.nodes.kernels import TENSOR_ARG, Prime, prime_formula
 from opgen.optimize.save import Residual
 from opgen.plan.digits import Digits, float32_value, node_form
 from opgen.plan.extremes import F32, FLOAT32_MAX, FLOAT32_TINY, Oracle
@@ -199,7 +199,7 @@ def _form_of(function: Any, arity: int) -> tuple[tuple[sympy.Dummy, ...], Quick]
 
 
 def _kernel(expr: Prime) -> Quick:
-    """A kernel's derivative: its formula in `TENSOR_ARG`, the tensor argument (`opgen.optimize.kernels`)."""
+    """A kernel's derivative: its formula in `TENSOR_ARG`, the tensor argument (`opgen.nodes.kernels`)."""
     form = prime_formula(str(expr.args[0]), "elementary", tuple(expr.args[2:]))
     inner, tensor = _quick(form), _quick(expr.args[1])
     return lambda env: inner({**env, TENSOR_ARG: tensor(env)})
