@@ -167,8 +167,9 @@ def test_norm_shapes_are_checked_at_call_time(generated):
 
 
 def test_docstring_keeps_the_log_softmax_of_a_product_in_parentheses(generated):
-    # `target * (input - logsumexp(...))` is computed as log_softmax; the docstring shows it as the spec wrote it,
-    # as the saved log-softmax forward computes (Note [saved tensor operations] in opgen.optimize.save_tensors).
-    assert "saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)\n" in generated.cross_entropy.__doc__
-    assert "sum(saved_log_softmax*target, dim=-1)" in generated.cross_entropy.__doc__
-    assert "-grad*saved_log_softmax/N" in generated.cross_entropy.__doc__
+    # `target * (input - logsumexp(...))` is computed as a saved log_softmax; the docstring shows it as the spec
+    # wrote it, the product's factor in parentheses, and never the residual the code saves.
+    doc = generated.cross_entropy.__doc__
+    assert "loss = -mean(sum(target*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)\n" in doc
+    assert "grad_target = -grad*(input - logsumexp(input, dim=-1, keepdim=true))/N\n" in doc
+    assert "saved_" not in doc

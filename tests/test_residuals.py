@@ -89,10 +89,31 @@ def test_ops_with_residuals_match_plain_autograd_to_second_order(ops, name: str)
 
 def test_docstrings_show_the_gradient_a_caller_gets():
     """A residual is returned for backward only: its incoming gradient (nonzero only inside double
-    backward) is no part of the gradients a docstring shows, and one visible output's is `grad`."""
-    for name in ("tanhshrink", "cross_entropy", "label_smoothing_ce", "rms_norm"):
+    backward) is no part of the gradients a docstring shows, nor is the residual itself: the formulas read
+    what it computes. One visible output's incoming gradient is `grad`."""
+    for name in ("tanhshrink", "cross_entropy", "label_smoothing_ce", "rms_norm", "layer_norm"):
         doc = getattr(generated, name).__doc__
         gradients = doc.split("Gradients")[1]
-        assert "grad_saved" not in gradients, name
+        assert "saved" not in doc, name
         assert re.search(r"\bgrad\b", gradients) and not re.search(r"\bgrad_(y|loss)\b", gradients), name
-    assert "grad_x = grad*saved_tanh**2" in generated.tanhshrink.__doc__
+    assert "grad_x = grad*tanh(x)**2\n" in generated.tanhshrink.__doc__
+
+
+def test_docstrings_call_only_words_of_the_formula_language():
+    """A docstring's formulas are in the spec's language: no kernel, residual or IR pseudo-function
+    (`layer_norm_backward(grad, x)[0]`, `pad(...)`, `glu_backward(...)`) that a spec could not write."""
+    import inspect
+
+    from opgen.formula.aliases import ALIASES
+    from opgen.formula.vocabulary import ALL_FUNCTIONS
+
+    words = {*ALL_FUNCTIONS, *ALIASES}
+    called: dict[str, list[str]] = {}
+    for name in generated.__all__:
+        function = getattr(generated, name)
+        if inspect.isfunction(function) and "Forward:" in (function.__doc__ or ""):
+            formulas = function.__doc__.split("Forward:")[1]
+            for word in set(re.findall(r"\b([A-Za-z_]\w*)\(", formulas)) - words:
+                called.setdefault(word, []).append(name)
+    assert called == {}
+    assert "grad_x[..., :D // 2] = grad*sigmoid(x[..., D // 2:])\n" in generated.glu.__doc__  # each half in its place

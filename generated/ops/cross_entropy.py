@@ -81,12 +81,12 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     large logits cannot overflow; F.cross_entropy(input, target).
 
     Forward:
-        saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)
-        loss = -mean(sum(saved_log_softmax*target, dim=-1), dim=-1)
+        loss = -mean(sum(target*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)
 
     Gradients:
-        grad_input = exp(saved_log_softmax)*sum(grad*target/N, dim=-1, keepdim=true) - grad*target/N
-        grad_target = -grad*saved_log_softmax/N
+        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(grad*target/N, dim=-1, keepdim=true) -
+            grad*target/N
+        grad_target = -grad*(input - logsumexp(input, dim=-1, keepdim=true))/N
     """
     if (proxy := capture(cross_entropy, input, target)) is not None:  # torch.fx: one node
         return proxy

@@ -59,7 +59,8 @@ def glu(x: torch.Tensor) -> torch.Tensor:
         y = x[..., :D // 2]*sigmoid(x[..., D // 2:])
 
     Gradients:
-        grad_x = glu_backward(grad, x, dim=-1)
+        grad_x[..., :D // 2] = grad*sigmoid(x[..., D // 2:])
+        grad_x[..., D // 2:] = grad*(1 - sigmoid(x[..., D // 2:]))*x[..., :D // 2]*sigmoid(x[..., D // 2:])
     """
     if (proxy := capture(glu, x)) is not None:  # torch.fx: one node
         return proxy

@@ -93,12 +93,12 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
 
     Forward:
         smoothed = target*(1 - smoothing) + smoothing/C
-        saved_log_softmax = input - logsumexp(input, dim=-1, keepdim=true)
-        loss = -mean(sum(saved_log_softmax*smoothed, dim=-1), dim=-1)
+        loss = -mean(sum(smoothed*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)
 
     Gradients:
-        grad_input = exp(saved_log_softmax)*sum(grad*smoothed/N, dim=-1, keepdim=true) - grad*smoothed/N
-        grad_target = -grad*saved_log_softmax*(1 - smoothing)/N
+        grad_input = exp(input - logsumexp(input, dim=-1, keepdim=true))*sum(grad*smoothed/N, dim=-1, keepdim=true) -
+            grad*smoothed/N
+        grad_target = -grad*(1 - smoothing)*(input - logsumexp(input, dim=-1, keepdim=true))/N
     """
     if (proxy := capture(label_smoothing_ce, input, target, smoothing)) is not None:  # torch.fx: one node
         return proxy

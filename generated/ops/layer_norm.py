@@ -124,14 +124,15 @@ def layer_norm(
     F.layer_norm(x, (D,), weight, bias, eps).
 
     Forward:
-        saved_mean = layer_norm_stats(x)[1]
-        saved_rstd = layer_norm_stats(x)[2]
         y = bias + weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
 
     Gradients:
-        grad_x = layer_norm_backward(grad, x)[0]
-        grad_weight = layer_norm_backward(grad, x)[1]
-        grad_bias = layer_norm_backward(grad, x)[2]
+        grad_x = (grad*weight - (x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0,
+            keepdim=true))*mean(grad*weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0,
+            keepdim=true)), dim=-1, keepdim=true) - mean(grad*weight, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1,
+            correction=0, keepdim=true))
+        grad_weight = grad*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
+        grad_bias = grad
     """
     if (proxy := capture(layer_norm, x, weight, bias, eps)) is not None:  # torch.fx: one node
         return proxy

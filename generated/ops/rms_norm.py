@@ -75,12 +75,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
     F.rms_norm(x, (D,), weight, eps).
 
     Forward:
-        saved_rstd = 1/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
-        y = saved_rstd*weight*x
+        y = weight*x/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
 
     Gradients:
-        grad_x = grad*saved_rstd*weight - x*sum(grad*saved_rstd**3*weight*x, dim=-1, keepdim=true)/D
-        grad_weight = grad*saved_rstd*x
+        grad_x = grad*weight/sqrt(eps + mean(x**2, dim=-1, keepdim=true)) - x*sum(grad*weight*x/(eps + mean(x**2,
+            dim=-1, keepdim=true))**(3/2), dim=-1, keepdim=true)/D
+        grad_weight = grad*x/sqrt(eps + mean(x**2, dim=-1, keepdim=true))
     """
     if (proxy := capture(rms_norm, x, weight, eps)) is not None:  # torch.fx: one node
         return proxy

@@ -54,10 +54,10 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
     near 0 keeps values and derivatives of every order accurate and finite there.
 
     Forward:
-        y = where(abs(x) < 0.0001, 1 - pi**2*x**2/6, sinc(x))
+        y = where(abs(x) < 0.0001, 1 - pi**2*x**2/6, sin(pi*x)/(pi*x))
 
     Gradients:
-        grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, (cos(pi*x) - sinc(x))/x)
+        grad_x = grad*where(abs(x) < 0.0001, -pi**2*x/3, (cos(pi*x) - sin(pi*x)/(pi*x))/x)
     """
     if (proxy := capture(sinc, x)) is not None:  # torch.fx: one node
         return proxy

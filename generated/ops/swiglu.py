@@ -61,8 +61,9 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
         y = gate*x[..., D // 2:]*sigmoid(gate)
 
     Gradients:
-        grad_x = pad(grad*(gate*(1 - sigmoid(gate))*x[..., D // 2:]*sigmoid(gate) + x[..., D // 2:]*sigmoid(gate)),
-            dim=-1, at=0:D // 2, size=D) + pad(gate*grad*sigmoid(gate), dim=-1, at=D // 2:D, size=D)
+        grad_x[..., :D // 2] = grad*(gate*(1 - sigmoid(gate))*x[..., D // 2:]*sigmoid(gate) + x[..., D //
+            2:]*sigmoid(gate))
+        grad_x[..., D // 2:] = gate*grad*sigmoid(gate)
     """
     if (proxy := capture(swiglu, x)) is not None:  # torch.fx: one node
         return proxy

@@ -55,11 +55,10 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
     """Tanhshrink, x - tanh(x); torch.nn.functional.tanhshrink.
 
     Forward:
-        saved_tanh = tanh(x)
-        y = x - saved_tanh
+        y = x - tanh(x)
 
     Gradients:
-        grad_x = grad*saved_tanh**2
+        grad_x = grad*tanh(x)**2
     """
     if (proxy := capture(tanhshrink, x)) is not None:  # torch.fx: one node
         return proxy

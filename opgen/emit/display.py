@@ -14,6 +14,9 @@ from sympy.printing.str import StrPrinter
 
 from opgen.emit.tensor_print import TensorDisplay
 from opgen.formula import functions as fn
+from opgen.formula.aliases import ALIASES
+from opgen.formula.vocabulary import ALL_FUNCTIONS
+from opgen.nodes.base import Node, Shown
 from opgen.nodes.kernels import KernelBackward, OutputBackward, Prime, Primitive
 
 
@@ -126,8 +129,24 @@ def unguarded(expr: sympy.Basic, known: frozenset[sympy.Basic] = frozenset()) ->
     return expr.func(*(unguarded(arg, known) for arg in expr.args))
 
 
+_WORDS = frozenset({*ALL_FUNCTIONS, *ALIASES})
+
+
+def _written_out(expr: sympy.Basic) -> sympy.Basic:
+    """`expr` with each node a spec could not write (a stable rewrite's `sinc`, a saved `Rstd`) as the formula
+    it computes, in the language: a node that brings no spelling of its own for docstrings, written out
+    before printing, gets the parentheses its formula needs (`w/sqrt(v)**3`, not `w*1/sqrt(v)**3`)."""
+
+    def plain(e: sympy.Basic) -> bool:
+        if isinstance(e, Shown):
+            return type(e)._docstring is Shown._docstring
+        return isinstance(e, Node) and type(e).__name__ not in _WORDS and type(e).elementary is not Node.elementary
+
+    return expr.replace(plain, lambda e: e.elementary()) if expr.find(plain) else expr
+
+
 def display(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
-    return str(DisplayPrinter(names).doprint(unguarded(kernels_as_formulas(expr))))
+    return str(DisplayPrinter(names).doprint(unguarded(_written_out(kernels_as_formulas(expr)))))
 
 
 def display_lines(target: str, expr: sympy.Basic, names: dict[sympy.Symbol, str], width: int) -> list[str]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+
 import sympy
 
-from opgen.emit.display import display_lines
+from opgen.emit.display import display, display_lines
 from opgen.emit.names import OpNames
+from opgen.formula import slicing
 from opgen.formula.dims import counted
 from opgen.formula.read import dimension_names
 from opgen.formula.tensor import dim_size
+from opgen.nodes.base import Tupled, UnderTransforms
 from opgen.plan.backward import Plan
 from opgen.records import Derived
 
@@ -26,16 +30,15 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
     spec = derived.spec
     symbols = derived.symbols
     table = {s: n for group in (symbols.inputs, symbols.lets, symbols.outputs) for n, s in group.items()}
-    table |= {r.symbol: r.name for r in plan.residuals}
     table |= _incoming_names(plan, set(table.values()))
     labels = _gradient_labels([g.input for g in derived.full.gradients], set(table.values()))
     table |= {dim_size(d): d for d in dimension_names(spec)}
     table |= {dim_size(d): _size_doc(d) for d in plan.dim_sizes if counted(d)}
     lines = ["Forward:"]
     full = derived.full
-    residuals = [(r.name, r.expr) for r in plan.residuals]
-    for name, expr in [*full.lets, *residuals, *full.outputs]:
-        lines += display_lines(f"    {name}", expr, table, DOC_WIDTH)
+    residuals = {r.symbol: r.expr for r in plan.residuals}  # the code's own: the formulas read what they compute
+    for name, expr in [*full.lets, *full.outputs]:
+        lines += display_lines(f"    {name}", expr.xreplace(residuals), table, DOC_WIDTH)
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
     lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
@@ -47,12 +50,39 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
             continue
         total = sum(((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in seen), sympy.S.Zero)
         total = total.xreplace({r.grad: sympy.S.Zero for r in plan.residuals})
+        total = total.xreplace(residuals)
         if gradient.fit is not None:
             total = total.xreplace(lets)
         mark = "  (override)" if gradient.overridden else ""
-        lines += display_lines(f"    {labels[gradient.input]}", total, table, DOC_WIDTH - len(mark))
+        for target, part in _in_place(labels[gradient.input], total):
+            lines += display_lines(f"    {target}", part, table, DOC_WIDTH - len(mark))
         lines[-1] += mark
     return lines
+
+
+def _in_place(label: str, total: sympy.Basic) -> list[tuple[str, sympy.Basic]]:
+    """`grad_x = total`, or where `total` puts the gradients of the parts of a dimension each in its place
+    (the `Pad`s of `x[..., :D // 2]` and `x[..., D // 2:]`), one line per part: `grad_x[..., :D // 2] = ...`."""
+    total = total.replace(
+        lambda e: isinstance(e, UnderTransforms) and not isinstance(e, Tupled), lambda e: e.elementary()
+    )
+    parts: dict[slicing.Cut, sympy.Basic] = {}
+    for term in sympy.Add.make_args(total):
+        coeff, pad = term.as_coeff_Mul()
+        if not isinstance(pad, slicing.Pad):
+            return [(label, total)]
+        parts[pad.cut] = parts.get(pad.cut, sympy.S.Zero) + coeff * pad.args[0]
+    cuts = sorted(parts, key=lambda c: c.start)
+    same = len({(c.dim, c.base, c.whole) for c in cuts}) == 1
+    tiled = (
+        cuts[0].start == 0
+        and cuts[-1].stop == cuts[0].whole
+        and all(a.stop == b.start for a, b in itertools.pairwise(cuts))
+    )
+    if not (same and tiled):
+        return [(label, total)]
+    target = sympy.Symbol(label)
+    return [(display(slicing.make(slicing.Slice, target, cut), {}), parts[cut]) for cut in cuts]
 
 
 def _incoming_names(plan: Plan, taken: set[str]) -> dict[sympy.Basic, str]:

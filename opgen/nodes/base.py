@@ -152,6 +152,16 @@ class Shown(Node):
         return printer._print(self.elementary())
 
 
+class Tupled(Node):
+    """A node that returns a tuple of tensors, read one at a time (`Item` in opgen.nodes.layer_norm)."""
+
+    __slots__ = ()
+
+    def part_formula(self, index: int) -> Expr | None:
+        """What the tuple's entry `index` computes, as a formula; None: a None entry."""
+        raise NotImplementedError
+
+
 class UnderTransforms(Spelled):
     """A backward kernel torch.func transforms do not take as they should (Note [layer norm under
     torch.func] in opgen.nodes.layer_norm, Note [glu under torch.func] in opgen.nodes.glu): backward

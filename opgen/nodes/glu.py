@@ -30,7 +30,7 @@ from sympy import Expr, S
 from opgen.formula import functions as fn
 from opgen.formula import slicing
 from opgen.formula.tensor import Shape, TensorOp, dim_size, shape_of
-from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Shown, Spelled, TorchCode, UnderTransforms
+from opgen.nodes.base import Drop, Lowered, Shaped, Shown, Spelled, TorchCode, UnderTransforms
 
 
 class _GateOp(Shaped, TensorOp):
@@ -101,9 +101,11 @@ class GluBackward(UnderTransforms, Shown, _GateOp):
         gate = fn.sigmoid(second)
         return [(_pad(g * gate, first) + _pad(g * first * gate * (1 - gate), second), None)]
 
-    def _docstring(self, printer: Printer) -> str:
-        g, u, dim = self.args[:3]
-        return f"glu_backward({printer._print(g)}, {printer._print(u)}, dim={int(dim)})"
+    def elementary(self) -> Expr:
+        """The gradient of `u` as a formula: the two halves' gradients, each in its place."""
+        ((formula, _),) = self.transform_formulas()
+        assert formula is not None
+        return formula
 
 
 def half(whole: tuple[sympy.Basic, ...], k: int) -> Expr:

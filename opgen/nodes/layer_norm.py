@@ -37,7 +37,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.formula.tensor import ReduceMean, ReduceVar, Shape, TensorOp, shape_of
-from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Shown, Spelled, TorchCode, UnderTransforms
+from opgen.nodes.base import Drop, Lowered, Printer, Shaped, Shown, Spelled, TorchCode, Tupled, UnderTransforms
 
 
 class LayerNorm(Lowered, Spelled, Shown, TensorOp):
@@ -79,7 +79,7 @@ class LayerNorm(Lowered, Spelled, Shown, TensorOp):
         return _call(printer, "layer_norm", self)
 
 
-class LayerNormStats(Shaped, Spelled, Shown, TensorOp):
+class LayerNormStats(Shaped, Spelled, Tupled, TensorOp):
     """`torch.native_layer_norm(u, shape, None, None, eps)`: (normalized, mean, rstd); args (u, eps, shape)."""
 
     nargs = 3
@@ -99,14 +99,21 @@ class LayerNormStats(Shaped, Spelled, Shown, TensorOp):
         u, eps, shape = self.args
         return LayerNorm(u, S.One, S.Zero, eps, shape)
 
+    def part_formula(self, index: int) -> Expr:
+        """The normalized input, the mean, or the reciprocal standard deviation."""
+        u, eps, shape = self.args
+        dims = trailing_dims(shape)
+        if index == 0:
+            return self.plain()
+        if index == 1:
+            return ReduceMean(u, dims, S.One)
+        return (ReduceVar(u, dims, S.One, S.Zero) + eps) ** -S.Half
+
     def _torch(self, printer: TorchCode) -> str:
         return _call(printer, "native_layer_norm", self.plain())
 
-    def _docstring(self, printer: Printer) -> str:
-        return f"layer_norm_stats({printer._print(self.args[0])})"
 
-
-class LayerNormGrads(Shaped, UnderTransforms, Shown, TensorOp):
+class LayerNormGrads(Shaped, UnderTransforms, Tupled, TensorOp):
     """`native_layer_norm_backward`: (grad of u, of w, of b); args (g, u, mean, rstd, w, b, shape, eps)."""
 
     nargs = 8
@@ -142,8 +149,9 @@ class LayerNormGrads(Shaped, UnderTransforms, Shown, TensorOp):
         grad_b = (None, None) if b == 0 else (g, b)
         return [(grad_u, None), grad_w, grad_b]
 
-    def _docstring(self, printer: Printer) -> str:
-        return f"layer_norm_backward({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+    def part_formula(self, index: int) -> Expr | None:
+        """The gradient of the input, the weight or the bias, as a formula."""
+        return self.transform_formulas()[index][0]
 
 
 class Item(Shaped, Spelled, Shown, TensorOp):
@@ -166,7 +174,10 @@ class Item(Shaped, Spelled, Shown, TensorOp):
         return f"{printer._postfix(self.args[0])}[{int(self.args[1])}]"
 
     def _docstring(self, printer: Printer) -> str:
-        return f"{printer._print(self.args[0])}[{int(self.args[1])}]"
+        node = self.args[0]
+        if isinstance(node, Tupled):  # the formula of the entry
+            return printer._print(node.part_formula(int(self.args[1])))
+        return f"{printer._print(node)}[{int(self.args[1])}]"
 
 
 class Rstd(Shaped, Spelled, Shown, TensorOp):
@@ -182,11 +193,11 @@ class Rstd(Shaped, Spelled, Shown, TensorOp):
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
         return shape_of(self.args[0], table)
 
+    def elementary(self) -> Expr:
+        return self.args[0] ** -S.Half
+
     def _torch(self, printer: TorchCode) -> str:
         return f"{printer.torch}.rsqrt({printer._print(self.args[0])})"
-
-    def _docstring(self, printer: Printer) -> str:
-        return f"1/sqrt({printer._print(self.args[0])})"
 
 
 def trailing_dims(shape: sympy.Tuple) -> sympy.Basic:
