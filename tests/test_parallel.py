@@ -89,7 +89,7 @@ def test_a_spec_over_its_budget_in_a_worker_is_a_located_error_in_its_place(tmp_
         return original(spec, renderer, problems)
 
     monkeypatch.setattr(pipeline, "generate", slow_e)
-    monkeypatch.setenv("OPGEN_BUDGET", "0.5")
+    monkeypatch.setenv("OPGEN_BUDGET", "3")
     files, _, problems, names = _run(folder, 2)
     assert names == ["a_good", "e_good", "h_good"]
     assert len(problems) == 1 and problems[0].startswith(f"{folder / 'e_good.yaml'}:1:1: spec too costly")
