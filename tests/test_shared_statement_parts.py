@@ -5,12 +5,13 @@ are plain autograd's of the formula, in float64."""
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import import_package
+from conftest import GENERATED, import_package
 from full_size import FullSize
 
 from opgen.cli import main
@@ -84,3 +85,31 @@ def test_values_and_gradients_are_plain_autograds(ops, name):
     torch.testing.assert_close(got, expected)
     second = torch.autograd.grad(sum((a * a).sum() for a in got), args)
     torch.testing.assert_close(second, torch.autograd.grad(sum((b * b).sum() for b in expected), args))
+
+
+def _blocks(node: ast.AST):
+    """Every statement list of `node`: a body, an `else`, at every depth."""
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(node, field, None)
+        if isinstance(block, list) and block:
+            yield block
+    for child in ast.iter_child_nodes(node):
+        yield from _blocks(child)
+
+
+def test_no_generated_statement_recomputes_what_an_earlier_one_of_its_block_assigned():
+    """A value a statement assigned (`tmp = grad_y * weight`, `xhat = torch.layer_norm(...)`) is read by name
+    after it, never computed again in the same block: the parts of several gradients are shared too."""
+    repeated = []
+    for path in sorted((GENERATED / "ops").glob("*.py")):
+        for block in _blocks(ast.parse(path.read_text(encoding="utf-8"))):
+            earlier: list[tuple[str, str]] = []
+            for statement in block:
+                if not (isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name)):
+                    continue
+                target = statement.targets[0].id
+                parts = {ast.dump(node) for node in ast.walk(statement.value)}
+                repeated += [f"{path.name}: {target} recomputes {name}" for name, v in earlier if v in parts]
+                if isinstance(statement.value, (ast.BinOp, ast.Call, ast.UnaryOp)):
+                    earlier.append((target, ast.dump(statement.value)))
+    assert repeated == []

@@ -51,9 +51,9 @@ class LayerNormFunction(Function):
                     tmp0_t0_t0 = grad_y * weight
                     tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
                     tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
-                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0_t2 = tmp0_t0_t0 + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
                     tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
-                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
+                    tmp0_t1 = grad_y * tmp0_t0_t1
                     tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
                     tmp0 = tmp0_t0, tmp0_t1, None
             if ctx.needs_input_grad[0]:
@@ -70,11 +70,11 @@ class LayerNormFunction(Function):
                     tmp0_t0_t0 = grad_y * weight
                     tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
                     tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
-                    tmp0_t0_t2 = grad_y * weight + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
+                    tmp0_t0_t2 = tmp0_t0_t0 + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
                     tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
-                    tmp0_t1 = grad_y * torch.layer_norm(x, (ctx.D,), None, None, eps)
-                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
+                    tmp0_t1 = grad_y * tmp0_t0_t1
                     tmp0_t2 = grad_y
+                    tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
                     tmp0_t2 = tmp0_t2.sum_to_size(bias.shape)
                     tmp0 = tmp0_t0, tmp0_t1, tmp0_t2
             if ctx.needs_input_grad[0]:

@@ -46,22 +46,35 @@ def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shar
     is computed once, before."""
     if isinstance(expr, UnderTransforms):
         return _under_transforms(var, expr, printer, indent)
-    temporaries = _Temporaries(var, printer)
+    if shared:
+        return assign_together([(var, expr)], printer, indent)
+    return _short(var, _stable_forms(expr), printer, _Temporaries(var, printer), LINE_LENGTH - indent)
+
+
+def assign_together(targets: list[tuple[str, sympy.Basic]], printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = expr` for each target, in order, each part that two of them (or one twice) use computed once,
+    before the first (Note [shared parts of a statement])."""
+    temporaries = _Temporaries(targets[0][0], printer)
     width = LINE_LENGTH - indent
-    expr = _stable_forms(expr)
+    exprs = [_stable_forms(expr) for _, expr in targets]
     lines: list[str] = []
-    if shared and _rebuilds_as_is(expr):
-        replacements, (expr,) = sympy.cse([expr], symbols=temporaries, order="canonical")
+    if all(_rebuilds_as_is(expr) for expr in exprs):
+        replacements, exprs = sympy.cse(exprs, symbols=temporaries, order="canonical")
         inline: dict[sympy.Basic, sympy.Basic] = {}
+        named: dict[sympy.Basic, sympy.Basic] = {}
         for symbol, part in replacements:
-            part = part.xreplace(inline)
+            part = part.xreplace(inline).xreplace(named)
             if _is_condition(part) or _folds_into_use(part):
                 inline[symbol] = part
                 continue
             lines += _short(symbol.name, part, printer, temporaries, width)
             printer = _knowing(printer, symbol, part)
-        expr = expr.xreplace(inline)
-    return lines + _short(var, expr, printer, temporaries, width)
+            named[part] = symbol
+        # SymPy's cse leaves some whole occurrences of a part it named unreplaced (a term of a sum)
+        exprs = [expr.xreplace(inline).xreplace(named) for expr in exprs]
+    for (var, _), expr in zip(targets, exprs, strict=True):
+        lines += _short(var, expr, printer, temporaries, width)
+    return lines
 
 
 def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, indent: int) -> list[str]:
@@ -87,18 +100,16 @@ def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, in
 def _tuple_parts(
     var: str, formulas: list[tuple[Expr | None, Expr | None]], printer: TorchPrinter, indent: int
 ) -> Lines:
-    """`var = a, b, c`, each part assigned first (summed to the shape of its input), None where it is."""
+    """`var = a, b, c`, the parts assigned first, together (summed to the shape of their input), None
+    where a part is."""
     temporaries = _Temporaries(var, printer)
-    names, lines = [], []
-    for part, into in formulas:
-        if part is None:
-            names.append("None")
-            continue
-        names.append(next(temporaries).name)
-        lines += assign(names[-1], part, printer, indent, shared=True)
-        if into is not None:
-            lines.append(f"{names[-1]} = {names[-1]}.sum_to_size({printer.doprint_expr(into)}.shape)")
-    return [*lines, f"{var} = {', '.join(names)}"]
+    names = [None if part is None else next(temporaries).name for part, _ in formulas]
+    targets = [(name, part) for name, (part, _) in zip(names, formulas, strict=True) if name and part is not None]
+    lines = assign_together(targets, printer, indent)
+    for name, (_, into) in zip(names, formulas, strict=True):
+        if name is not None and into is not None:
+            lines.append(f"{name} = {name}.sum_to_size({printer.doprint_expr(into)}.shape)")
+    return [*lines, f"{var} = {', '.join(name or 'None' for name in names)}"]
 
 
 def call_lines(var: str, function: str, args: list[str], width: int) -> list[str]:

@@ -144,7 +144,7 @@ class LayerNormGrads(Shaped, UnderTransforms, Tupled, TensorOp):
         rstd = (ReduceVar(u, dims, S.One, S.Zero) + eps) ** -S.Half
         gxhat = g * w
         centered = gxhat - ReduceMean(gxhat, dims, S.One) - xhat * ReduceMean(gxhat * xhat, dims, S.One)
-        grad_u = sympy.Mul(rstd, centered, evaluate=False)
+        grad_u = rstd * centered
         grad_w = (None, None) if w == 1 else (g * xhat, w)
         grad_b = (None, None) if b == 0 else (g, b)
         return [(grad_u, None), grad_w, grad_b]
