@@ -158,6 +158,21 @@ def test_emit_imports_nothing_of_derive_or_optimize():
     assert not wrong
 
 
+# What only the stages before emit may run on formulas: common-subexpression elimination, rewrites to
+# stable forms, simplification (emit prints what the plan holds: opgen.plan.blocks shares the parts).
+DECIDING = {"cse", "stable_form", "stable_forms", "simplify", "rewrite", "share"}
+
+
+def test_emit_runs_no_cse_and_no_rewrite():
+    wrong = []
+    for path in sorted((ROOT / "opgen" / "emit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in DECIDING:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert not wrong
+
+
 def test_importing_the_rewrites_changes_no_table_of_the_guard():
     script = (
         "import opgen.derive.guard as g; before = dict(g.DOMAINS); "

@@ -1,5 +1,5 @@
 """A statement's part used twice is computed once (Note [shared parts of a statement] in
-opgen/emit/statements.py): forward makes no more full-size tensors than the same formula written
+opgen/plan/blocks.py): forward makes no more full-size tensors than the same formula written
 in PyTorch with each repeated part computed once, and its values, gradients and second derivatives
 are plain autograd's of the formula, in float64."""
 

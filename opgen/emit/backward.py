@@ -6,6 +6,8 @@ each gradient is fitted to its input's shape (Note [gradient shapes] in opgen.pl
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from opgen.emit import layout
@@ -13,6 +15,7 @@ from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import OpNames, variant_printer
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign, indent_lines, text_lines, variant_branches
+from opgen.nodes.base import UnderTransforms
 from opgen.plan.backward import BackwardPlan, GradPlan, Plan
 from opgen.plan.forward import filled_incoming
 
@@ -62,7 +65,7 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
         elif not printer.is_tensor(expr):
             lines.append(f"{var} = {names.torch}.full_like({first_grad}, {text})")
         else:
-            lines += assign(var, expr, printer, _indent_of(plan, 3))
+            lines += _assign(plan, var, expr, printer, _indent_of(plan, 3))
     elif plan.gate_none:
         return _gated_sum(plan, grad, names, printer, shape)
     elif grad.separate:
@@ -71,10 +74,17 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     else:
         total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
         if plan.derived.spec.optimize.lower:
-            lines += backward_lines(var, total, printer, _indent_of(plan, 3))
+            lines += backward_lines(plan, var, total, printer, _indent_of(plan, 3))
         else:
-            lines += assign(var, total, printer, _indent_of(plan, 3))
+            lines += _assign(plan, var, total, printer, _indent_of(plan, 3))
     return lines + _fit_lines(grad, var, names, shape, _indent_of(plan, 3))
+
+
+def _assign(plan: Plan, var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int) -> Lines:
+    """`var = expr`; a kernel torch.func transforms take as its formulas, the call and those formulas."""
+    if isinstance(expr, UnderTransforms):
+        return backward_lines(plan, var, expr, printer, indent)
+    return assign(var, expr, printer, indent)
 
 
 def _fit_lines(grad: GradPlan, var: str, names: OpNames, shape: str, indent: int) -> Lines:
@@ -99,7 +109,7 @@ def _residual_terms(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPr
     var = names.grads_out[grad.input]
     lines: Lines = []
     assigned = False
-    write = backward_lines if plan.derived.spec.optimize.lower else assign
+    write = functools.partial(backward_lines if plan.derived.spec.optimize.lower else _assign, plan)
     for contribution in grad.contributions:
         grads = sorted(contribution.factor.free_symbols & _residual_grads(plan), key=sympy.default_sort_key)
         if not grads and not assigned:
@@ -159,7 +169,7 @@ def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter)
     lines: Lines = []
     for temp in temps:
         # A gradient two inputs share, negated (Note [gradients that negate another]): a backward kernel's call.
-        write = backward_lines if temp.kernel and plan.derived.spec.optimize.lower else assign
+        write = functools.partial(backward_lines if temp.kernel and plan.derived.spec.optimize.lower else _assign, plan)
         lines += write(names.temps[temp.symbol], temp.expr, printer, _indent_of(plan, 3))
     return lines
 

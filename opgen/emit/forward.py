@@ -15,7 +15,7 @@ from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import Lines, assign, text_lines, variant_branches
+from opgen.emit.statements import Lines, assign_block, text_lines, variant_branches
 from opgen.formula.dims import counted
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
@@ -37,7 +37,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     for name, expr in variant.lets:
         found = let_statistics(name, expr, pending, printer)
         if found is None:
-            lines += assign(name, _read_back(expr, parts), printer, indent, shared=True)
+            lines += assign_block([name], plan.block(expr), printer, indent, (dict(parts),))
             continue
         lines.append(found[0])
         given |= found[1]
@@ -51,6 +51,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
     for symbol in inner.values():  # a layer norm inside an output: computed with its statistics
         printer = printer.with_symbols({symbol: symbol.name}, frozenset({symbol}))
     outputs = tuple((n, _read_back(_read_back(e, parts), inner)) for n, e in variant.outputs)
+    raw, read = dict(variant.outputs), (dict(parts), dict(inner))
     computed = {expr: name for name, expr in variant.lets}
     for residual in plan.residuals:  # computed once, before the outputs that use them (opgen.optimize.save)
         if residual.name in done:
@@ -58,7 +59,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
         if _as_let(residual.expr) in computed:  # a let forward has already computed (`r: rsqrt(...)`)
             lines.append(f"{residual.name} = {computed[_as_let(residual.expr)]}")
         else:
-            lines += assign(residual.name, residual.expr, printer, indent, shared=True)
+            lines += assign_block([residual.name], plan.block(residual.expr), printer, indent)
     tensors = frozenset(plan.derived.symbols.tensor_inputs)
     inlined = dict(variant.inlined)  # a constant may read a let or an earlier output: `(n > n) * o`
     for name, expr in outputs:
@@ -75,7 +76,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             text = printer.doprint_expr(expr)
             lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
         else:
-            lines += assign(name, expr, printer, indent, shared=True)
+            lines += assign_block([name], plan.block(raw[name]), printer, indent, read)
         if name in expand:  # a fresh tensor, as PyTorch's ops return: an expanded view fails in-place ops
             # on the output and forward mode, which writes the tangent into the output's layout.
             lines.append(f"{name} = {_expanded(name, expand[name], printer)}.contiguous()")

@@ -18,6 +18,7 @@ costs one `save_for_forward` call of tensors already at hand.
 from __future__ import annotations
 
 import copy
+import functools
 import textwrap
 from dataclasses import dataclass
 
@@ -161,7 +162,7 @@ def _term_lines(
     out: OutputTangent,
     value: sympy.Basic,
     accumulate: bool,
-    lower: bool,
+    plan: Plan,
     view: bool,
     jnames: JvpNames,
     printer: TorchPrinter,
@@ -171,7 +172,8 @@ def _term_lines(
     var = jnames.tangents[out.output]
     if view:  # Note [outputs that alias]: the output is a view of an input, so its tangent is a view
         return [*assign(var, value, printer, indent), f"{var} = {var}.view_as({var})"]
-    write = backward_lines if lower else assign  # `tangent * prime(u)` is a native backward kernel
+    lower = plan.derived.spec.optimize.lower  # `tangent * prime(u)` is a native backward kernel
+    write = functools.partial(backward_lines, plan) if lower else assign
     if not accumulate:
         return write(var, value, printer, indent)
     lines = write(jnames.step, value, printer, indent)
@@ -216,8 +218,7 @@ def _variant_lines(
                     continue
                 # Note [outputs that alias] in opgen.plan.backward: the tangent of a view is a view.
                 view = out.output in forward.views and len(out.terms) == 1
-                lower = spec.optimize.lower
-                body += _term_lines(out, term.value, out.output in assigned, lower, view, jnames, printer, inner)
+                body += _term_lines(out, term.value, out.output in assigned, plan, view, jnames, printer, inner)
                 assigned.add(out.output)
         if body:
             lines += [f"if {jnames.params[name]} is not None:", *_indent(body)] if gate else body

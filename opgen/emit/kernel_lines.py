@@ -12,8 +12,11 @@ from __future__ import annotations
 from sympy import Expr
 
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import assign
-from opgen.nodes.kernels import KernelBackward, backward_kernel
+from opgen.emit.statements import assign, assign_block, under_transforms
+from opgen.nodes.base import UnderTransforms
+from opgen.nodes.kernels import KernelBackward, Prime, backward_kernel
+from opgen.plan.backward import Plan
+from opgen.plan.blocks import GRAD
 
 
 def forward_printer(printer: TorchPrinter) -> TorchPrinter:
@@ -41,8 +44,11 @@ def forward_printer(printer: TorchPrinter) -> TorchPrinter:
     return printer.with_symbols({}, frozenset(), no_grad=True)
 
 
-def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) -> list[str]:
-    """`var = total`, through a native backward kernel where `total` is one (`g * prime(u)`)."""
+def backward_lines(plan: Plan, var: str, total: Expr, printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = total`, through a native backward kernel where `total` is one (`g * prime(u)`), or where it is a
+    kernel torch.func transforms take as its formulas, the kernel's call and those formulas."""
+    if isinstance(total, UnderTransforms):
+        return under_transforms(var, total, plan.block(total), printer, indent)
     node = backward_kernel(total, printer.tensors)
     if node is None:
         return assign(var, total, printer, indent)
@@ -52,7 +58,9 @@ def backward_lines(var: str, total: Expr, printer: TorchPrinter, indent: int) ->
     if primitive.backward_differentiable and not primitive.backward_in_place:
         return assign(var, node, printer, indent)
     # Double backward records backward: the formula, each repeated part computed once.
-    recorded = assign(var, node.elementary(), printer, indent + 4, shared=True)
+    g, *args = node.args
+    formula = plan.block(Prime(primitive.__name__, *args))
+    recorded = assign_block([var], formula, printer, indent + 4, ({GRAD: g},))
     if primitive.backward_in_place:
         g, u = node.args
         unrecorded = primitive.in_place_backward(var, printer._print(g), printer._print(u), printer)

@@ -8,7 +8,8 @@ than ruff would leave on one line. A formula whose assignment would pass the lin
 at its indentation is cut: its largest parts become named temporaries (`grad_x_t0 = ...`)
 until the rest fits. Conditions stay inline (a bool
 tensor would give `(cond).to(...)` the wrong dtype, Note in opgen.plan.backward), and so do plain
-numbers too short to matter. A single call that cannot be cut further stays as it is.
+numbers too short to matter. A single call that cannot be cut further stays as it is. Which parts
+a statement computes once because it uses them twice is the plan's decision (opgen.plan.blocks).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from sympy import Expr
 
 from opgen.emit.printer import TorchPrinter
 from opgen.formula.kinds import with_definitions
-from opgen.nodes.base import Node, UnderTransforms
+from opgen.nodes.base import UnderTransforms
+from opgen.plan.blocks import Block, is_condition
 from opgen.spec.names import Namer
 
 LINE_LENGTH = 120
@@ -41,54 +43,55 @@ class _Temporaries:
         return sympy.Symbol(self.namer.fresh(f"{self.var}_t{self.count - 1}"), real=True)
 
 
-def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int, shared: bool = False) -> list[str]:
-    """`var = expr` as lines of at most LINE_LENGTH at `indent`; `shared`: each part used twice
-    is computed once, before."""
-    if isinstance(expr, UnderTransforms):
-        return _under_transforms(var, expr, printer, indent)
-    if shared:
-        return assign_together([(var, expr)], printer, indent)
-    return _short(var, _stable_forms(expr), printer, _Temporaries(var, printer), LINE_LENGTH - indent)
+def assign(var: str, expr: sympy.Basic, printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = expr` as lines of at most LINE_LENGTH at `indent`."""
+    return _short(var, expr, printer, _Temporaries(var, printer), LINE_LENGTH - indent)
 
 
-def assign_together(targets: list[tuple[str, sympy.Basic]], printer: TorchPrinter, indent: int) -> list[str]:
-    """`var = expr` for each target, in order, each part that two of them (or one twice) use computed once,
-    before the first (Note [shared parts of a statement])."""
-    temporaries = _Temporaries(targets[0][0], printer)
+def assign_block(
+    targets: list[str],
+    block: Block,
+    printer: TorchPrinter,
+    indent: int,
+    read: tuple[dict[sympy.Basic, sympy.Basic], ...] = (),
+) -> list[str]:
+    """`target = value` for each value of the plan's `block` (opgen.plan.blocks), its parts first, each
+    named `<first target>_t0`, ...; `read`: what forward has already computed, by the name to read,
+    replaced in turn (a part that becomes a name is read in place)."""
+
+    def reading(expr: sympy.Basic) -> sympy.Basic:
+        for computed in read:
+            expr = expr.xreplace(computed) if computed else expr
+        return expr.xreplace(names)
+
+    temporaries = _Temporaries(targets[0], printer)
     width = LINE_LENGTH - indent
-    exprs = [_stable_forms(expr) for _, expr in targets]
+    names: dict[sympy.Basic, sympy.Basic] = {}
     lines: list[str] = []
-    if all(_rebuilds_as_is(expr) for expr in exprs):
-        replacements, exprs = sympy.cse(exprs, symbols=temporaries, order="canonical")
-        inline: dict[sympy.Basic, sympy.Basic] = {}
-        named: dict[sympy.Basic, sympy.Basic] = {}
-        for symbol, part in replacements:
-            part = part.xreplace(inline).xreplace(named)
-            if _is_condition(part) or _folds_into_use(part):
-                inline[symbol] = part
-                continue
-            lines += _short(symbol.name, part, printer, temporaries, width)
-            printer = _knowing(printer, symbol, part)
-            named[part] = symbol
-        # SymPy's cse leaves some whole occurrences of a part it named unreplaced (a term of a sum)
-        exprs = [expr.xreplace(inline).xreplace(named) for expr in exprs]
-    for (var, _), expr in zip(targets, exprs, strict=True):
-        lines += _short(var, expr, printer, temporaries, width)
+    for symbol, part in block.parts:
+        part = reading(part)
+        if part.is_Atom:
+            names[symbol] = part
+            continue
+        name = next(temporaries)
+        lines += _short(name.name, part, printer, temporaries, width)
+        printer = _knowing(printer, name, part)
+        names[symbol] = name
+    for var, value in zip(targets, block.values, strict=True):
+        lines += _short(var, reading(value), printer, temporaries, width)
     return lines
 
 
-def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, indent: int) -> list[str]:
-    """`var = ` the kernel, or under torch.func transforms its formulas: the value itself, or each part
-    of the tuple assigned on its own lines (Note [glu under torch.func] in opgen.nodes.glu, Note [layer norm
-    under torch.func] in opgen.nodes.layer_norm)."""
-    function, args = expr.kernel_call(printer)
-    formulas = expr.transform_formulas()
+def under_transforms(var: str, node: UnderTransforms, block: Block, printer: TorchPrinter, indent: int) -> list[str]:
+    """`var = ` the kernel `node`, or under torch.func transforms its formulas (`block`): the value
+    itself, or each part of the tuple assigned on its own lines (Note [glu under torch.func] in
+    opgen.nodes.glu, Note [layer norm under torch.func] in opgen.nodes.layer_norm)."""
+    function, args = node.kernel_call(printer)
+    formulas = node.transform_formulas()
     if len(formulas) == 1:
-        ((value, _),) = formulas
-        assert value is not None
-        lines = assign(var, value, printer, indent + 4, shared=True)
+        lines = assign_block([var], block, printer, indent + 4)
     else:
-        lines = _tuple_parts(var, formulas, printer, indent + 4)
+        lines = _tuple_parts(var, formulas, block, printer, indent + 4)
     return [
         f"if not {printer.runtime.transforms_active}():",
         *indent_lines(call_lines(var, function, args, LINE_LENGTH - indent - 4)),
@@ -98,14 +101,13 @@ def _under_transforms(var: str, expr: UnderTransforms, printer: TorchPrinter, in
 
 
 def _tuple_parts(
-    var: str, formulas: list[tuple[Expr | None, Expr | None]], printer: TorchPrinter, indent: int
+    var: str, formulas: list[tuple[Expr | None, Expr | None]], block: Block, printer: TorchPrinter, indent: int
 ) -> Lines:
     """`var = a, b, c`, the parts assigned first, together (summed to the shape of their input), None
     where a part is."""
     temporaries = _Temporaries(var, printer)
     names = [None if part is None else next(temporaries).name for part, _ in formulas]
-    targets = [(name, part) for name, (part, _) in zip(names, formulas, strict=True) if name and part is not None]
-    lines = assign_together(targets, printer, indent)
+    lines = assign_block([name for name in names if name], block, printer, indent)
     for name, (_, into) in zip(names, formulas, strict=True):
         if name is not None and into is not None:
             lines.append(f"{name} = {name}.sum_to_size({printer.doprint_expr(into)}.shape)")
@@ -123,50 +125,9 @@ def call_lines(var: str, function: str, args: list[str], width: int) -> list[str
     return [f"{var} = {function}(", *(f"    {a}," for a in args), ")"]
 
 
-def _stable_forms(expr: sympy.Basic) -> sympy.Basic:
-    """Note [printed stable forms]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    A node of the stable rewrites whose derivative is simpler than its value (`logcosh`: its
-    derivative is tanh, its value a `where` of two stable forms) prints as its `stable_form()`,
-    written out here so that a long one is cut into temporaries and its repeated parts shared.
-    """
-    if not any(_has_stable_form(node) for node in sympy.preorder_traversal(expr)):
-        return expr
-    return expr.replace(_has_stable_form, lambda e: e.stable_form())
-
-
-def _has_stable_form(expr: sympy.Basic) -> bool:
-    return isinstance(expr, Node) and expr.stable_form() is not None
-
-
 def _knowing(printer: TorchPrinter, symbol: sympy.Symbol, expr: sympy.Basic) -> TorchPrinter:
     tensors = with_definitions(printer.tensors, [(symbol, expr)]) - printer.tensors
     return printer.with_symbols({symbol: symbol.name}, tensors)
-
-
-def _folds_into_use(expr: sympy.Basic) -> bool:
-    """Note [shared parts of a statement]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    A statement's part used twice is computed once (`abs(x)` in the stable form of `log(cosh(x))`,
-    `x @ W` in a gate), in forward as in backward, whatever printed the repeats (the formula as
-    written, Note [printed stable forms]). A number times one name (`-x`, `g / 2`) is no such part: a
-    temporary costs a pass over the tensor, where each use prints it into its own operation for
-    free (`hi - x`, `x - lo`), so it stays inline. A formula the reader kept partly unevaluated is
-    printed unshared (`_rebuilds_as_is`)."""
-    if not isinstance(expr, sympy.Mul) or len(expr.args) != 2:
-        return False
-    number, other = sorted(expr.args, key=lambda a: not a.is_number)
-    return bool(number.is_number) and other.is_Atom
-
-
-def _rebuilds_as_is(expr: sympy.Basic) -> bool:
-    """Whether CSE, which rebuilds the formula, keeps it: not where the reader kept a node unevaluated
-    (`(a < a) * x` would lose `x` and its shape), which is then printed as it is, unshared."""
-    return all(node.func(*node.args) == node for node in sympy.postorder_traversal(expr) if node.args)
-
-
-def _is_condition(expr: sympy.Basic) -> bool:
-    return isinstance(expr, sympy.logic.boolalg.Boolean) and not isinstance(expr, Expr)
 
 
 def _unwrapped(text: str) -> str:
@@ -254,7 +215,7 @@ def _parts(expr: sympy.Basic) -> list[sympy.Basic]:
     """The operands of `expr` a temporary may hold; a condition's own operands in its place."""
     found = []
     for arg in expr.args:
-        if _is_condition(arg):
+        if is_condition(arg):
             found += _parts(arg)
         elif isinstance(arg, Expr) and not arg.is_Atom:
             found.append(arg)

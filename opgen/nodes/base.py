@@ -12,7 +12,7 @@ the classes below, by `isinstance`, never by looking for a method by name:
 - every `Node` has `elementary()`, the formula it computes, of elementary functions and earlier
   nodes (its value at many digits, opgen.plan.digits; docstrings; derivatives where it has no rule
   of its own): the one spelling of a node's formula; `stable_form()`, what forward computes in its
-  place where PyTorch has no kernel (Note [printed stable forms] in opgen.emit.statements);
+  place where PyTorch has no kernel (Note [printed stable forms] in opgen.plan.blocks);
   `detached`, a statistic autograd does not differentiate; `guard_domain`, arguments a
   `where` branch must guard (Note [double where] in opgen.derive.guard);
 - a `Shaped` node is not shaped as its arguments broadcast: it gives its shape (`shape_in`);
@@ -95,7 +95,7 @@ class Node:
         raise NotImplementedError(f"{type(self).__name__} has no elementary form")
 
     def stable_form(self) -> Expr | None:
-        """What forward computes in the node's place (Note [printed stable forms] in opgen.emit.statements);
+        """What forward computes in the node's place (Note [printed stable forms] in opgen.plan.blocks);
         None by default: the node prints as itself."""
         return None
 

@@ -3,8 +3,9 @@
 Each is a SymPy function with its exact derivative (`fdiff`), its value in elementary functions
 (`elementary`, for evaluation at many digits) and its torch spelling (`_torch`): PyTorch's kernel
 or, where PyTorch has none, its `stable_form()` (Note [printed stable forms] in
-opgen/emit/statements.py). Of plain numbers (Note [numbers and tensors] in opgen.formula.kinds)
-each prints in a stable `math` form. Docstrings show them by name.
+opgen/plan/blocks.py). Of plain numbers (Note [numbers and tensors] in opgen.formula.kinds)
+each prints in a stable `math` form. Docstrings show them by name where the formula language
+has it, else as their formula.
 """
 
 from __future__ import annotations
@@ -43,14 +44,14 @@ class logcosh(Spelled, fn.Elementwise):  # noqa: N801
 
     def stable_form(self) -> Expr:
         """What forward computes: `|u| + softplus(-2|u|) - log(2)`, and below |u| = 1, where that
-        cancels, `log1p(2 sinh(u/2)**2)` (Note [printed stable forms] in opgen/emit/statements.py)."""
+        cancels, `log1p(2 sinh(u/2)**2)` (Note [printed stable forms] in opgen/plan/blocks.py)."""
         u = self.args[0]
         size = sympy.Abs(u)
         small = fn.log1p(2 * sympy.sinh(u / 2) ** 2)
         return fn.where(sympy.StrictLessThan(size, 1), small, size + fn.softplus(-2 * size) - sympy.log(2))
 
     def _torch(self, printer: TorchCode) -> str:
-        return printer._print(self.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
+        return printer._print(self.stable_form())  # Note [printed stable forms] in opgen/plan/blocks.py
 
     def elementary(self) -> Expr:
         return sympy.log(sympy.cosh(self.args[0]))
@@ -65,13 +66,13 @@ class log1mexp(Spelled, fn.Elementwise):  # noqa: N801
         return -1 / fn.expm1(-self.args[0])
 
     def stable_form(self) -> Expr:
-        """Note [printed stable forms] in opgen/emit/statements.py."""
+        """Note [printed stable forms] in opgen/plan/blocks.py."""
         u = self.args[0]
         near = sympy.log(-fn.expm1(u))
         return fn.where(sympy.StrictGreaterThan(u, -sympy.log(2)), near, fn.log1p(-sympy.exp(u)))
 
     def _torch(self, printer: TorchCode) -> str:
-        return printer._print(self.stable_form())  # Note [printed stable forms] in opgen/emit/statements.py
+        return printer._print(self.stable_form())  # Note [printed stable forms] in opgen/plan/blocks.py
 
     def elementary(self) -> Expr:
         return sympy.log(1 - sympy.exp(self.args[0]))

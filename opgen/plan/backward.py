@@ -41,8 +41,9 @@ records this Function for it, and saving the input stays legal), `src.detach()` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import sympy
@@ -52,6 +53,7 @@ from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
+from opgen.plan.blocks import Block, blocks_of
 from opgen.plan.conditions import Temp, TempGroup, cse_as_written, inline_conditions, read_multiples
 from opgen.plan.forward import ForwardPlan, plan_forward
 from opgen.plan.kernel_calls import kernel_factors
@@ -91,6 +93,17 @@ class Plan:
     aliases: tuple[frozenset[str], ...] = ()  # per variant: outputs returned as a view (Note [outputs that alias])
     residuals: tuple[Residual, ...] = ()  # returned after the outputs, for backward only (Note [hidden outputs])
     varies: bool = False  # backward differs between variants: it branches on the saved `Tensor?` inputs
+    # What forward computes with its parts shared, and the formulas of the kernels backward and jvp
+    # call (opgen.plan.blocks), by the statement's value, the kernel node or the primitive's derivative.
+    blocks: tuple[tuple[Expr, Block], ...] = ()
+
+    def block(self, key: Expr) -> Block:
+        """The block of a forward statement's value, a kernel node or a primitive's derivative."""
+        return self._blocks[key]
+
+    @functools.cached_property
+    def _blocks(self) -> dict[Expr, Block]:
+        return dict(self.blocks)
 
     @property
     def returned(self) -> tuple[str, ...]:
@@ -393,6 +406,9 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
     temps = frozenset(t.symbol for bp in backward for g in bp.groups for t in g.temps)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     aliases = tuple(aliasing_outputs(derived, v) for v in derived.variants)
+    forward = plan_forward(derived, residuals, aliases, tangents)
+    statements = [e for v in derived.variants for _, e in (*v.lets, *v.outputs)] + [r.expr for r in residuals]
+    blocks = blocks_of(statements, [*_exprs(backward), *_exprs(forward), *(r.expr for r in residuals)])
     return Plan(
         derived=derived,
         saved=tuple(saved),
@@ -401,9 +417,23 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         backward=backward,
         gate_none=gate_none,
         temps=temps,
-        forward=plan_forward(derived, residuals, aliases, tangents),
+        forward=forward,
         dim_sizes=dim_sizes,
         aliases=aliases,
         residuals=residuals,
         varies=varies,
+        blocks=blocks,
     )
+
+
+def _exprs(record: object) -> Iterator[Expr]:
+    """Every formula a record of the plan holds, at any depth."""
+    if isinstance(record, sympy.Basic):
+        yield record
+    elif isinstance(record, (tuple, list)):
+        for item in record:
+            yield from _exprs(item)
+    elif dataclasses.is_dataclass(record) and not isinstance(record, type):
+        for field in dataclasses.fields(record):
+            if field.name != "derived":
+                yield from _exprs(getattr(record, field.name))
