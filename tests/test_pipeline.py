@@ -159,8 +159,9 @@ def test_emit_imports_nothing_of_derive_or_optimize():
 
 
 # What only the stages before emit may run on formulas: common-subexpression elimination, rewrites to
-# stable forms, simplification (emit prints what the plan holds: opgen.plan.blocks shares the parts).
-DECIDING = {"cse", "stable_form", "stable_forms", "simplify", "rewrite", "share"}
+# stable forms, simplification, which statement is a backward kernel (emit prints what the plan holds:
+# opgen.plan.blocks shares the parts, opgen.plan.kernel_calls finds the kernels).
+DECIDING = {"cse", "stable_form", "stable_forms", "simplify", "rewrite", "share", "backward_kernel", "kernel_factors"}
 
 
 def test_emit_runs_no_cse_and_no_rewrite():

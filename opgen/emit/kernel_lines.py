@@ -14,7 +14,7 @@ from sympy import Expr
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import assign, assign_block, under_transforms
 from opgen.nodes.base import UnderTransforms
-from opgen.nodes.kernels import KernelBackward, Prime, backward_kernel
+from opgen.nodes.kernels import KernelBackward, Prime
 from opgen.plan.backward import Plan
 from opgen.plan.blocks import GRAD
 
@@ -49,7 +49,7 @@ def backward_lines(plan: Plan, var: str, total: Expr, printer: TorchPrinter, ind
     kernel torch.func transforms take as its formulas, the kernel's call and those formulas."""
     if isinstance(total, UnderTransforms):
         return under_transforms(var, total, plan.block(total), printer, indent)
-    node = backward_kernel(total, printer.tensors)
+    node = plan.kernel(total)
     if node is None:
         return assign(var, total, printer, indent)
     if not isinstance(node, KernelBackward):  # an output's kernel: it has a derivative

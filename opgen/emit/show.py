@@ -19,7 +19,7 @@ from opgen.emit.names import make_names, make_printer, variant_printer, variant_
 from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
 from opgen.formula import tensor
-from opgen.nodes.kernels import KernelBackward, OutputBackward, Primitive, backward_kernel
+from opgen.nodes.kernels import KernelBackward, OutputBackward, Primitive
 from opgen.plan.backward import Plan
 
 # The nodes that are one PyTorch kernel each (the rest of a formula is elementwise arithmetic).
@@ -59,7 +59,7 @@ def _kernels(plan: Plan, printer: TorchPrinter) -> list[str]:
     backward: list[sympy.Basic] = [t.expr for t in variant_temps(plan.backward[-1])]
     for grad in plan.backward[-1].grads:
         total = sum((plan.incoming[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
-        node = backward_kernel(total, printer.tensors) if plan.derived.spec.optimize.lower else None
+        node = plan.kernel(total)
         backward += [node if node is not None else total] + [c.factor for c in grad.contributions if not c.output]
     lines = []
     for where, exprs in (("forward", forward), ("backward", backward)):

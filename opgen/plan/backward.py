@@ -51,12 +51,13 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
+from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
 from opgen.plan.blocks import Block, blocks_of
 from opgen.plan.conditions import Temp, TempGroup, cse_as_written, inline_conditions, read_multiples
 from opgen.plan.forward import ForwardPlan, plan_forward
-from opgen.plan.kernel_calls import kernel_factors
+from opgen.plan.kernel_calls import kernel_calls, kernel_factors
 from opgen.plan.kinks import kink_of_output, shared_kinks
 from opgen.plan.numbers import pull_numbers
 
@@ -96,6 +97,8 @@ class Plan:
     # What forward computes with its parts shared, and the formulas of the kernels backward and jvp
     # call (opgen.plan.blocks), by the statement's value, the kernel node or the primitive's derivative.
     blocks: tuple[tuple[Expr, Block], ...] = ()
+    # The statements of backward and jvp that one backward kernel computes, with its node (opgen.plan.kernel_calls).
+    kernels: tuple[tuple[Expr, Expr], ...] = ()
 
     def block(self, key: Expr) -> Block:
         """The block of a forward statement's value, a kernel node or a primitive's derivative."""
@@ -104,6 +107,14 @@ class Plan:
     @functools.cached_property
     def _blocks(self) -> dict[Expr, Block]:
         return dict(self.blocks)
+
+    def kernel(self, value: Expr) -> Expr | None:
+        """The backward kernel's node that computes a statement's `value`, or None (where the spec lowers)."""
+        return self._kernels.get(value)
+
+    @functools.cached_property
+    def _kernels(self) -> dict[Expr, Expr]:
+        return dict(self.kernels)
 
     @property
     def returned(self) -> tuple[str, ...]:
@@ -423,7 +434,32 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         residuals=residuals,
         varies=varies,
         blocks=blocks,
+        kernels=kernel_calls(_statements(derived, residuals, backward, forward)) if spec.optimize.lower else (),
     )
+
+
+def _statements(
+    derived: Derived, residuals: tuple[Residual, ...], backward: tuple[BackwardPlan, ...], forward: ForwardPlan
+) -> Iterator[tuple[Expr, frozenset[sympy.Symbol]]]:
+    """Every value backward and jvp assign (a temporary, a gradient or its terms, a tangent's term), with
+    the symbols that hold tensors there."""
+    known = derived.symbols.tensors | {r.symbol for r in residuals}
+    incoming = derived.symbols.grads | {r.name: r.grad for r in residuals}
+    for variant, bp in zip(derived.variants, backward, strict=True):
+        temps = [(t.symbol, t.expr) for g in bp.groups for t in g.temps]
+        tensors = with_definitions(known, [*variant.lets, *temps])
+        yield from ((value, tensors) for _, value in temps)
+        for grad in bp.grads:
+            terms = [incoming[c.output] * c.factor for c in grad.contributions if c.output]
+            yield sum(terms, sympy.S.Zero), tensors
+            yield from ((c.factor, tensors) for c in grad.contributions)
+    lets = {variant.absent: variant.lets for variant in derived.variants}
+    for fv in forward.variants:
+        jvp_temps = [(t.symbol, t.expr) for g in fv.groups for t in g.temps]
+        tensors = with_definitions(known, [*lets.get(fv.absent, derived.full.lets), *jvp_temps])
+        yield from ((value, tensors) for _, value in jvp_temps)
+        for out in fv.outputs:
+            yield from ((term.value, tensors) for term in (out.terms if out else ()))
 
 
 def _exprs(record: object) -> Iterator[Expr]:

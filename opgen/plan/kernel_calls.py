@@ -1,5 +1,5 @@
 """Plan stage, part of `opgen.plan.backward` and `opgen.plan.forward`: which derivatives of a
-primitive backward (or jvp) computes as one native backward kernel call.
+primitive backward (or jvp) computes as one native backward kernel call, and which statements are one.
 
 A kernel (`silu_backward(g, u)`, Note [native backward kernels] in opgen.nodes.kernels) takes
 the incoming gradient, which the plan's factors leave out; whether a derivative can be one depends
@@ -12,10 +12,12 @@ those of any formula, and a kernel's arguments too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sympy
 from sympy import Expr
 
-from opgen.nodes.kernels import Prime, written_out
+from opgen.nodes.kernels import Prime, backward_kernel, written_out
 
 
 def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[list[Expr]]:
@@ -41,3 +43,14 @@ def kernel_factors(factors: list[list[Expr]], negations: bool = False) -> list[l
     return [
         [f.replace(lambda e: isinstance(e, Prime) and e not in kept, written_out) for f in group] for group in factors
     ]
+
+
+def kernel_calls(statements: Iterable[tuple[Expr, frozenset[sympy.Symbol]]]) -> tuple[tuple[Expr, Expr], ...]:
+    """The value of each statement of backward or jvp that one backward kernel computes (`g * prime(u)`,
+    `g * s * (1 - s)` of a saved sigmoid), with that kernel's node; a statement is its value and the
+    symbols that hold tensors where it stands (an output's kernel reads a saved tensor)."""
+    found: dict[Expr, Expr] = {}
+    for value, tensors in statements:
+        if value not in found and (node := backward_kernel(value, tensors)) is not None:
+            found[value] = node
+    return tuple(found.items())
