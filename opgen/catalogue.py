@@ -70,12 +70,15 @@ def _torch_alias(tree: ast.Module) -> str:
     return "torch"
 
 
-def _calls(function: ast.FunctionDef, torch: str) -> tuple[str, ...]:
-    """The `torch.*` functions a method calls, as `torch.NAME`, first use first."""
+def _calls(function: ast.FunctionDef, torch: str, methods: dict[str, ast.FunctionDef]) -> tuple[str, ...]:
+    """The `torch.*` functions a method calls, as `torch.NAME`, first use first; those of `backward` where it
+    calls it (a `jvp` that is backward's formula)."""
     found: list[str] = []
     for node in ast.walk(function):
         name = _dotted(node.func) if isinstance(node, ast.Call) else None
-        if name and name.startswith(torch + "."):
+        if name and name.endswith(".backward") and function.name != "backward" and "backward" in methods:
+            found += [c for c in _calls(methods["backward"], torch, methods) if c not in found]
+        elif name and name.startswith(torch + "."):
             name = "torch" + name[len(torch) :]
             if name not in found and not name.startswith(PLUMBING):
                 found.append(name)
@@ -108,7 +111,7 @@ def read_op(spec: Spec, source: str) -> OpView:
     doc = ast.get_docstring(functional) or ""
     formulas = tuple(doc[doc.index("Forward:") :].splitlines()) if "Forward:" in doc else ()
     saved, kept = _setup(methods["setup_context"])
-    calls = tuple((m, _calls(methods[m], torch)) for m in ("forward", "backward", "jvp") if m in methods)
+    calls = tuple((m, _calls(methods[m], torch, methods)) for m in ("forward", "backward", "jvp") if m in methods)
     return OpView(ast.unparse(functional.args), formulas, saved, kept, calls)
 
 

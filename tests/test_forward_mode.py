@@ -290,3 +290,25 @@ def test_tensor_formulas_amax_logsumexp_keepdim(tmp_path: Path) -> None:
         torch.testing.assert_close(g, w)
     inputs = [a.clone().requires_grad_() for a in args]
     assert torch.autograd.gradcheck(op, inputs, check_forward_ad=True)
+
+
+def test_an_elementwise_op_of_one_tensor_takes_its_tangent_from_backward() -> None:
+    """Note [a diagonal Jacobian] in opgen.plan.backward: `jvp` calls backward where the Jacobian is its own
+    transpose, and only there (two Tensor inputs, a residual, a reduction or halves, a refused input: its own)."""
+    ops = ROOT / "generated" / "ops"
+
+    def calls_backward(name: str) -> bool:
+        return "Function.backward(ctx, tangent_" in (ops / f"{name}.py").read_text(encoding="utf-8")
+
+    assert all(calls_backward(n) for n in ("swish", "sigmoid", "mish", "round_ste", "sign_ste"))
+    assert not any(calls_backward(n) for n in ("huber", "tanhshrink", "softmax", "glu", "clip_grad", "grad_reverse"))
+    golden = _golden()
+    x = torch.linspace(-4, 4, 9, dtype=DTYPE)
+    t = torch.rand(9, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    _, got = torch.func.jvp(lambda x: golden.swish(x, 1.5), (x,), (t,))
+    _, want = torch.func.jvp(lambda x: x * torch.sigmoid(1.5 * x), (x,), (t,))
+    torch.testing.assert_close(got, want)
+    # second order through the tangent: forward over forward
+    got2 = torch.func.jacfwd(torch.func.jacfwd(lambda x: golden.swish(x, 1.5).sum()))(x)
+    want2 = torch.func.jacfwd(torch.func.jacfwd(lambda x: (x * torch.sigmoid(1.5 * x)).sum()))(x)
+    torch.testing.assert_close(got2, want2)

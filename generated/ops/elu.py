@@ -32,11 +32,9 @@ class EluFunction(Function):
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_alpha: None) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        alpha = ctx.alpha
-        tangent_y = torch.ops.aten.elu_backward(tangent_x, alpha, 1, 1, False, x)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_alpha: None) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return EluFunction.backward(ctx, tangent_x)[0]
 
 
 _EluFunctionNoJvp = without_jvp(EluFunction)

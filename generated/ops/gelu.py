@@ -30,10 +30,9 @@ class GeluFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = torch.ops.aten.gelu_backward(tangent_x, x)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return GeluFunction.backward(ctx, tangent_x)
 
 
 _GeluFunctionNoJvp = without_jvp(GeluFunction)

@@ -35,10 +35,9 @@ class GeluTanhFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = torch.ops.aten.gelu_backward(tangent_x, x, approximate="tanh")
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return GeluTanhFunction.backward(ctx, tangent_x)
 
 
 _GeluTanhFunctionNoJvp = without_jvp(GeluTanhFunction)

@@ -32,11 +32,9 @@ class HardshrinkFunction(Function):
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_lambd: None) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        lambd = ctx.lambd
-        tangent_y = torch.ops.aten.threshold_backward(tangent_x, torch.abs(x), lambd)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_lambd: None) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return HardshrinkFunction.backward(ctx, tangent_x)[0]
 
 
 _HardshrinkFunctionNoJvp = without_jvp(HardshrinkFunction)

@@ -36,16 +36,9 @@ class HardsigmoidFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
-            tangent_y_t0 = x + 3
-            tangent_y_t2 = -torch.nn.functional.threshold(-tangent_y_t0, -6, -6)
-            tangent_y_t1 = torch.where(tangent_y_t2 > 0, (tangent_y_t0 < 6).to(tangent_y_t0.dtype), 0)
-            tangent_y = tangent_x * tangent_y_t1 / 6
-        else:
-            tangent_y = torch.ops.aten.hardsigmoid_backward(tangent_x, x)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return HardsigmoidFunction.backward(ctx, tangent_x)
 
 
 _HardsigmoidFunctionNoJvp = without_jvp(HardsigmoidFunction)

@@ -34,12 +34,9 @@ class HardtanhFunction(Function):
         return grad_x, None, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_min_val: None, tangent_max_val: None) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        min_val = ctx.min_val
-        max_val = ctx.max_val
-        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, min_val, max(max_val, min_val))
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_min_val: None, tangent_max_val: None) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return HardtanhFunction.backward(ctx, tangent_x)[0]
 
 
 _HardtanhFunctionNoJvp = without_jvp(HardtanhFunction)

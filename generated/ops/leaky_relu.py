@@ -32,11 +32,9 @@ class LeakyReluFunction(Function):
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_negative_slope: None) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        negative_slope = ctx.negative_slope
-        tangent_y = torch.ops.aten.leaky_relu_backward(tangent_x, x, negative_slope, False)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_negative_slope: None) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return LeakyReluFunction.backward(ctx, tangent_x)[0]
 
 
 _LeakyReluFunctionNoJvp = without_jvp(LeakyReluFunction)

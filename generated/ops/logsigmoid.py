@@ -33,13 +33,9 @@ class LogsigmoidFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        if may_work_in_place(tangent_x):  # in place on its own temporaries
-            tangent_y = torch.neg(x).sigmoid_().mul_(tangent_x)
-        else:
-            tangent_y = tangent_x * torch.sigmoid(-x)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return LogsigmoidFunction.backward(ctx, tangent_x)
 
 
 _LogsigmoidFunctionNoJvp = without_jvp(LogsigmoidFunction)

@@ -51,19 +51,9 @@ class MishFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        if may_work_in_place(tangent_x):  # in place on its own temporaries
-            tangent_y_s = torch.sigmoid(x)
-            tangent_y_q = 1 - tangent_y_s
-            tangent_y_d = tangent_y_q.square().add_(1)
-            tangent_y = (2 - tangent_y_s).mul_(tangent_y_s).div_(tangent_y_d)
-            tangent_y.add_(tangent_y_q.square_().mul_(tangent_y_s).mul_(x).mul_(4).div_(tangent_y_d.square_()))
-            tangent_y.mul_(tangent_x)
-        else:
-            tangent_y_t0 = torch.tanh(torch.nn.functional.softplus(x))
-            tangent_y = tangent_x * (tangent_y_t0 + x * (1 - tangent_y_t0**2) * torch.sigmoid(x))
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return MishFunction.backward(ctx, tangent_x)
 
 
 _MishFunctionNoJvp = without_jvp(MishFunction)

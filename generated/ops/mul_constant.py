@@ -29,10 +29,9 @@ class MulConstantFunction(Function):
         return grad_tensor, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_tensor: torch.Tensor, tangent_constant: None) -> torch.Tensor:
-        constant = ctx.constant
-        tangent_out = constant * tangent_tensor
-        return tangent_out
+    def jvp(ctx: Any, tangent_tensor: torch.Tensor, tangent_constant: None) -> torch.Tensor | None:
+        # elementwise in tensor: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return MulConstantFunction.backward(ctx, tangent_tensor)[0]
 
 
 _MulConstantFunctionNoJvp = without_jvp(MulConstantFunction)

@@ -30,10 +30,9 @@ class Relu6Function(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = torch.ops.aten.hardtanh_backward(tangent_x, x, 0, 6)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return Relu6Function.backward(ctx, tangent_x)
 
 
 _Relu6FunctionNoJvp = without_jvp(Relu6Function)

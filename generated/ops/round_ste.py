@@ -27,9 +27,9 @@ class RoundSteFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        tangent_y = tangent_x
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return RoundSteFunction.backward(ctx, tangent_x)
 
 
 _RoundSteFunctionNoJvp = without_jvp(RoundSteFunction)

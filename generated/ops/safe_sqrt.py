@@ -31,10 +31,9 @@ class SafeSqrtFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = tangent_x * torch.where(x > 0, torch.rsqrt(torch.where(x > 0, x, 1)) / 2, 0)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return SafeSqrtFunction.backward(ctx, tangent_x)
 
 
 _SafeSqrtFunctionNoJvp = without_jvp(SafeSqrtFunction)

@@ -30,10 +30,9 @@ class SigmoidFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        tangent_y = torch.ops.aten.sigmoid_backward(tangent_x, y)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return SigmoidFunction.backward(ctx, tangent_x)
 
 
 _SigmoidFunctionNoJvp = without_jvp(SigmoidFunction)

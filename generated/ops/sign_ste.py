@@ -30,10 +30,9 @@ class SignSteFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = tangent_x * (torch.abs(x) <= 1).to(x.dtype)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return SignSteFunction.backward(ctx, tangent_x)
 
 
 _SignSteFunctionNoJvp = without_jvp(SignSteFunction)

@@ -34,14 +34,9 @@ class SiluFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: silu's kernel has no derivative
-            tangent_y_t0 = torch.sigmoid(x)
-            tangent_y = tangent_x * (tangent_y_t0 * x * (1 - tangent_y_t0) + tangent_y_t0)
-        else:
-            tangent_y = torch.ops.aten.silu_backward(tangent_x, x)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return SiluFunction.backward(ctx, tangent_x)
 
 
 _SiluFunctionNoJvp = without_jvp(SiluFunction)

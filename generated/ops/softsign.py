@@ -30,10 +30,9 @@ class SoftsignFunction(Function):
         return grad_x
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        tangent_y = tangent_x / (torch.abs(x) + 1) ** 2
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return SoftsignFunction.backward(ctx, tangent_x)
 
 
 _SoftsignFunctionNoJvp = without_jvp(SoftsignFunction)

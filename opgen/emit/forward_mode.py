@@ -118,6 +118,22 @@ def jvp_setup(
     return JvpSetup(frozenset(inputs), frozenset(returned), tuple(lines))
 
 
+def backward_jvp(plan: Plan, jnames: JvpNames, function: str, ctx: str) -> tuple[Lines, JvpSetup]:
+    """`jvp` as backward's formula (Note [a diagonal Jacobian] in opgen.plan.backward), and what
+    setup_context saves for it: what it saves for backward."""
+    spec = plan.derived.spec
+    (x,) = spec.tensor_inputs
+    first = "" if len(spec.inputs) == 1 else "[0]"  # backward returns one gradient per input
+    body = [
+        f"# elementwise in {x.name}: its Jacobian is diagonal, its own transpose, so the tangent is the gradient",
+        f"return {function}.backward({ctx}, {jnames.params[x.name]}){first}",
+    ]
+    saved = layout.call(f"{ctx}.save_for_forward", list(plan.saved), 8)
+    lines = tuple(layout.body_lines(saved, 8)) if plan.saved else ()
+    inputs = {i.name for i in spec.inputs}
+    return body, JvpSetup(frozenset(set(plan.saved) & inputs), frozenset(set(plan.saved) - inputs), lines)
+
+
 def _printer(
     plan: Plan, forward: ForwardPlan, variant: ForwardVariant, jnames: JvpNames, printer: TorchPrinter, ctx: str
 ) -> TorchPrinter:

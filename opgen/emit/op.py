@@ -16,7 +16,7 @@ from opgen.emit.capture import capture_lines, float_checks, promotion
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
-from opgen.emit.forward_mode import JvpNames, JvpSetup, jvp_body, jvp_names, jvp_setup
+from opgen.emit.forward_mode import JvpNames, JvpSetup, backward_jvp, jvp_body, jvp_names, jvp_setup
 from opgen.emit.fuse import fusable, fuse
 from opgen.emit.module import ModuleContext, default_text, module_context
 from opgen.emit.names import (
@@ -174,6 +174,8 @@ def _defs(plan: Plan, names: OpNames, jnames: JvpNames, params: list[str]) -> di
     still = {o.name for o in spec.outputs if not o.differentiable}  # their tangent is None
     still |= {r.name for r in plan.residuals if not r.differentiable}  # a saved statistic's too
     tangents_out = ["None" if name in still else types.tensor for name in plan.returned]
+    if plan.jvp_is_backward:  # backward's gradient (Note [a diagonal Jacobian] in opgen.plan.backward)
+        tangents_out = [typed.gradient_type(spec.tensor_inputs[0].type, types)]
     grads_out = [typed.gradient_type(i.type, types) for i in spec.inputs]
     return {
         "apply_def": typed.define("apply", ["cls", f"*args: {types.any}"], returned, 4),
@@ -219,6 +221,9 @@ def _forward_mode(
     taken |= {names.function_ref, names.functional_ref, *(h[0].split("(")[0].split()[-1] for h in helpers if h)}
     attrs = {*names.ctx_attrs.values(), *names.shape_attrs.values(), *names.size_attrs.values()}
     jnames = jvp_names(plan, plan.forward, taken, (names.ctx_attrs, names.size_attrs), attrs)
+    if plan.jvp_is_backward:
+        jvp, setup = backward_jvp(plan, jnames, names.function_ref, names.ctx)
+        return jnames, jvp, setup
     sources = size_sources(spec, plan.forward.dim_sizes).items()
     sizes = {d: (size_text(spec, *where, names.torch), size_inputs(where[0])) for d, where in sources}
     setup = jvp_setup(plan, plan.forward, jnames, names.ctx, attrs, sizes)

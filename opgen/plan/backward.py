@@ -99,6 +99,7 @@ class Plan:
     blocks: tuple[tuple[Expr, Block], ...] = ()
     # The statements of backward and jvp that one backward kernel computes, with its node (opgen.plan.kernel_calls).
     kernels: tuple[tuple[Expr, Expr], ...] = ()
+    jvp_is_backward: bool = False  # Note [a diagonal Jacobian]
 
     def block(self, key: Expr) -> Block:
         """The block of a forward statement's value, a kernel node or a primitive's derivative."""
@@ -434,8 +435,40 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         residuals=residuals,
         varies=varies,
         blocks=blocks,
+        jvp_is_backward=_jvp_is_backward(derived, backward, residuals, forward),
         kernels=kernel_calls(_statements(derived, residuals, backward, forward)) if spec.optimize.lower else (),
     )
+
+
+def _jvp_is_backward(
+    derived: Derived, backward: tuple[BackwardPlan, ...], residuals: tuple[Residual, ...], forward: ForwardPlan
+) -> bool:
+    """Note [a diagonal Jacobian]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An op elementwise in its one Tensor input, with one output of that input's shape, has a diagonal
+    Jacobian: its own transpose. Its tangent `J t` is then its gradient `J^T t`, backward's formula with
+    the tangent as the incoming gradient, and `jvp` calls backward (what setup_context saves for
+    forward is what it saves for backward). A gradient override is taken so only where it is linear in
+    the incoming gradient (`grad * h`: the tangent is `h * t`, Note [jvp of an override] in
+    opgen.derive.override_jvp)."""
+    spec = derived.spec
+    inputs, (output, *more) = spec.tensor_inputs, spec.outputs
+    if len(inputs) != 1 or inputs[0].type.optional or more or residuals or not output.differentiable:
+        return False
+    symbols, variant = derived.symbols, derived.full
+    x, y = symbols.inputs[inputs[0].name], symbols.outputs[output.name]
+    if derived.has_tensor_ops or variant.expand or forward.views or any(v.refused for v in forward.variants):
+        return False
+    if any(has_tensor_ops(e) for _, e in (*variant.lets, *variant.outputs)) or derived.shapes.get(
+        x
+    ) != derived.shapes.get(y):
+        return False
+    (grad,) = backward[-1].grads
+    if not grad.contributions or grad.reduce or grad.expand or grad.separate:
+        return False
+    g = symbols.grads[output.name]
+    overrides = [c.factor for c in grad.contributions if c.output is None]
+    return all(f.subs(g, 0) == 0 and not sympy.diff(f, g).has(g) for f in overrides)
 
 
 def _statements(
