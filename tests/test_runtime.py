@@ -16,7 +16,6 @@ from test_generated_style import UNUSUAL_SPECS
 import generated  # at collection: a test may later import another package of that name
 from generated import _runtime
 from generated.ops import swish
-from opgen.emit.small_call import NATIVE_BELOW
 
 OP_FILES = sorted(p for p in (GENERATED / "ops").glob("*.py") if p.name != "__init__.py")
 # torch's private modules and functions (`torch._C`, `torch.fx._symbolic_trace`); aten's operators
@@ -125,7 +124,6 @@ def test_the_twin_without_jvp_shares_everything_but_the_jvp():
     assert swish.SwishFunction.jvp is not torch.autograd.Function.jvp
     assert twin.forward is swish.SwishFunction.forward and twin.backward is swish.SwishFunction.backward
     assert issubclass(swish.SwishFunction, _runtime.Function)
-    assert _runtime.Function.native_below == NATIVE_BELOW  # what an op's class need not repeat
 
 
 def test_scripting_the_functional_names_what_works():

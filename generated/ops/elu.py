@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class EluFunction(Function):
     """The autograd Function of `elu`; see `elu` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor, alpha: float) -> torch.Tensor:
         y = torch.nn.functional.elu(x, alpha)

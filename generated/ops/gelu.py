@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class GeluFunction(Function):
     """The autograd Function of `gelu`; see `gelu` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.gelu(x)

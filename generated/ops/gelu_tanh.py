@@ -13,6 +13,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, transf
 class GeluTanhFunction(Function):
     """The autograd Function of `gelu_tanh`; see `gelu_tanh` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors

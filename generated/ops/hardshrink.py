@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class HardshrinkFunction(Function):
     """The autograd Function of `hardshrink`; see `hardshrink` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor, lambd: float) -> torch.Tensor:
         y = torch.nn.functional.hardshrink(x, lambd)

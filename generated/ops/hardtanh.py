@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class HardtanhFunction(Function):
     """The autograd Function of `hardtanh`; see `hardtanh` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
         y = torch.nn.functional.hardtanh(x, min_val, max(max_val, min_val))

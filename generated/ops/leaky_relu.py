@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class LeakyReluFunction(Function):
     """The autograd Function of `leaky_relu`; see `leaky_relu` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor, negative_slope: float) -> torch.Tensor:
         y = torch.nn.functional.leaky_relu(x, negative_slope)

@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, may_work_in_place, not
 class LogsigmoidFunction(Function):
     """The autograd Function of `logsigmoid`; see `logsigmoid` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.logsigmoid(x)

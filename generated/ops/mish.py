@@ -20,6 +20,8 @@ from .._runtime import (
 class MishFunction(Function):
     """The autograd Function of `mish`; see `mish` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors

@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class MulConstantFunction(Function):
     """The autograd Function of `mul_constant`; see `mul_constant` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(tensor: torch.Tensor, constant: float) -> torch.Tensor:
         out = constant * tensor

@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class Relu6Function(Function):
     """The autograd Function of `relu6`; see `relu6` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         y = torch.nn.functional.hardtanh(x, 0, 6)

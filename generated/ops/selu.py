@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class SeluFunction(Function):
     """The autograd Function of `selu`; see `selu` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
         alpha = 1.6732632423543772

@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class SwishFunction(Function):
     """The autograd Function of `swish`; see `swish` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor, beta: float) -> torch.Tensor:
         y = x * torch.sigmoid(beta * x)

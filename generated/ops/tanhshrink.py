@@ -12,6 +12,8 @@ from .._runtime import Function, capture, check_floating, not_scriptable, withou
 class TanhshrinkFunction(Function):
     """The autograd Function of `tanhshrink`; see `tanhshrink` for the formulas."""
 
+    native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
+
     @staticmethod
     def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         saved_tanh = torch.tanh(x)

@@ -31,7 +31,7 @@ from opgen.emit.names import (
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.render import Renderer
 from opgen.emit.runtime_names import from_imports
-from opgen.emit.small_call import NATIVE_BELOW, small_call
+from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
@@ -101,7 +101,6 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
         jvp=jvp,
         jvp_free=jnames.compiled,
         jvp_chosen=jnames.chosen,
-        native_below=NATIVE_BELOW,
         call_args=", ".join(i.name for i in spec.inputs),
         visible=_visible(plan),
         docstring=quote.docstring(doc_lines, indent=4),

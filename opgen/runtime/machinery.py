@@ -79,9 +79,6 @@ class Function(torch.autograd.Function):
     time. Under torch.func transforms (which need it), `apply` is PyTorch's own."""
 
     generate_vmap_rule = True
-    # Fewer elements than this: a functional that is a short chain of PyTorch's ops runs them instead of
-    # the Function (above it the Function's in-place forms and smaller saved tensors win).
-    native_below = 16384
 
     @classmethod
     def apply(cls, *args: Any) -> Any:
