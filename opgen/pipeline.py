@@ -412,6 +412,10 @@ def package_files(
         "tests/accuracy.py": renderer.runtime("accuracy"),
         "_runtime.py": renderer.runtime("machinery"),
     }
+    # Where a user installs the package's own requirement from (`pip install -r OUT/requirements.txt`).
+    files["requirements.txt"] = (
+        f"{marker}# What this package needs; its tests in tests/ also need pytest.\n{opgen.TORCH_REQUIREMENT}\n"
+    )
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.runtime("shape_checks")

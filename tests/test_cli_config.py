@@ -188,7 +188,7 @@ def test_the_documented_build_recipe_runs(tmp_path):
     block = re.search(r"<!-- build recipe: .*?-->\s*```sh\n(.*?)```", readme, re.DOTALL)
     assert block, "the README's build recipe is missing"
     lines = [line.strip() for line in block[1].splitlines() if line.strip()]
-    assert lines[0].startswith("pip install")  # opgen is importable here already
+    assert lines[0].startswith("python -m pip install")  # opgen is importable here already
     project(tmp_path, CONFIG.replace('out = "ops"', 'out = "generated"'))
     for line in lines[1:]:
         result = _run(line, tmp_path)
