@@ -91,7 +91,7 @@ def _in_places(folder: Path) -> set[str]:
         if not base.is_dir() or base.is_symlink():
             continue
         for path in base.iterdir():
-            if path.suffix == ".py" and is_generated(path):
+            if (path.suffix == ".py" or (not place and path.name in OTHER_FILES)) and is_generated(path):
                 found.add(place + path.name)
     return found
 
