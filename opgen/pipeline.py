@@ -38,8 +38,9 @@ from opgen import limits
 from opgen.cache import Cache, Entry
 from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula.words import REDUCTIONS
 from opgen.parallel import default_jobs, run_all
-from opgen.spec import quote
+from opgen.spec import native, quote
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
 from opgen.spec.parse import parse_spec
@@ -254,6 +255,9 @@ def _parsed(
             spec = replace(spec, optimize=chosen)
         with result.problems.collect():
             spec = _with_form(spec, form, namespace)
+        if spec is not None and (problem := native.shape_problem(spec, REDUCTIONS)):
+            result.problems.add(problem)  # Note [native output shapes]
+            spec = None
         if spec is not None:
             yield spec, Loc(display, 1, 1), seconds
 
