@@ -367,7 +367,11 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def run() -> None:  # Note [quick exit]
-    status = main()
+    try:
+        status = main()
+    except BrokenPipeError:  # `opgen show | head`: the reader has gone; nothing more can be told
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 141  # as a shell reports a command that SIGPIPE ended
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()

@@ -49,6 +49,24 @@ def test_show_prints_the_derived_gradient_and_writes_nothing(run_cli, tmp_path):
     assert "tensors: x" in out and "numbers: beta" in out
 
 
+def test_show_heads_each_op_with_the_path_given(run_cli, tmp_path):
+    """The heading names the spec file as the command line named it (as a problem would), not the
+    path relative to the specs folder that the generated header uses."""
+    (tmp_path / "mine").mkdir()
+    write_spec(tmp_path / "mine")
+    status, out, _ = run_cli("show", "mine/swish.yaml", cwd=tmp_path)
+    assert status == 0 and out.splitlines()[0] == "swish (mine/swish.yaml)"
+    status, out, _ = run_cli("show", str(tmp_path / "mine"))
+    assert out.splitlines()[0] == f"swish ({tmp_path / 'mine' / 'swish.yaml'})"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`opgen show specs | head -1`: the pipe closes while opgen writes; it stops without a traceback."""
+    command = f"{sys.executable} -m opgen show {SPECS} | head -1"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.startswith("affine (") and done.stderr == ""
+
+
 def test_show_names_the_kernels_and_what_backward_saves_as_the_generated_code_does(run_cli, golden):
     status, out, _ = run_cli("show", str(SPECS / "silu.yaml"), str(SPECS / "sigmoid.yaml"))
     assert status == 0
