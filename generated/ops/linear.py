@@ -68,7 +68,9 @@ _LinearFunctionNoJvp = without_jvp(LinearFunction)
 
 @not_scriptable
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Forward:
+    """Affine map of the last dimension, input @ weight.T + bias, with leading batch dimensions and an optional bias; torch.nn.functional.linear and nn.Linear.
+
+    Forward:
         out = input @ weight.T + bias
 
     Gradients:
