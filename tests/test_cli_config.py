@@ -244,3 +244,33 @@ def test_the_documented_build_recipe_runs(tmp_path):
     assert (tmp_path / "generated" / "ops" / "swish.py").is_file()
     write_spec(tmp_path / "specs", SWISH.replace("1.0", "2.0"))
     assert _run(lines[-1], tmp_path).returncode == 1  # the check catches a stale package
+
+
+def test_the_ci_example_runs(tmp_path):
+    """examples/ci/github-actions.yml, which the README links: each job installs opgen from where the
+    project says (the check job without torch, the test job with the `test` extra), and every other
+    `run:` line works on a configured project that commits its package; the check job fails on a
+    stale one."""
+    path = ROOT / "examples" / "ci" / "github-actions.yml"
+    assert "(examples/ci/github-actions.yml)" in (ROOT / "README.md").read_text(encoding="utf-8")
+    workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+    project(tmp_path, CONFIG.replace('out = "ops"', 'out = "generated"'))
+    assert _run("opgen generate", tmp_path).returncode == 0  # the committed package
+    installs = {}
+    for name, job in workflow["jobs"].items():
+        assert {step["uses"].split("@")[0] for step in job["steps"] if "uses" in step} == {
+            "actions/checkout",
+            "actions/setup-python",
+        }
+        install, *lines = [step["run"] for step in job["steps"] if "run" in step]
+        installs[name] = install
+        for line in lines:
+            result = _run(line, tmp_path)
+            assert result.returncode == 0, (name, line, result.stdout[-2000:], result.stderr[-2000:])
+    assert installs == {
+        "check": 'python -m pip install "opgen @ ${{ vars.OPGEN_SOURCE }}"',
+        "test": 'python -m pip install "opgen[test] @ ${{ vars.OPGEN_SOURCE }}"',
+    }
+    write_spec(tmp_path / "specs", SWISH.replace("1.0", "2.0"))
+    stale = _run("opgen check --diff", tmp_path)
+    assert stale.returncode == 1 and "+++ " in stale.stdout
