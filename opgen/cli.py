@@ -231,7 +231,19 @@ def _generate(args: argparse.Namespace) -> int:
     folder = None if args.no_cache else default_folder()
     cache = Cache(folder, templates) if folder is not None else None
     namespace = out.name if args.namespace is None else args.namespace
-    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache, args.form, namespace)
+    progress = _Progress(verbose=args.verbose) if not args.quiet else None
+    result = build(
+        list(args.specs),
+        Renderer(templates),
+        args.policy,
+        args.fuse,
+        cache,
+        args.form,
+        namespace,
+        progress=progress,
+    )
+    if progress is not None:
+        progress.close()
     if result.problems:
         return _report(result.problems)
     if args.command == "generate":
@@ -258,6 +270,29 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{out}: {len(result.specs)} ops, {written} file{'s' if written != 1 else ''} changed")
     return 0
+
+
+class _Progress:
+    """How far a generation is, on stderr: on a terminal one line rewritten in place and cleared at the
+    end; elsewhere (a CI log, a pipe) a plain line per spec under -v, nothing otherwise."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.terminal = sys.stderr.isatty()
+        self.verbose = verbose
+        self.shown = False
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        if self.terminal:
+            sys.stderr.write(f"\r\033[Kopgen: generated {done}/{total} ({name})")
+            sys.stderr.flush()
+            self.shown = True
+        elif self.verbose:
+            print(f"opgen: generated {name} ({done}/{total})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _changed(change: write.Changes) -> list[str]:

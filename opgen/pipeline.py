@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -308,6 +308,7 @@ def build(
     form: str | None = None,
     namespace: str = "",
     jobs: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Generate every spec.
 
@@ -317,7 +318,8 @@ def build(
     With a `cache`, a spec generated before with the same opgen is not generated again.
     The specs the cache lacks are generated in up to `jobs` worker processes (default: one per
     core, `$OPGEN_JOBS`, with `SPECS_PER_WORKER` specs at least for each; `opgen.parallel`); the
-    result is the same, in the same order, as a serial run's.
+    result is the same, in the same order, as a serial run's. `progress(done, total, name)` is called
+    as each spec the cache lacked is generated, in the order they finish.
     """
     result = Result()
     custom_ops = False  # some op uses the package's `_custom_ops.py`
@@ -335,7 +337,16 @@ def build(
         workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
         # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
         order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
-        results = run_all(lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1))
+        finished: list[int] = []
+
+        def report(i: int) -> None:
+            finished.append(i)
+            if progress is not None:
+                progress(len(finished), len(todo), todo[order[i]].spec.name)
+
+        results = run_all(
+            lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1), finished=report
+        )
         done = [results[order.index(j)] for j in range(len(todo))]
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]

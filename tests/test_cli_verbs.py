@@ -246,3 +246,40 @@ def test_the_generated_header_is_opgens_not_the_templates(run_cli, tmp_path):
     status, _, err = run_cli(*args)
     assert status == 0, err  # the next run still owns its output
     assert "beta: float = 2.0" in (tmp_path / "ops" / "ops" / "swish.py").read_text()
+
+
+# -- progress ---------------------------------------------------------------------------------------
+
+SOFTSIGN = "name: softsign\ninputs:\n  x: Tensor\noutputs:\n  y: x / (1 + abs(x))\n"
+
+
+def _two_specs(tmp_path):
+    specs = tmp_path / "specs"
+    write_spec(specs)
+    write_spec(specs, SOFTSIGN, "softsign.yaml")
+    return specs
+
+
+def test_verbose_names_each_spec_as_it_is_generated(run_cli, tmp_path):
+    """Not on a terminal (a CI log): a plain line per spec generated, under -v only."""
+    specs = _two_specs(tmp_path)
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "a"), "-v", "--no-cache")
+    assert status == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("opgen: generated ")]
+    assert sorted(lines) == ["opgen: generated softsign (2/2)", "opgen: generated swish (1/2)"] or sorted(lines) == [
+        "opgen: generated softsign (1/2)",
+        "opgen: generated swish (2/2)",
+    ]
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "b"), "--no-cache")
+    assert status == 0 and "opgen: generated" not in err
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_then_cleared(run_cli, tmp_path, monkeypatch):
+    specs = _two_specs(tmp_path)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    status, out, err = run_cli("generate", str(specs), "-o", str(tmp_path / "a"), "--no-cache")
+    assert status == 0 and "2 ops" in out
+    assert err.startswith("\r\x1b[Kopgen: generated 1/2 (") and "\r\x1b[Kopgen: generated 2/2 (" in err
+    assert err.endswith("\r\x1b[K") and "\n" not in err
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "b"), "--no-cache", "-q")
+    assert status == 0 and err == ""
