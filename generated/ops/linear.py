@@ -68,7 +68,7 @@ _LinearFunctionNoJvp = without_jvp(LinearFunction)
 
 @not_scriptable
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Affine map of the last dimension, input @ weight.T + bias, with leading batch dimensions and an optional bias; torch.nn.functional.linear and nn.Linear.
+    """input @ weight.T + bias over the last dimension, with batch dimensions; F.linear and nn.Linear.
 
     Forward:
         out = input @ weight.T + bias
