@@ -299,6 +299,31 @@ def _generate_job(job: _Job, renderer: Renderer, cache: Cache | None) -> tuple[E
     return entry, [(error.loc, error.message) for error in problems.errors]
 
 
+def _generate_all(
+    todo: list[_Job],
+    renderer: Renderer,
+    cache: Cache | None,
+    jobs: int | None,
+    progress: Callable[[int, int, str], None] | None,
+) -> list[tuple[Entry | None, list[tuple[Loc, str]]]]:
+    """Each job's entry and problems, in `todo`'s order, from up to `jobs` workers (`build`)."""
+    import_stages()  # before the workers fork: they start with the stages imported
+    workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
+    # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
+    order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
+    finished: list[int] = []
+
+    def report(i: int) -> None:
+        finished.append(i)
+        if progress is not None:
+            progress(len(finished), len(todo), todo[order[i]].spec.name)
+
+    results = run_all(
+        lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1), finished=report
+    )
+    return [results[order.index(j)] for j in range(len(todo))]
+
+
 def build(
     args: list[str],
     renderer: Renderer,
@@ -333,21 +358,7 @@ def build(
             todo.append(_Job(len(entries), spec, where, seconds, key, len(result.problems.errors)))
         entries.append(entry)
     if todo:
-        import_stages()  # before the workers fork: they start with the stages imported
-        workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
-        # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
-        order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
-        finished: list[int] = []
-
-        def report(i: int) -> None:
-            finished.append(i)
-            if progress is not None:
-                progress(len(finished), len(todo), todo[order[i]].spec.name)
-
-        results = run_all(
-            lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1), finished=report
-        )
-        done = [results[order.index(j)] for j in range(len(todo))]
+        done = _generate_all(todo, renderer, cache, jobs, progress)
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
             entries[job.index] = entry
