@@ -1,8 +1,8 @@
 """The op catalogue: `opgen docs SPEC... -o DIR`, a Markdown page per op to look at.
 
 Receives spec paths; writes `DIR/NAME.md` per op, `DIR/index.md`, and for elementwise ops
-`DIR/NAME.png`, a plot of f and df/dx over the op's test domain (matplotlib, the optional extra
-`opgen[docs]`). A page shows what the generated code does, read from that code: the formulas
+`DIR/NAME.png`, a plot of f and df/dx over the op's test domain (matplotlib and torch, opgen's
+optional extra `docs`). A page shows what the generated code does, read from that code: the formulas
 and gradients of the functional's docstring (after the optimizer's rewrites), what
 `setup_context` saves, the PyTorch functions (kernels) forward and backward call, and the op's row of a
 benchmark table when one is given.
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import opgen
 from opgen.cache import Cache, default_folder
 from opgen.emit.render import Renderer
 from opgen.formula.syntax import is_elementwise
@@ -37,7 +38,7 @@ from opgen.spec.model import Spec
 
 # Calls that are the generated code's plumbing (checks of the mode it runs in), not its math.
 PLUMBING = ("torch._", "torch.autograd.", "torch.compiler.", "torch.fx.", "torch.is_", "torch.amp.", "torch.library.")
-PLOT_HINT = 'The plot needs matplotlib: `pip install "opgen[docs]"`, then run `opgen docs` again.'
+PLOT_HINT = f"The plot needs matplotlib and torch: {opgen.install_hint('docs')}, then run `opgen docs` again."
 
 
 @dataclass(frozen=True)
@@ -213,9 +214,12 @@ def pages(result: Result, spec_texts: dict[str, str], benchmarks: str | None, pl
 # Markdown, and the PNGs only for being drawn where a page shows one.
 
 
-def has_matplotlib() -> bool:
+def can_plot() -> bool:
+    """matplotlib draws the plot and torch runs the op: both are the `docs` extra, neither is opgen's own
+    dependency (generation needs no torch)."""
     try:
         importlib.import_module("matplotlib.backends.backend_agg")
+        importlib.import_module("torch")
     except ImportError:
         return False
     return True
@@ -362,7 +366,7 @@ def main(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         print("opgen: nothing was written", file=sys.stderr)
         return 2
-    plots = not args.no_plots and has_matplotlib()
+    plots = not args.no_plots and can_plot()
     texts = {s.name: Path(s.loc.file).read_text(encoding="utf-8") for s in result.specs}
     written = pages(result, texts, benchmarks, plots)
     plotted = {s.name for s in result.specs if elementwise(s)} if plots else set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="opgen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    # -q/-v before the command too (`opgen -v generate`), as after it; Note [loudness anywhere]
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", dest="quiet_before", action="store_true", help="generate's and check's -q")
+    loud.add_argument("-v", "--verbose", dest="verbose_before", action="store_true", help="generate's and check's -v")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (
         ("generate", "write the package OUT from the specs"),
@@ -139,8 +144,32 @@ def _report(problems: Problems, what: str = "nothing was written") -> int:
     return 2
 
 
+# Note [loudness anywhere]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# `-q`/`-v` belong to `generate` and `check`, but users put them before the command as often as
+# after it (`opgen -v generate`, as `git -C`, `pip -v`). The top-level parser takes them under
+# other names (a subparser's defaults would overwrite the same names) and `main` merges them;
+# one of each side together (`opgen -q check -v`) is refused as the pair is after the command.
+
+
+def _merge_loudness(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    before = "-q" if args.quiet_before else "-v" if args.verbose_before else None
+    if before is None:
+        return
+    if not hasattr(args, "quiet"):
+        parser.error(f"{before} is an option of generate and check only")
+    if (before == "-q" and args.verbose) or (before == "-v" and args.quiet):
+        parser.error("argument -q/--quiet: not allowed with argument -v/--verbose")
+    args.quiet = args.quiet or args.quiet_before
+    args.verbose = args.verbose or args.verbose_before
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(words)
+    _merge_loudness(parser, args)
+    args.words = words
     if args.command == "docs":
         return catalogue.main(args)
     if args.command == "show":
@@ -149,6 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _new(args)
     try:
         problem = _configure(args)
+    except configuration.NoToml as error:
+        if not (args.specs and args.out):
+            print(error, file=sys.stderr)
+            return 2
+        print(
+            f"{error.loc}: warning: [tool.opgen] not read ({error.why}); running with the command line alone",
+            file=sys.stderr,
+        )
+        args.config = None
+        problem = _configure(args, configuration.Config())
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
@@ -157,9 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _generate(args)
 
 
-def _configure(args: argparse.Namespace) -> str | None:
-    """Fill what the command line left out from `[tool.opgen]` (flags win); why it cannot run, or None."""
-    found = configuration.load(Path.cwd())
+def _configure(args: argparse.Namespace, found: configuration.Config | None = None) -> str | None:
+    """Fill what the command line left out from `[tool.opgen]` (`found`, else the one read from
+    here upward; flags win); why it cannot run, or None."""
+    if found is None:
+        found = configuration.load(Path.cwd())
     args.config = found.file
     if not args.specs and found.specs is not None:
         args.specs = list(found.specs)
@@ -190,7 +231,19 @@ def _generate(args: argparse.Namespace) -> int:
     folder = None if args.no_cache else default_folder()
     cache = Cache(folder, templates) if folder is not None else None
     namespace = out.name if args.namespace is None else args.namespace
-    result = build(list(args.specs), Renderer(templates), args.policy, args.fuse, cache, args.form, namespace)
+    progress = _Progress(verbose=args.verbose) if not args.quiet else None
+    result = build(
+        list(args.specs),
+        Renderer(templates),
+        args.policy,
+        args.fuse,
+        cache,
+        args.form,
+        namespace,
+        progress=progress,
+    )
+    if progress is not None:
+        progress.close()
     if result.problems:
         return _report(result.problems)
     if args.command == "generate":
@@ -217,6 +270,29 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{out}: {len(result.specs)} ops, {written} file{'s' if written != 1 else ''} changed")
     return 0
+
+
+class _Progress:
+    """How far a generation is, on stderr: on a terminal one line rewritten in place and cleared at the
+    end; elsewhere (a CI log, a pipe) a plain line per spec under -v, nothing otherwise."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.terminal = sys.stderr.isatty()
+        self.verbose = verbose
+        self.shown = False
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        if self.terminal:
+            sys.stderr.write(f"\r\033[Kopgen: generated {done}/{total} ({name})")
+            sys.stderr.flush()
+            self.shown = True
+        elif self.verbose:
+            print(f"opgen: generated {name} ({done}/{total})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _changed(change: write.Changes) -> list[str]:
@@ -247,14 +323,31 @@ def _check(args: argparse.Namespace, out: Path, files: dict[str, str], ops: int)
         for rel in _changed(change):
             print(f"{out / rel}: {'would be removed' if rel in change.delete else 'differs'}", file=sys.stderr)
     count = len(change.write) + len(change.delete)
-    command = "opgen generate" if args.config is not None else f"opgen generate {' '.join(args.specs)} -o {args.out}"
-    more = "" if args.diff else "; `opgen check --diff` shows how"
+    command = _regenerate(args.words)
+    more = "" if args.diff else f"; `{_diff(args.words)}` shows how"
     print(
         f"{out}: out of date ({count} file{'s' if count != 1 else ''} differ{'' if count != 1 else 's'}); "
         f"run `{command}`{more}",
         file=sys.stderr,
     )
     return 1
+
+
+# What only changes how `check` reports, not what it compares: left out of the hint's `generate`.
+_REPORT_ONLY = ("--diff", "-q", "--quiet", "-v", "--verbose")
+
+
+def _regenerate(words: list[str]) -> str:
+    """The `generate` command that writes what `check words...` compared with: the same specs, OUT,
+    config and options (the first `check` is the command; only global -q/-v can stand before it)."""
+    at = words.index("check")
+    kept = [w for w in words[:at] + ["generate"] + words[at + 1 :] if w not in _REPORT_ONLY]
+    return shlex.join(["opgen", *kept])
+
+
+def _diff(words: list[str]) -> str:
+    """`check words...` again, with --diff."""
+    return shlex.join(["opgen", *[w for w in words if w not in ("-q", "--quiet")], "--diff"])
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -309,7 +402,11 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def run() -> None:  # Note [quick exit]
-    status = main()
+    try:
+        status = main()
+    except BrokenPipeError:  # `opgen show | head`: the reader has gone; nothing more can be told
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 141  # as a shell reports a command that SIGPIPE ended
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()

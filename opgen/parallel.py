@@ -71,6 +71,20 @@ def _call(index: int) -> Any:
     return _task(index)
 
 
+def _reporting(task: Callable[[int], T], finished: Callable[[int], None]) -> Callable[[int], T]:
+    """`task`, calling `finished(i)` after each call that runs here. In a forked worker the pool's
+    loop reports instead: the worker runs the task it was started with, `task` unwrapped there."""
+    parent = os.getpid()
+
+    def run(index: int) -> T:
+        value = task(index)
+        if os.getpid() == parent:
+            finished(index)
+        return value
+
+    return run
+
+
 @contextlib.contextmanager
 def _unfrozen() -> Iterator[None]:
     try:
@@ -79,15 +93,20 @@ def _unfrozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> list[T]:
+def run_all(
+    task: Callable[[int], T], count: int, jobs: int | None = None, finished: Callable[[int], None] | None = None
+) -> list[T]:
     """`[task(i) for i in range(count)]`, shared among up to `jobs` forked workers (Note [forked workers]).
 
-    An exception `task` raises in a worker is raised here, as a serial run would raise it."""
+    `finished(i)` is called here as each call's result arrives, in whatever order they finish (for a
+    progress display). An exception `task` raises in a worker is raised here, as a serial run would raise it."""
+    if finished is not None:
+        task = _reporting(task, finished)
     jobs = min(default_jobs() if jobs is None else jobs, count)
     if jobs < 2 or not can_fork() or threading.active_count() > 1:  # Note [forked workers]: no other thread
         return [task(i) for i in range(count)]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     results: dict[int, T] = {}
@@ -99,10 +118,13 @@ def run_all(task: Callable[[int], T], count: int, jobs: int | None = None) -> li
     gc.freeze()  # Note [forked workers]: the workers' collections leave the inherited objects alone
     with pool, _unfrozen():
         futures: list[Future[T]] = [pool.submit(_call, i) for i in range(count)]
+        index_of = {future: index for index, future in enumerate(futures)}
         try:
-            for index, future in enumerate(futures):
+            for future in as_completed(futures):
                 with contextlib.suppress(BrokenProcessPool):  # a worker died: run it here, below
-                    results[index] = future.result()
+                    results[index_of[future]] = future.result()
+                    if finished is not None:
+                        finished(index_of[future])
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,8 +38,9 @@ from opgen import limits
 from opgen.cache import Cache, Entry
 from opgen.emit.render import Renderer
 from opgen.errors import Loc, Problems, SpecError, located
+from opgen.formula.words import REDUCTIONS
 from opgen.parallel import default_jobs, run_all
-from opgen.spec import quote
+from opgen.spec import native, quote
 from opgen.spec.load import load_file
 from opgen.spec.model import Spec
 from opgen.spec.parse import parse_spec
@@ -254,6 +255,9 @@ def _parsed(
             spec = replace(spec, optimize=chosen)
         with result.problems.collect():
             spec = _with_form(spec, form, namespace)
+        if spec is not None and (problem := native.shape_problem(spec, REDUCTIONS)):
+            result.problems.add(problem)  # Note [native output shapes]
+            spec = None
         if spec is not None:
             yield spec, Loc(display, 1, 1), seconds
 
@@ -295,6 +299,31 @@ def _generate_job(job: _Job, renderer: Renderer, cache: Cache | None) -> tuple[E
     return entry, [(error.loc, error.message) for error in problems.errors]
 
 
+def _generate_all(
+    todo: list[_Job],
+    renderer: Renderer,
+    cache: Cache | None,
+    jobs: int | None,
+    progress: Callable[[int, int, str], None] | None,
+) -> list[tuple[Entry | None, list[tuple[Loc, str]]]]:
+    """Each job's entry and problems, in `todo`'s order, from up to `jobs` workers (`build`)."""
+    import_stages()  # before the workers fork: they start with the stages imported
+    workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
+    # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
+    order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
+    finished: list[int] = []
+
+    def report(i: int) -> None:
+        finished.append(i)
+        if progress is not None:
+            progress(len(finished), len(todo), todo[order[i]].spec.name)
+
+    results = run_all(
+        lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1), finished=report
+    )
+    return [results[order.index(j)] for j in range(len(todo))]
+
+
 def build(
     args: list[str],
     renderer: Renderer,
@@ -304,6 +333,7 @@ def build(
     form: str | None = None,
     namespace: str = "",
     jobs: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Generate every spec.
 
@@ -313,7 +343,8 @@ def build(
     With a `cache`, a spec generated before with the same opgen is not generated again.
     The specs the cache lacks are generated in up to `jobs` worker processes (default: one per
     core, `$OPGEN_JOBS`, with `SPECS_PER_WORKER` specs at least for each; `opgen.parallel`); the
-    result is the same, in the same order, as a serial run's.
+    result is the same, in the same order, as a serial run's. `progress(done, total, name)` is called
+    as each spec the cache lacked is generated, in the order they finish.
     """
     result = Result()
     custom_ops = False  # some op uses the package's `_custom_ops.py`
@@ -327,12 +358,7 @@ def build(
             todo.append(_Job(len(entries), spec, where, seconds, key, len(result.problems.errors)))
         entries.append(entry)
     if todo:
-        import_stages()  # before the workers fork: they start with the stages imported
-        workers = jobs if jobs is not None else min(default_jobs(), len(todo) // SPECS_PER_WORKER)
-        # Largest first, so that no large spec is left to run alone at the end (the results come back in spec order).
-        order = sorted(range(len(todo)), key=lambda j: -_size(todo[j].spec))
-        results = run_all(lambda i: _generate_job(todo[order[i]], renderer, cache), len(todo), max(workers, 1))
-        done = [results[order.index(j)] for j in range(len(todo))]
+        done = _generate_all(todo, renderer, cache, jobs, progress)
         for job, (entry, errors) in reversed(list(zip(todo, done, strict=True))):
             result.problems.errors[job.at : job.at] = [SpecError(loc, message) for loc, message in errors]
             entries[job.index] = entry
@@ -412,6 +438,10 @@ def package_files(
         "tests/accuracy.py": renderer.runtime("accuracy"),
         "_runtime.py": renderer.runtime("machinery"),
     }
+    # Where a user installs the package's own requirement from (`pip install -r OUT/requirements.txt`).
+    files["requirements.txt"] = (
+        f"{marker}# What this package needs; its tests in tests/ also need pytest.\n{opgen.TORCH_REQUIREMENT}\n"
+    )
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.runtime("shape_checks")

@@ -144,8 +144,56 @@ def test_without_tomllib_the_message_says_what_to_do(run_cli, tmp_path, monkeypa
     project(tmp_path)
     monkeypatch.setattr(config, "_toml", lambda: None)
     status, _, err = run_cli("generate", cwd=tmp_path)
-    assert status == 2 and err.startswith("pyproject.toml:1:1: reading [tool.opgen] needs Python 3.11")
-    assert "tomli" in err
+    assert status == 2 and err.startswith("pyproject.toml:1:1: reading it needs Python 3.11 (tomllib)")
+    assert "tomli" in err and "pass SPEC and -o" in err
+
+
+def test_without_tomllib_spec_and_out_on_the_command_line_still_run(run_cli, tmp_path, monkeypatch):
+    """Python 3.10 without tomli in a configured project: with SPEC and -o given, generate and check
+    run (saying the table was not read); only a run that needs the table stops."""
+    project(tmp_path)
+    monkeypatch.setattr(config, "_toml", lambda: None)
+    status, out, err = run_cli("generate", "specs", "-o", "mine", cwd=tmp_path)
+    assert status == 0, err
+    assert "pyproject.toml:1:1: warning: [tool.opgen] not read" in err and "1 ops" in out
+    assert run_cli("check", "specs", "-o", "mine")[0] == 0
+    assert run_cli("check", "-o", "mine")[0] == 2
+
+
+def test_the_check_hint_is_the_command_that_fixes_what_was_checked(run_cli, tmp_path):
+    """In a configured project, `check SPEC -o OUT` of another package names that package's generate
+    (with the options that change what is written), and running the hint makes the check pass."""
+    project(tmp_path)
+    assert run_cli("generate", "specs", "-o", "other", "--policy", "speed", cwd=tmp_path)[0] == 0
+    write_spec(tmp_path / "specs", SWISH.replace("1.0", "2.0"))
+    status, _, err = run_cli("check", "specs", "-o", "other", "--policy", "speed", "-q")
+    assert status == 1
+    hint = re.search(r"run `([^`]*)`; `([^`]*)` shows how", err)
+    assert hint and hint[1] == "opgen generate specs -o other --policy speed", err
+    assert hint[2] == "opgen check specs -o other --policy speed --diff"
+    assert _run(hint[1], tmp_path).returncode == 0
+    assert run_cli("check", "specs", "-o", "other", "--policy", "speed")[0] == 0
+    assert not (tmp_path / "ops").exists()  # the configured package was never the one to fix
+
+
+def test_quiet_and_verbose_go_before_the_command_too(run_cli, tmp_path):
+    project(tmp_path)
+    status, out, err = run_cli("-v", "generate", cwd=tmp_path)
+    assert status == 0, err
+    assert "using [tool.opgen]" in err and "ops/ops/swish.py: written" in out.replace("\\", "/")
+    status, out, err = run_cli("-q", "check")
+    assert status == 0 and out == "" and err == ""
+    status, _, err = run_cli("-q", "check", "-v")
+    assert status == 2 and "not allowed with" in err
+    status, _, err = run_cli("-v", "show")
+    assert status == 2 and "-v is an option of generate and check only" in err
+
+
+def test_a_broken_table_header_is_located(run_cli, tmp_path):
+    project(tmp_path, CONFIG.replace("[tool.opgen]", "[tool.opgen"))
+    status, _, err = run_cli("generate", cwd=tmp_path)
+    assert status == 2
+    assert err.startswith("pyproject.toml:4:12: invalid TOML: Expected ']'"), err
 
 
 def test_our_own_project_is_configured():
@@ -188,7 +236,7 @@ def test_the_documented_build_recipe_runs(tmp_path):
     block = re.search(r"<!-- build recipe: .*?-->\s*```sh\n(.*?)```", readme, re.DOTALL)
     assert block, "the README's build recipe is missing"
     lines = [line.strip() for line in block[1].splitlines() if line.strip()]
-    assert lines[0].startswith("pip install")  # opgen is importable here already
+    assert lines[0].startswith("python -m pip install")  # opgen is importable here already
     project(tmp_path, CONFIG.replace('out = "ops"', 'out = "generated"'))
     for line in lines[1:]:
         result = _run(line, tmp_path)
@@ -196,3 +244,33 @@ def test_the_documented_build_recipe_runs(tmp_path):
     assert (tmp_path / "generated" / "ops" / "swish.py").is_file()
     write_spec(tmp_path / "specs", SWISH.replace("1.0", "2.0"))
     assert _run(lines[-1], tmp_path).returncode == 1  # the check catches a stale package
+
+
+def test_the_ci_example_runs(tmp_path):
+    """examples/ci/github-actions.yml, which the README links: each job installs opgen from where the
+    project says (the check job without torch, the test job with the `test` extra), and every other
+    `run:` line works on a configured project that commits its package; the check job fails on a
+    stale one."""
+    path = ROOT / "examples" / "ci" / "github-actions.yml"
+    assert "(examples/ci/github-actions.yml)" in (ROOT / "README.md").read_text(encoding="utf-8")
+    workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
+    project(tmp_path, CONFIG.replace('out = "ops"', 'out = "generated"'))
+    assert _run("opgen generate", tmp_path).returncode == 0  # the committed package
+    installs = {}
+    for name, job in workflow["jobs"].items():
+        assert {step["uses"].split("@")[0] for step in job["steps"] if "uses" in step} == {
+            "actions/checkout",
+            "actions/setup-python",
+        }
+        install, *lines = [step["run"] for step in job["steps"] if "run" in step]
+        installs[name] = install
+        for line in lines:
+            result = _run(line, tmp_path)
+            assert result.returncode == 0, (name, line, result.stdout[-2000:], result.stderr[-2000:])
+    assert installs == {
+        "check": 'python -m pip install "opgen @ ${{ vars.OPGEN_SOURCE }}"',
+        "test": 'python -m pip install "opgen[test] @ ${{ vars.OPGEN_SOURCE }}"',
+    }
+    write_spec(tmp_path / "specs", SWISH.replace("1.0", "2.0"))
+    stale = _run("opgen check --diff", tmp_path)
+    assert stale.returncode == 1 and "+++ " in stale.stdout

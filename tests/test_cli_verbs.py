@@ -49,6 +49,24 @@ def test_show_prints_the_derived_gradient_and_writes_nothing(run_cli, tmp_path):
     assert "tensors: x" in out and "numbers: beta" in out
 
 
+def test_show_heads_each_op_with_the_path_given(run_cli, tmp_path):
+    """The heading names the spec file as the command line named it (as a problem would), not the
+    path relative to the specs folder that the generated header uses."""
+    (tmp_path / "mine").mkdir()
+    write_spec(tmp_path / "mine")
+    status, out, _ = run_cli("show", "mine/swish.yaml", cwd=tmp_path)
+    assert status == 0 and out.splitlines()[0] == "swish (mine/swish.yaml)"
+    status, out, _ = run_cli("show", str(tmp_path / "mine"))
+    assert out.splitlines()[0] == f"swish ({tmp_path / 'mine' / 'swish.yaml'})"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`opgen show specs | head -1`: the pipe closes while opgen writes; it stops without a traceback."""
+    command = f"{sys.executable} -m opgen show {SPECS} | head -1"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.startswith("affine (") and done.stderr == ""
+
+
 def test_show_names_the_kernels_and_what_backward_saves_as_the_generated_code_does(run_cli, golden):
     status, out, _ = run_cli("show", str(SPECS / "silu.yaml"), str(SPECS / "sigmoid.yaml"))
     assert status == 0
@@ -228,3 +246,40 @@ def test_the_generated_header_is_opgens_not_the_templates(run_cli, tmp_path):
     status, _, err = run_cli(*args)
     assert status == 0, err  # the next run still owns its output
     assert "beta: float = 2.0" in (tmp_path / "ops" / "ops" / "swish.py").read_text()
+
+
+# -- progress ---------------------------------------------------------------------------------------
+
+SOFTSIGN = "name: softsign\ninputs:\n  x: Tensor\noutputs:\n  y: x / (1 + abs(x))\n"
+
+
+def _two_specs(tmp_path):
+    specs = tmp_path / "specs"
+    write_spec(specs)
+    write_spec(specs, SOFTSIGN, "softsign.yaml")
+    return specs
+
+
+def test_verbose_names_each_spec_as_it_is_generated(run_cli, tmp_path):
+    """Not on a terminal (a CI log): a plain line per spec generated, under -v only."""
+    specs = _two_specs(tmp_path)
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "a"), "-v", "--no-cache")
+    assert status == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("opgen: generated ")]
+    assert sorted(lines) == ["opgen: generated softsign (2/2)", "opgen: generated swish (1/2)"] or sorted(lines) == [
+        "opgen: generated softsign (1/2)",
+        "opgen: generated swish (2/2)",
+    ]
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "b"), "--no-cache")
+    assert status == 0 and "opgen: generated" not in err
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_then_cleared(run_cli, tmp_path, monkeypatch):
+    specs = _two_specs(tmp_path)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    status, out, err = run_cli("generate", str(specs), "-o", str(tmp_path / "a"), "--no-cache")
+    assert status == 0 and "2 ops" in out
+    assert err.startswith("\r\x1b[Kopgen: generated 1/2 (") and "\r\x1b[Kopgen: generated 2/2 (" in err
+    assert err.endswith("\r\x1b[K") and "\n" not in err
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "b"), "--no-cache", "-q")
+    assert status == 0 and err == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from conftest import generate_op, import_package
 
@@ -35,3 +37,14 @@ def test_fused_op_matches_the_plain_one_at_every_order(tmp_path, run_cli):
             expected = (op(x, 1.5).detach(), first, second)
         else:
             torch.testing.assert_close((op(x, 1.5).detach(), first, second), expected)
+
+
+def test_the_optimizer_page_warns_that_the_first_fused_call_compiles():
+    """A fused op's first call compiles for tens of seconds (24 s for mish on the 2-core machine);
+    the page that documents --fuse says so, with the figure and what to do about it."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "optimizer.md").read_text(encoding="utf-8")
+    section = page.split("## Fused mode", 1)[1].split("\n## ", 1)[0]
+    assert "**The first call compiles.**" in section
+    assert re.search(r"about \d+ s for `mish`", section) and "warm it up" in section

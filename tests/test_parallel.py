@@ -183,11 +183,20 @@ def test_a_few_specs_are_generated_in_one_process_many_in_workers(tmp_path, monk
     calls: list[int] = []
     original = opgen.parallel.run_all
 
-    def counting(task, count, jobs):
+    def counting(task, count, jobs, finished=None):
         calls.append(jobs)
-        return original(task, count, jobs)
+        return original(task, count, jobs, finished)
 
     monkeypatch.setattr(pipeline, "run_all", counting)
     result = pipeline.build([str(folder)], Renderer())
     assert not result.problems and len(result.specs) == specs
     assert calls == [2 if forks else 1]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_each_finished_call_is_reported_once_in_the_calling_process(jobs):
+    """`finished(i)` runs here, once per call, whether the call ran here or in a forked worker."""
+    parent, seen = os.getpid(), []
+    results = run_all(lambda i: i * i, 6, jobs, finished=lambda i: seen.append((i, os.getpid())))
+    assert results == [i * i for i in range(6)]
+    assert sorted(seen) == [(i, parent) for i in range(6)]

@@ -145,3 +145,14 @@ def test_spec_names_equal_to_runtime_names_do_not_hide_them(tmp_path):
         ops.capture(torch.ones(3, dtype=torch.int64), b)
     imported = import_package(tmp_path, "clash_ops")
     assert imported.capture is not None
+
+
+def test_arguments_on_two_devices_are_named_with_the_op():
+    """torch's own message ("Tensor on device meta is not on the expected device cpu!") names neither
+    the op nor the argument; the functional's check does, before any formula runs. A 0-dim CPU tensor
+    goes with any device, as in PyTorch's ops. (The meta device stands in for a GPU.)"""
+    x, on_meta = torch.randn(4, 3), torch.randn(4, 3, device="meta")
+    with pytest.raises(RuntimeError, match=r"^huber\(\): argument 'target' is on meta but 'input' is on cpu; "):
+        generated.huber(x, on_meta)
+    assert generated.huber(on_meta, torch.tensor(0.5)).device.type == "meta"
+    assert generated.huber(x, torch.randn(3)).shape == (4, 3)

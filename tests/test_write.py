@@ -264,6 +264,49 @@ def test_a_held_lock_makes_generate_and_check_wait_then_fail_clearly(run_cli, tm
     assert leftovers(tmp_path, "pkg") == []
 
 
+class _Msvcrt:
+    """Windows' `msvcrt.locking`, played by POSIX flock: a held byte range refuses LK_NBLCK with an OSError."""
+
+    LK_NBLCK = 2
+
+    def __init__(self) -> None:
+        import fcntl
+
+        self.fcntl = fcntl
+        self.calls = 0
+
+    def locking(self, fd: int, mode: int, nbytes: int) -> None:
+        assert mode == self.LK_NBLCK and nbytes == 1 and os.lseek(fd, 0, os.SEEK_CUR) == 0
+        self.calls += 1
+        self.fcntl.flock(fd, self.fcntl.LOCK_EX | self.fcntl.LOCK_NB)
+
+
+def test_without_fcntl_the_lock_is_msvcrts(run_cli, tmp_path, monkeypatch):
+    """On Windows (no fcntl) runs on one OUT still take turns, through msvcrt.locking."""
+    fake = _Msvcrt()
+    monkeypatch.setattr(swap, "fcntl", None)
+    monkeypatch.setattr(swap, "msvcrt", fake)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "swish.yaml").write_text(SWISH)
+    out = tmp_path / "pkg"
+    assert run_cli("generate", str(specs), "-o", str(out))[0] == 0
+    with swap.locked(swap.real_out(out)):
+        status, _, err = run_cli("generate", str(specs), "-o", str(out), "--wait", "0.2")
+    assert status == 2 and "another opgen run" in err and "waited 0.2 s" in err
+    assert fake.calls >= 3 and "warning" not in err
+
+
+def test_without_any_file_lock_a_run_says_so(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(swap, "fcntl", None)
+    monkeypatch.setattr(swap, "msvcrt", None)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "swish.yaml").write_text(SWISH)
+    status, _, err = run_cli("generate", str(specs), "-o", str(tmp_path / "pkg"))
+    assert status == 0 and swap.NO_LOCK in err
+
+
 def test_check_on_a_read_only_parent_needs_no_lock(versions, tmp_path):
     old, _ = versions
     out = tmp_path / "ro" / "pkg"

@@ -68,7 +68,9 @@ _LinearFunctionNoJvp = without_jvp(LinearFunction)
 
 @not_scriptable
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Forward:
+    """input @ weight.T + bias over the last dimension, with batch dimensions; F.linear and nn.Linear.
+
+    Forward:
         out = input @ weight.T + bias
 
     Gradients:

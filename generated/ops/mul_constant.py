@@ -41,7 +41,9 @@ _MulConstantFunctionNoJvp = without_jvp(MulConstantFunction)
 
 @not_scriptable
 def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
-    """Forward:
+    """Multiplication by a number, tensor * constant; the number gets no gradient.
+
+    Forward:
         out = constant*tensor
 
     Gradients:

@@ -55,7 +55,9 @@ _ScaledWeightFunctionNoJvp = without_jvp(ScaledWeightFunction)
 
 @not_scriptable
 def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Forward:
+    """x scaled elementwise by a learned weight, x * weight; a Module whose parameter is used elementwise.
+
+    Forward:
         y = weights*x
 
     Gradients:

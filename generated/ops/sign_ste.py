@@ -40,7 +40,9 @@ _SignSteFunctionNoJvp = without_jvp(SignSteFunction)
 
 @not_scriptable
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
-    """Forward:
+    """sign(x) forward, and the straight-through estimator backward; the gradient passes where |x| <= 1.
+
+    Forward:
         y = sign(x)
 
     Gradients (overrides marked):

@@ -42,6 +42,21 @@ class Config:
     form: str | None = None  # handed on as the `--form` flag is
 
 
+class NoToml(SpecError):
+    """This Python cannot read TOML: 3.10 without the tomli package, which opgen declares for it
+    (an install that skipped opgen's dependencies). With SPEC and -o given a run goes on without
+    the table (opgen.cli)."""
+
+    why = "reading it needs Python 3.11 (tomllib) or the tomli package"
+
+    def __init__(self, loc: Loc) -> None:
+        super().__init__(
+            loc,
+            f"{self.why}, which opgen requires on Python 3.10: reinstall opgen with its dependencies, "
+            "`python -m pip install tomli`, or pass SPEC and -o on the command line",
+        )
+
+
 def _toml() -> Any:
     try:
         import tomllib
@@ -62,7 +77,8 @@ def find(start: Path) -> Path | None:
                 text = candidate.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            if re.search(r"^\s*\[\s*tool\s*\.\s*opgen\s*\]|^\s*tool\s*\.\s*opgen\s*[.=]", text, re.MULTILINE):
+            # `[tool.opgen` without its `]` counts: tomllib then says where the header is broken
+            if re.search(r"^\s*\[\s*tool\s*\.\s*opgen\b|^\s*tool\s*\.\s*opgen\s*[.=]", text, re.MULTILINE):
                 return candidate
     return None
 
@@ -75,11 +91,7 @@ def load(start: Path) -> Config:
     shown = _shown(path)
     toml = _toml()
     if toml is None:
-        raise SpecError(
-            Loc(shown, 1, 1),
-            "reading [tool.opgen] needs Python 3.11 or later (tomllib), or the tomli package; "
-            "upgrade Python, `pip install tomli`, or pass SPEC and -o on the command line",
-        )
+        raise NoToml(Loc(shown, 1, 1))
     text = path.read_text(encoding="utf-8")
     try:
         table = toml.loads(text).get("tool", {}).get("opgen", {})

@@ -31,7 +31,7 @@ def show(plan: Plan, latex: bool = False) -> list[str]:
     """The lines `opgen show` prints for one op."""
     spec = plan.derived.spec
     names = make_names(plan)
-    lines = [f"{spec.name} ({spec.source})"]
+    lines = [f"{spec.name} ({spec.loc.file})"]  # the path as given, as the problems name it
     formulas = _latex(plan) if latex else formulas_doc(plan.derived, plan, names)
     lines += ["  " + line if line else "" for line in formulas]
     lines += ["", "  Saved for backward:", *(f"    {line}" for line in _saved(plan))]

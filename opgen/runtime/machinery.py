@@ -111,7 +111,9 @@ def capture(functional: Callable[..., Any], *args: Any) -> Any:
 def check_floating(op: str, required: dict[str, Any], optional: dict[str, Any] | None = None) -> None:
     """A TypeError unless every tensor argument a gradient flows to is a real floating-point Tensor
     (the derivation is over the reals: an integer tensor computes in integers, a complex one gets
-    gradients that are not conjugated); `optional` ones may also be None."""
+    gradients that are not conjugated); `optional` ones may also be None. A RuntimeError naming the
+    op and the arguments when they are on different devices (torch's own message, from deep inside
+    the formula, names neither); a 0-dim CPU tensor goes with any device, as in PyTorch's ops."""
     for name, value in required.items():
         if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             _not_floating(op, name, value)
@@ -119,6 +121,22 @@ def check_floating(op: str, required: dict[str, Any], optional: dict[str, Any] |
         for name, value in optional.items():
             if value is not None and not (isinstance(value, torch.Tensor) and value.is_floating_point()):
                 _not_floating(op, name, value)
+    if len(required) > 1 or optional:
+        _one_device(op, required, optional or {})
+
+
+def _one_device(op: str, required: dict[str, Any], optional: dict[str, Any]) -> None:
+    first: tuple[str, torch.device] | None = None
+    for name, value in (*required.items(), *optional.items()):
+        if value is None or (value.dim() == 0 and value.device.type == "cpu"):
+            continue
+        if first is None:
+            first = (name, value.device)
+        elif value.device != first[1]:
+            raise RuntimeError(
+                f"{op}(): argument '{name}' is on {value.device} but '{first[0]}' is on {first[1]}; "
+                f"move every tensor argument to one device, e.g. {name}.to({first[0]}.device)"
+            )
 
 
 def _not_floating(op: str, name: str, value: Any) -> None:

@@ -8,7 +8,7 @@ that involve one node live in `__post_init__`; those across nodes are checked by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opgen.errors import Loc
 
@@ -151,6 +151,7 @@ class TestConfig:
     points: tuple[tuple[str, tuple[float, ...]], ...] = ()  # input -> values at kinks and edges
     native: str | None = None  # a key of `opgen.spec.native.NATIVE_OPS`
     extremes: bool = True  # the float32 accuracy test at extreme inputs (`opgen.plan.extremes`)
+    native_loc: Loc | None = field(default=None, compare=False)  # where `tests.native` is written
 
     def domain_of(self, name: str) -> tuple[float, float]:
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))

@@ -33,7 +33,9 @@ def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -
     points = _parse_points(mapping.get("points"), by_name, problems)
     native = _parse_native(mapping.get("native"), spec_inputs, problems)
     extremes = _flag(mapping.get("extremes"), "tests.extremes", problems)
-    return TestConfig(domain, shapes, values, gradgrad, points, native, extremes)
+    written = mapping.get("native")
+    native_loc = written.loc if written is not None else None
+    return TestConfig(domain, shapes, values, gradgrad, points, native, extremes, native_loc)
 
 
 def _flag(node: Raw | None, what: str, problems: Problems) -> bool:

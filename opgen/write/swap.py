@@ -27,8 +27,17 @@ from opgen.write.ownership import MANIFEST, WriteError, owned_leftovers
 
 try:
     import fcntl
-except ImportError:  # pragma: no cover - not POSIX: no lock
+except ImportError:  # pragma: no cover - not POSIX: Windows locks with msvcrt
     fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt
+except ImportError:
+    msvcrt = None  # type: ignore[assignment]
+
+NO_LOCK = (
+    "opgen: warning: this platform has neither fcntl nor msvcrt file locks: runs on one OUT do not take"
+    " turns, so never run two at once"
+)
 
 LOCK_WAIT = 60.0  # seconds a run waits for another run on the same OUT
 
@@ -107,17 +116,13 @@ def _take(path: Path, real: Path, wait: float) -> int:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise WriteError(
-                            f"{real}: another opgen run{_holder(path)} is writing it; waited {wait:g} s for it to"
-                            f" finish (its lock: {path})"
-                        ) from None
-                    time.sleep(0.02)
+            while not _try_lock(fd):
+                if time.monotonic() >= deadline:
+                    raise WriteError(
+                        f"{real}: another opgen run{_holder(path)} is writing it; waited {wait:g} s for it to"
+                        f" finish (its lock: {path})"
+                    ) from None
+                time.sleep(0.02)
             with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(fd), os.stat(path)):
                     os.ftruncate(fd, 0)
@@ -129,6 +134,24 @@ def _take(path: Path, real: Path, wait: float) -> int:
         os.close(fd)  # its holder removed it as we took it: take the new one
 
 
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock of the open lock file `fd` without waiting; False while another run holds
+    it. POSIX: `flock` of the whole file; Windows: `msvcrt.locking` of its first byte (the lock is the
+    byte range, taken from the start)."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def locked(real: Path, wait: float = LOCK_WAIT, create: bool = True) -> Iterator[None]:
     """Hold `.OUT.opgen-lock` beside the real OUT, waiting at most `wait` seconds for another run.
@@ -136,7 +159,8 @@ def locked(real: Path, wait: float = LOCK_WAIT, create: bool = True) -> Iterator
     With `create=False` (a reader) a missing or read-only parent folder means no lock: nobody writes there.
     """
     path = real.parent / f".{real.name}.opgen-lock"
-    if fcntl is None:  # pragma: no cover
+    if fcntl is None and msvcrt is None:
+        print(NO_LOCK, file=sys.stderr)
         yield
         return
     if create:
