@@ -54,6 +54,7 @@ from .ops.spike import SpikeFunction, spike
 from .ops.swiglu import SwigluFunction, swiglu
 from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
+from .ops.vq_straight_through import VqStraightThroughFunction, vq_straight_through
 
 __opgen_version__ = "0.1.0"  # the opgen that generated this package
 __torch_requires__ = ">=2.4,<3"  # the torch releases it supports
@@ -116,6 +117,7 @@ __all__ = [
     "SwigluFunction",
     "SwishFunction",
     "TanhshrinkFunction",
+    "VqStraightThroughFunction",
     "affine",
     "attention_scores",
     "bce_with_logits",
@@ -166,4 +168,5 @@ __all__ = [
     "swiglu",
     "swish",
     "tanhshrink",
+    "vq_straight_through",
 ]

@@ -18,7 +18,7 @@ def build_ops(folder: Path, package: str, specs: dict[str, str]):
     spec_dir.mkdir(parents=True, exist_ok=True)
     for name, text in specs.items():
         (spec_dir / f"{name}.yaml").write_text(textwrap.dedent(text))
-    result = build([str(spec_dir)], Renderer())
+    result = build([str(spec_dir)], Renderer(), namespace=package)
     assert not result.problems, result.problems.report()
     out = folder / package
     apply(out, changes(out, result.files))

@@ -59,6 +59,7 @@ TORCH_FUNCTIONS = {
     "norm": "torch.linalg.vector_norm",
     "xlogy": "torch.xlogy",
     "unsqueeze": "torch.unsqueeze",
+    "stop_gradient": "torch.detach",
 }
 
 
