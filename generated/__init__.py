@@ -54,6 +54,7 @@ from .ops.spike import SpikeFunction, spike
 from .ops.swiglu import SwigluFunction, swiglu
 from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
+from .ops.von_mises_nll import VonMisesNllFunction, von_mises_nll
 from .ops.vq_straight_through import VqStraightThroughFunction, vq_straight_through
 
 __opgen_version__ = "0.1.0"  # the opgen that generated this package
@@ -117,6 +118,7 @@ __all__ = [
     "SwigluFunction",
     "SwishFunction",
     "TanhshrinkFunction",
+    "VonMisesNllFunction",
     "VqStraightThroughFunction",
     "affine",
     "attention_scores",
@@ -168,5 +170,6 @@ __all__ = [
     "swiglu",
     "swish",
     "tanhshrink",
+    "von_mises_nll",
     "vq_straight_through",
 ]

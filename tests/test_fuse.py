@@ -35,3 +35,12 @@ def test_fused_op_matches_the_plain_one_at_every_order(tmp_path, run_cli):
             expected = (op(x, 1.5).detach(), first, second)
         else:
             torch.testing.assert_close((op(x, 1.5).detach(), first, second), expected)
+
+
+def test_fused_gradients_keep_a_shared_negated_pair(tmp_path):
+    """`grad_x = t` and `grad_mu = -t` share `t`, which already holds the incoming gradient: the
+    compiled gradients once dropped it and returned 0 (then failed on `0 .sum_to_size`)."""
+    spec = "name: op\ninputs: {x: Tensor, mu: Tensor, k: Tensor}\noutputs: {y: k * (1 - cos(x - mu))}\n"
+    source = generate_op(tmp_path, spec + "optimize:\n  fuse: true\n")
+    helper = source.split("def _op_gradients")[1].split("\n\n\n")[0]
+    assert "grad_x = 0" not in helper and "grad_mu = 0" not in helper, helper

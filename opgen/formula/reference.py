@@ -60,6 +60,10 @@ TORCH_FUNCTIONS = {
     "xlogy": "torch.xlogy",
     "unsqueeze": "torch.unsqueeze",
     "stop_gradient": "torch.detach",
+    "i0": "torch.special.i0",
+    "i0e": "torch.special.i0e",
+    "i1": "torch.special.i1",
+    "i1e": "torch.special.i1e",
 }
 
 
