@@ -6,6 +6,7 @@ The package needs only torch, a release in >=2.4,<3.
 
 from .ops.affine import Affine, AffineFunction, affine
 from .ops.attention_scores import AttentionScoresFunction, attention_scores
+from .ops.barlow_twins import BarlowTwinsFunction, barlow_twins
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
@@ -64,6 +65,7 @@ __all__ = [
     "Affine",
     "AffineFunction",
     "AttentionScoresFunction",
+    "BarlowTwinsFunction",
     "BceWithLogitsFunction",
     "Bilinear",
     "BilinearFunction",
@@ -122,6 +124,7 @@ __all__ = [
     "VqStraightThroughFunction",
     "affine",
     "attention_scores",
+    "barlow_twins",
     "bce_with_logits",
     "bilinear",
     "clip_grad",

@@ -90,7 +90,8 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
     tensors = frozenset(names[n].expr for n in holds_tensors(spec))  # Note [tensor-valued lets]
     flags = frozenset(i.name for i in spec.inputs if i.type.kind == "bool")
-    return Scope(names, tensors, hint, conditions=flags)
+    inputs = tuple(symbols.inputs[i.name] for i in spec.tensor_inputs)
+    return Scope(names, tensors, hint, conditions=flags, inputs=inputs)
 
 
 def dimension_names(spec: Spec) -> list[str]:
@@ -111,7 +112,7 @@ def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
         names.setdefault("grad", Value(next(iter(symbols.grads.values())), NUM))
     known = ", ".join(sorted(n for n in names if n.startswith("grad")))
     tensors = scope.tensors | frozenset(symbols.grads.values())
-    return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec))
+    return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec), inputs=scope.inputs)
 
 
 def _unavailable(spec: Spec) -> tuple[tuple[str, str], ...]:
