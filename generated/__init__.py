@@ -37,6 +37,7 @@ from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
 from .ops.rms_norm import RMSNorm, RmsNormFunction, rms_norm
+from .ops.rotary_embedding import RotaryEmbeddingFunction, rotary_embedding
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
@@ -100,6 +101,7 @@ __all__ = [
     "RbfKernelFunction",
     "Relu6Function",
     "RmsNormFunction",
+    "RotaryEmbeddingFunction",
     "RoundSteFunction",
     "SafeSqrtFunction",
     "ScaledWeight",
@@ -155,6 +157,7 @@ __all__ = [
     "rbf_kernel",
     "relu6",
     "rms_norm",
+    "rotary_embedding",
     "round_ste",
     "safe_sqrt",
     "scaled_weight",

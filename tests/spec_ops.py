@@ -23,3 +23,17 @@ def build_ops(folder: Path, package: str, specs: dict[str, str]):
     out = folder / package
     apply(out, changes(out, result.files))
     return import_package(folder, package)
+
+
+def assert_located(folder: Path, inputs: str, formula: str, expected: str) -> None:
+    """The spec `bad` of `inputs` (a YAML flow mapping) with the output `out: formula` is refused at the
+    formula's line with a message holding `expected`."""
+    from opgen.pipeline import plan_all
+
+    spec = folder / "bad.yaml"
+    spec.write_text(f"name: bad\ninputs: {inputs}\noutputs:\n  out: {formula}\n")
+    _, problems = plan_all([str(spec)])
+    assert problems.errors, formula
+    message = problems.report()[0]
+    assert message.startswith(f"{spec}:4:"), message
+    assert expected in message, message

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import ROOT, import_package
-from spec_ops import build_ops
+from spec_ops import assert_located, build_ops
 
 DTYPE = torch.float64
 
@@ -131,14 +131,4 @@ BAD = {
 
 @pytest.mark.parametrize("formula", sorted(BAD))
 def test_shape_errors_are_located_with_a_fix(tmp_path, formula):
-    from opgen.errors import Problems
-    from opgen.pipeline import plan_all
-
-    spec = tmp_path / "bad.yaml"
-    inputs = '{x: "Tensor[N, K]", v: "Tensor[K]", b: "Tensor[..., K]"}'
-    spec.write_text(f"name: bad\ninputs: {inputs}\noutputs:\n  y: {formula}\n")
-    planned, problems = plan_all([str(spec)])
-    assert isinstance(problems, Problems) and problems.errors
-    message = problems.report()[0]
-    assert message.startswith(f"{spec}:4:"), message
-    assert BAD[formula] in message, message
+    assert_located(tmp_path, '{x: "Tensor[N, K]", v: "Tensor[K]", b: "Tensor[..., K]"}', formula, BAD[formula])

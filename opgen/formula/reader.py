@@ -32,7 +32,7 @@ from opgen.formula.vocabulary import (
     SPECIAL_FUNCTIONS,
     Value,
 )
-from opgen.nodes import diagonal
+from opgen.nodes import concat, diagonal
 from opgen.spec.model import Formula
 from opgen.spec.parse_common import plausible
 
@@ -244,6 +244,8 @@ class _Reader:
             return self.read_reduction(node, name)
         if name == "unsqueeze":
             return self.read_unsqueeze(node)
+        if name == "cat":
+            return self.read_cat(node)
         if name == "eye":
             return self.read_eye(node)
         if name in diagonal.DIAGONALS:
@@ -355,6 +357,32 @@ class _Reader:
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM))
+
+    def read_cat(self, node: ast.Call) -> Value:
+        """`cat([a, b, ...], dim=d)`: parts of one named dimension joined along it (Note [concatenation] in
+        opgen.nodes.concat)."""
+        listed = node.args[0] if len(node.args) == 1 else None
+        if (
+            not isinstance(listed, (ast.List, ast.Tuple))
+            or not listed.elts
+            or any(k.arg != "dim" for k in node.keywords)
+        ):
+            raise self.fail(node, concat.USAGE)
+        dim = int_literal(node.keywords[0].value) if node.keywords else 0
+        if dim is None:
+            raise self.fail(node.keywords[0].value, "`dim` of cat() must be a whole number such as -1")
+        pieces = [self.number(element) for element in listed.elts]
+        for element, piece in zip(listed.elts, pieces, strict=True):
+            if not piece.free_symbols & self.scope.tensors:
+                raise self.fail(element, f"cat() joins tensors; `{short(ast.unparse(element))}` is a number")
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(sympy.Add(*pieces), NUM)
+        shapes = [self.shape(element, piece) for element, piece in zip(listed.elts, pieces, strict=True)]
+        try:
+            _, cuts = concat.cat_cuts(shapes, dim)
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(concat.Cat.of(pieces, cuts), NUM))
 
     def read_eye(self, node: ast.Call) -> Value:
         """`eye(N)`: the identity of the named dimension `N`, in the dtype and on the device of an input that has it."""

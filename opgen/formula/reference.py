@@ -62,6 +62,7 @@ TORCH_FUNCTIONS = {
     "stop_gradient": "torch.detach",
     "i0": "torch.special.i0",
     "diagonal": "torch.diagonal",
+    "cat": "torch.cat",
     "diag_embed": "torch.diag_embed",
     "diag": "torch.diag",
     "i0e": "torch.special.i0e",

@@ -93,7 +93,12 @@ SPECIAL_FUNCTIONS = ("where", "max", "min")
 
 # `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights);
 # `chunk(x, 2, dim=-1)[0]`: one of equal parts of a named dimension (opgen.formula.slicing)
-SHAPE_FUNCTIONS = ("unsqueeze", "chunk", *DIAGONALS)  # and the diagonals (opgen.nodes.diagonal)
+SHAPE_FUNCTIONS = (
+    "unsqueeze",
+    "chunk",
+    "cat",
+    *DIAGONALS,
+)  # cat: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

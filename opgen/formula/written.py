@@ -37,7 +37,7 @@ from opgen.formula.dims import batch_count_size, dim_size, show, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
-from opgen.nodes import diagonal
+from opgen.nodes import concat, diagonal
 
 SHAPED = (*REDUCTIONS, *SHAPE_FUNCTIONS)  # calls whose first argument sets the shape: reductions, unsqueeze
 
@@ -90,6 +90,8 @@ class Walk:
             return self.operation(node, [node.value])
         if isinstance(node, ast.Subscript):  # a part of a dimension (opgen.formula.slicing)
             return self.operation(node, [_chunked(node.value) or node.value])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cat":
+            return self.operation(node, list(node.args[0].elts))  # type: ignore[attr-defined]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "eye":
             name = ast.unparse(node.args[0])  # the reader checked it is a named dimension
             return frozenset([Piece(None, (name, name))])
@@ -139,6 +141,9 @@ class Walk:
             return self.cut_shape(node, shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
+        if isinstance(node.func, ast.Name) and node.func.id == "cat":
+            dim = ast.literal_eval(options["dim"]) if "dim" in options else 0
+            return concat.cat_cuts(shapes, dim)[0]
         if isinstance(node.func, ast.Name) and node.func.id in diagonal.DIAGONALS:
             return diagonal.call_shape(node.func.id, shapes[0])
         if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
