@@ -9,6 +9,7 @@ from .ops.attention_scores import AttentionScoresFunction, attention_scores
 from .ops.barlow_twins import BarlowTwinsFunction, barlow_twins
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
+from .ops.box_iou_loss import BoxIouLossFunction, box_iou_loss
 from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
@@ -70,6 +71,7 @@ __all__ = [
     "BceWithLogitsFunction",
     "Bilinear",
     "BilinearFunction",
+    "BoxIouLossFunction",
     "ClipGradFunction",
     "CosineSimilarityFunction",
     "CrossEntropyFunction",
@@ -129,6 +131,7 @@ __all__ = [
     "barlow_twins",
     "bce_with_logits",
     "bilinear",
+    "box_iou_loss",
     "clip_grad",
     "cosine_similarity",
     "cross_entropy",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import ROOT, import_package
-from spec_ops import assert_located, build_ops
+from spec_ops import assert_like_plain_torch, assert_located, assert_transforms_like_plain_torch, build_ops
 
 DTYPE = torch.float64
 
@@ -55,35 +55,13 @@ def _args(name, seed=0, batch=(2,)):
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_values_and_derivatives_of_two_orders_match_torch_cat(ops, name):
-    op, plain = getattr(ops, name), PLAIN[name]
-    args = [a.requires_grad_() for a in _args(name)]
-    got, want = op(*args), plain(*args)
-    torch.testing.assert_close(got, want)
-    weight = torch.linspace(-1, 1, want.numel(), dtype=DTYPE).view_as(want)
-    g = torch.autograd.grad((got * weight).sum(), args, create_graph=True)
-    w = torch.autograd.grad((want * weight).sum(), args, create_graph=True)
-    torch.testing.assert_close(g, w)
-    second = torch.autograd.grad(sum(x.pow(2).sum() for x in g), args)
-    torch.testing.assert_close(second, torch.autograd.grad(sum(x.pow(2).sum() for x in w), args))
-    assert torch.autograd.gradcheck(op, args, check_forward_ad=True, check_batched_grad=True)
-    assert torch.autograd.gradgradcheck(op, args, check_fwd_over_rev=True)
+    assert_like_plain_torch(getattr(ops, name), PLAIN[name], _args(name))
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_forward_mode_vmap_and_compile(ops, name):
-    op, plain = getattr(ops, name), PLAIN[name]
-    args, tangents = _args(name, 1), tuple(_args(name, 2))
-    torch.testing.assert_close(torch.func.jvp(op, tuple(args), tangents), torch.func.jvp(plain, tuple(args), tangents))
     batch = [torch.stack([_args(name, seed)[k] for seed in range(3)]) for k in range(2)]
-    grads = torch.func.vmap(torch.func.grad(lambda *a: op(*a).sum(), argnums=(0, 1)))(*batch)
-    torch.testing.assert_close(
-        grads, torch.func.vmap(torch.func.grad(lambda *a: plain(*a).sum(), argnums=(0, 1)))(*batch)
-    )
-    compiled = torch.compile(op, fullgraph=True, backend="aot_eager")
-    args = [a.requires_grad_() for a in args]
-    torch.testing.assert_close(
-        torch.autograd.grad(compiled(*args).sum(), args), torch.autograd.grad(plain(*args).sum(), args)
-    )
+    assert_transforms_like_plain_torch(getattr(ops, name), PLAIN[name], _args(name, 1), _args(name, 2), batch)
 
 
 def test_the_custom_op_form(ops):

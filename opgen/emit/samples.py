@@ -94,7 +94,8 @@ def dim_sizes(spec: Spec) -> dict[str, int]:
     for inp in spec.tensor_inputs:
         for dim in inp.type.dims or ():
             if dim != BATCH and dim not in dims:
-                dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
+                literal = (int(dim),) if dim.isdigit() else None  # `Tensor[..., 4]`: Note [literal sizes]
+                dims[dim] = (literal or shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),)))[0]
     return dims
 
 

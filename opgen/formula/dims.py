@@ -39,12 +39,23 @@ def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
 
 def dim_size(name: str) -> sympy.Expr:
     """The size of the named dimension `name`, a positive integer known at call time; of a part
-    of one (`D//2`, Note [parts of a dimension]), that integer of the whole's size."""
+    of one (`D//2`, Note [parts of a dimension]), that integer of the whole's size; of a literal
+    size (`4`, Note [literal sizes]), that number."""
+    if name.isdigit():
+        return sympy.Integer(int(name))
     base, fraction = part_of(name)
     size = sympy.Symbol("size:" + base, integer=True, positive=True)
     if fraction == 1:
         return size
     return fn.floor(sympy.Rational(fraction.numerator, fraction.denominator) * size)
+
+
+# Note [literal sizes]
+# ~~~~~~~~~~~~~~~~~~~~
+# `Tensor[..., 4]` declares a dimension of a fixed size (a box's four coordinates): the shape keeps it
+# as the name `4`, which broadcasts with `4` alone, its size is the number 4 (never read at call
+# time), the call-time check asks for exactly 4, and a formula picks one entry of it by an integer
+# index, `b[..., 0]` (opgen.nodes.index). Sizes 0 and 1 are refused where the type is read.
 
 
 # Note [parts of a dimension]

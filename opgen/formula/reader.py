@@ -32,7 +32,7 @@ from opgen.formula.vocabulary import (
     SPECIAL_FUNCTIONS,
     Value,
 )
-from opgen.nodes import concat, diagonal
+from opgen.nodes import concat, diagonal, index
 from opgen.spec.model import Formula
 from opgen.spec.parse_common import plausible
 
@@ -425,6 +425,12 @@ class _Reader:
             return Value(operand, NUM)
         shape = self.shape(operand_node, operand)
         dims = frozenset(n for n, v in self.scope.names.items() if tensor.is_dim_size(v.expr))
+        try:  # `b[..., 0]` of a literal size (Note [integer indexing] in opgen.nodes.index)
+            picked = index.pick_dim(node, shape) if chunk is None else None
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        if picked is not None:
+            return self.checked(node, Value(index.Pick(operand, *(sympy.Integer(n) for n in picked)), NUM))
         try:
             cut = slicing.chunk_cut(chunk, node.slice, shape) if chunk else slicing.index_cut(node, shape, dims)
         except slicing.CutError as error:

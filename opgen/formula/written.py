@@ -37,7 +37,7 @@ from opgen.formula.dims import batch_count_size, dim_size, show, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
-from opgen.nodes import concat, diagonal
+from opgen.nodes import concat, diagonal, index
 
 SHAPED = (*REDUCTIONS, *SHAPE_FUNCTIONS)  # calls whose first argument sets the shape: reductions, unsqueeze
 
@@ -155,6 +155,9 @@ class Walk:
 
     def cut_shape(self, node: ast.Subscript, shape: Shape) -> Shape:
         dims = frozenset(n for n, s in self.names.items() if tensor.is_dim_size(s))
+        picked = index.pick_dim(node, shape) if _chunked(node.value) is None else None
+        if picked is not None and shape is not None:  # `b[..., 0]`: the dimension goes
+            return shape[: picked[0]] + shape[len(shape) + picked[0] + 1 :]
         try:
             chunk = _chunked(node.value)
             if chunk is not None:

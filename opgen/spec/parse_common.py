@@ -162,6 +162,10 @@ def parse_type(text: object, loc: Loc, allow_tensor: bool = True) -> InputType:
         if not names or any(not n for n in names):
             raise SpecError(loc, f"'{text}': dimension names must be non-empty, separated by commas")
         for n in names:
+            if n.isdigit():  # a literal size: `Tensor[..., 4]`, boxes (Note [literal sizes] in opgen.formula.dims)
+                if int(n) < 2 or n != str(int(n)):
+                    raise SpecError(loc, f"'{text}': a literal dimension size is a whole number from 2, not '{n}'")
+                continue
             if n != "..." and not n.isidentifier():
                 raise SpecError(loc, f"'{text}': dimension '{n}' is not a name{_part_hint(n)}")
             if n != "..." and (problem := identifier_problem(n)) and "NFKC" in problem:
