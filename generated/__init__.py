@@ -11,6 +11,7 @@ from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.box_iou_loss import BoxIouLossFunction, box_iou_loss
 from .ops.clip_grad import ClipGradFunction, clip_grad
+from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
@@ -73,6 +74,7 @@ __all__ = [
     "BilinearFunction",
     "BoxIouLossFunction",
     "ClipGradFunction",
+    "ComplexRotationFunction",
     "CosineSimilarityFunction",
     "CrossEntropyFunction",
     "EluFunction",
@@ -133,6 +135,7 @@ __all__ = [
     "bilinear",
     "box_iou_loss",
     "clip_grad",
+    "complex_rotation",
     "cosine_similarity",
     "cross_entropy",
     "elu",

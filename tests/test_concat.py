@@ -1,7 +1,8 @@
-"""`cat([...], dim=...)` along a named dimension (Note [concatenation] in opgen/nodes/concat.py)
-against torch.cat in float64: values, gradients, second derivatives, gradcheck and gradgradcheck,
-forward mode, vmap, torch.compile and the custom_op form; `specs/rotary_embedding.yaml` against
-Hugging Face's rotate_half written in plain torch; located shape errors with a fix."""
+"""`cat([...], dim=...)` along a named dimension and `stack` along a new one (Note [concatenation] in
+opgen/nodes/concat.py) against torch.cat and torch.stack in float64: values, gradients, second
+derivatives, gradcheck and gradgradcheck, forward mode, vmap, torch.compile and the custom_op form;
+`specs/rotary_embedding.yaml` against Hugging Face's rotate_half and `specs/complex_rotation.yaml`
+against torch.polar, in plain torch; located shape errors with a fix."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ SPECS = {
         inputs: {x: "Tensor[..., D]", w: "Tensor[D]"}
         let: {x1: "x[..., :D // 2]", x2: "x[..., D // 2:]"}
         outputs: {y: "exp(cat([-x2 * w[:D // 2], sin(x1)], dim=-1)) * x"}
+    """,
+    "stacked": """
+        name: stacked
+        inputs: {a: "Tensor[..., K]", b: "Tensor[K]"}
+        let: {p: "stack([a * b, exp(a)], dim=-1)"}
+        outputs: {y: "sum(p**2, dim=-1) * p[..., 1] + sum(stack([b, b * 2, sin(b)], dim=0), dim=0)"}
     """,
     "copies": """
         name: copies
@@ -38,7 +45,12 @@ def _copies(a, b):
     return (torch.cat([a * b, torch.tanh(a), b], dim=1) ** 2).sum(-1)
 
 
-PLAIN = {"halves": _halves, "copies": _copies}
+def _stacked(a, b):
+    p = torch.stack([a * b, torch.exp(a)], dim=-1)
+    return (p**2).sum(-1) * p[..., 1] + torch.stack([b, b * 2, torch.sin(b)], dim=0).sum(0)
+
+
+PLAIN = {"halves": _halves, "copies": _copies, "stacked": _stacked}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +60,7 @@ def ops(tmp_path_factory):
 
 def _args(name, seed=0, batch=(2,)):
     g = torch.Generator().manual_seed(seed)
-    if name == "halves":
+    if name in ("halves", "stacked"):
         return [torch.randn(*batch, 6, generator=g, dtype=DTYPE), torch.randn(6, generator=g, dtype=DTYPE)]
     return [torch.randn(3, 4, generator=g, dtype=DTYPE) for _ in range(2)]
 
@@ -97,9 +109,27 @@ BAD = {
     "cat(x, dim=-1)": "cat() takes a list of tensors and `dim=`, e.g. cat([-x2, x1], dim=-1)",
     "cat([x, x], dim=k)": "`dim` of cat() must be a whole number such as -1",
     "cat([x, x], dim=2)": "dim=2 is not a dimension of [N, K]",
+    "stack([x, v], dim=-1)": "stack() joins pieces of one shape with declared dimensions",
+    "stack([x], dim=-1)": "stack() of one tensor is a dimension of size 1: write unsqueeze(x, dim=-1)",
+    "stack([x, x], dim=3)": "dim=3 is not a place for a new dimension of [N, K]",
 }
 
 
 @pytest.mark.parametrize("formula", sorted(BAD))
 def test_shape_errors_are_located_with_a_fix(tmp_path, formula):
     assert_located(tmp_path, INPUTS, formula, BAD[formula])
+
+
+def test_the_complex_rotation_spec_matches_torch_polar():
+    generated = import_package(ROOT, "generated")
+    g = torch.Generator().manual_seed(1)
+    x, y, theta = (torch.randn(2, 5, generator=g, dtype=DTYPE, requires_grad=True) for _ in range(3))
+    want = torch.view_as_real(torch.polar(torch.ones_like(theta), theta) * torch.complex(x, y))
+    got = generated.complex_rotation(x, y, theta)
+    torch.testing.assert_close(got, want)
+    weight = torch.linspace(-1, 1, want.numel(), dtype=DTYPE).view_as(want)
+    args = (x, y, theta)
+    torch.testing.assert_close(
+        torch.autograd.grad((got * weight).sum(), args), torch.autograd.grad((want * weight).sum(), args)
+    )
+    assert torch.autograd.gradgradcheck(generated.complex_rotation, args)

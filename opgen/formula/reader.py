@@ -244,8 +244,8 @@ class _Reader:
             return self.read_reduction(node, name)
         if name == "unsqueeze":
             return self.read_unsqueeze(node)
-        if name == "cat":
-            return self.read_cat(node)
+        if name in ("cat", "stack"):
+            return self.read_joined(node, name)
         if name == "eye":
             return self.read_eye(node)
         if name in diagonal.DIAGONALS:
@@ -358,27 +358,27 @@ class _Reader:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM))
 
-    def read_cat(self, node: ast.Call) -> Value:
-        """`cat([a, b, ...], dim=d)`: parts of one named dimension joined along it (Note [concatenation] in
-        opgen.nodes.concat)."""
+    def read_joined(self, node: ast.Call, name: str) -> Value:
+        """`cat([a, b, ...], dim=d)`: parts of one named dimension joined along it; `stack([a, b, ...], dim=d)`:
+        pieces of one shape along a new dimension (Note [concatenation] in opgen.nodes.concat)."""
         listed = node.args[0] if len(node.args) == 1 else None
-        if (
-            not isinstance(listed, (ast.List, ast.Tuple))
-            or not listed.elts
-            or any(k.arg != "dim" for k in node.keywords)
-        ):
-            raise self.fail(node, concat.USAGE)
+        keywords = [k.arg for k in node.keywords]
+        if not isinstance(listed, (ast.List, ast.Tuple)) or not listed.elts or keywords not in ([], ["dim"]):
+            raise self.fail(node, concat.USAGE.format(name=name))
         dim = int_literal(node.keywords[0].value) if node.keywords else 0
         if dim is None:
-            raise self.fail(node.keywords[0].value, "`dim` of cat() must be a whole number such as -1")
+            raise self.fail(node.keywords[0].value, f"`dim` of {name}() must be a whole number such as -1")
         pieces = [self.number(element) for element in listed.elts]
         for element, piece in zip(listed.elts, pieces, strict=True):
             if not piece.free_symbols & self.scope.tensors:
-                raise self.fail(element, f"cat() joins tensors; `{short(ast.unparse(element))}` is a number")
+                raise self.fail(element, f"{name}() joins tensors; `{short(ast.unparse(element))}` is a number")
         if self.scope.shapes is None:  # a first reading, only to order the formulas
             return Value(sympy.Add(*pieces), NUM)
         shapes = [self.shape(element, piece) for element, piece in zip(listed.elts, pieces, strict=True)]
         try:
+            if name == "stack":
+                place = concat.stack_shape(shapes, dim)[1]
+                return self.checked(node, Value(concat.Stack(sympy.Integer(place), *pieces), NUM))
             _, cuts = concat.cat_cuts(shapes, dim)
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None

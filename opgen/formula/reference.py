@@ -63,6 +63,7 @@ TORCH_FUNCTIONS = {
     "i0": "torch.special.i0",
     "diagonal": "torch.diagonal",
     "cat": "torch.cat",
+    "stack": "torch.stack",
     "diag_embed": "torch.diag_embed",
     "diag": "torch.diag",
     "i0e": "torch.special.i0e",

@@ -90,7 +90,7 @@ class Walk:
             return self.operation(node, [node.value])
         if isinstance(node, ast.Subscript):  # a part of a dimension (opgen.formula.slicing)
             return self.operation(node, [_chunked(node.value) or node.value])
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cat":
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("cat", "stack"):
             return self.operation(node, list(node.args[0].elts))  # type: ignore[attr-defined]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "eye":
             name = ast.unparse(node.args[0])  # the reader checked it is a named dimension
@@ -141,9 +141,10 @@ class Walk:
             return self.cut_shape(node, shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
-        if isinstance(node.func, ast.Name) and node.func.id == "cat":
+        if isinstance(node.func, ast.Name) and node.func.id in ("cat", "stack"):
             dim = ast.literal_eval(options["dim"]) if "dim" in options else 0
-            return concat.cat_cuts(shapes, dim)[0]
+            joined = concat.stack_shape if node.func.id == "stack" else concat.cat_cuts
+            return joined(shapes, dim)[0]
         if isinstance(node.func, ast.Name) and node.func.id in diagonal.DIAGONALS:
             return diagonal.call_shape(node.func.id, shapes[0])
         if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
