@@ -16,6 +16,7 @@ from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
+from .ops.geglu import GegluFunction, geglu
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
 from .ops.glu import GluFunction, glu
@@ -79,6 +80,7 @@ __all__ = [
     "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
+    "GegluFunction",
     "GeluFunction",
     "GeluTanhFunction",
     "GluFunction",
@@ -140,6 +142,7 @@ __all__ = [
     "cross_entropy",
     "elu",
     "focal_loss",
+    "geglu",
     "gelu",
     "gelu_tanh",
     "glu",

@@ -1,8 +1,9 @@
-"""Literal dimension sizes and integer indexing (Note [literal sizes] in opgen/formula/dims.py, Note
-[integer indexing] in opgen/nodes/index.py) against torch indexing in float64: values, gradients,
-second derivatives, gradcheck and gradgradcheck, forward mode, vmap, torch.compile and the custom_op
-form; `specs/box_iou_loss.yaml` against the IoU loss in plain torch; the call-time check of a literal
-size; located errors, and no misleading "needs a Tensor input" beside a refused Tensor type."""
+"""Literal dimension sizes, integer indexing and multiples of a dimension (Note [literal sizes] and Note
+[multiples of a dimension] in opgen/formula/dims.py, Note [integer indexing] in opgen/nodes/index.py)
+against torch indexing in float64: values, gradients, second derivatives, gradcheck and gradgradcheck,
+forward mode, vmap, torch.compile and the custom_op form; `specs/box_iou_loss.yaml` against the IoU
+loss in plain torch; the call-time checks of a literal size and of a multiple; located errors, and no
+misleading "needs a Tensor input" beside a refused Tensor type."""
 
 from __future__ import annotations
 
@@ -113,3 +114,50 @@ def test_a_refused_tensor_type_is_the_only_error(tmp_path):
     report = problems.report()
     assert len(report) == 1, report
     assert report[0].startswith(f"{spec}:3:6:") and "a literal dimension size is a whole number from 2" in report[0]
+
+
+# -- multiples of a dimension (Note [multiples of a dimension] in opgen/formula/dims.py) ----------------------
+
+HALVES = {
+    "halves": """
+        name: halves
+        inputs: {x: "Tensor[..., 2*H]", w: "Tensor[H]"}
+        outputs: {y: "x[..., :H] * sigmoid(x[..., H:]) * w / sqrt(H)"}
+    """,
+    "twice": """
+        name: twice
+        inputs: {a: "Tensor[N, K]", b: "Tensor[N, 2*K]"}
+        outputs: {y: "cat([a, exp(a)], dim=-1) * b"}
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory):
+    return build_ops(tmp_path_factory.mktemp("halves"), "halves_ops", HALVES)
+
+
+def test_a_declared_multiple_is_cut_in_its_parts(halves):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 8, generator=g, dtype=DTYPE), torch.randn(4, generator=g, dtype=DTYPE)
+    assert_like_plain_torch(halves.halves, lambda x, w: torch.nn.functional.glu(x, -1) * w / 2, [x, w])
+    a, b = torch.randn(3, 4, generator=g, dtype=DTYPE), torch.randn(3, 8, generator=g, dtype=DTYPE)
+    assert_like_plain_torch(halves.twice, lambda a, b: torch.cat([a, a.exp()], -1) * b, [a, b])
+
+
+def test_the_call_time_check_of_a_multiple(halves):
+    with pytest.raises(ValueError, match=r"argument 'x' must have shape \[\.\.\., 2\*H\], got \[2, 7\]"):
+        halves.halves(torch.zeros(2, 7, dtype=DTYPE), torch.zeros(3, dtype=DTYPE))
+    with pytest.raises(ValueError, match=r"argument 'w' must have shape \[H\] with H=4 \(from 'x'\), got \[3\]"):
+        halves.halves(torch.zeros(2, 8, dtype=DTYPE), torch.zeros(3, dtype=DTYPE))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "formula", "expected"),
+    [
+        ('{x: "Tensor[..., 2*H]"}', "x[..., :3]", "a slice bound is a fraction of H's size such as `H // 2`"),
+        ('{x: "Tensor[..., 2*H]", y: "Tensor[..., H]"}', "x * y", "cannot broadcast [..., 2*H] with [..., H]"),
+    ],
+)
+def test_multiples_are_refused_located_where_they_do_not_fit(tmp_path, inputs, formula, expected):
+    assert_located(tmp_path, inputs, formula, expected)

@@ -41,7 +41,7 @@ OP = harness.OpUnderTest(
 )
 # gradcheck's finite differences see through a stop-gradient: the inputs one reads are checked
 # against the reference's autograd alone (Note [stop-gradient] in opgen's nodes).
-GRADCHECKED = []
+GRADCHECKED: list[int] = []
 
 
 def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from opgen.emit import annotations as typed
 from opgen.emit import layout
-from opgen.emit.forward import size_sources
+from opgen.emit.forward import size_divisor, size_sources
 from opgen.emit.module import parameter_attributes
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
@@ -65,7 +65,11 @@ def _temporaries(namer: Namer) -> Callable[[str], str]:
 def _size_texts(spec: Spec, names: dict[str, str]) -> dict[str, str]:
     """Source text for the size of each named dimension not shadowed by a spec name."""
     sizes = size_sources(spec, tuple(dimension_names(spec)))
-    return {d: f"{names[source]}.shape[{index}]" for d, (source, index) in sizes.items() if d not in names}
+    return {
+        d: f"{names[source]}.shape[{index}]{size_divisor(spec, source, index)}"
+        for d, (source, index) in sizes.items()
+        if d not in names
+    }
 
 
 def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Formula]]:

@@ -58,6 +58,15 @@ def dim_size(name: str) -> sympy.Expr:
 # index, `b[..., 0]` (opgen.nodes.index). Sizes 0 and 1 are refused where the type is read.
 
 
+# Note [multiples of a dimension]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `Tensor[..., 2*H]` declares a dimension of twice the size `H` (a GLU's input, whose halves are
+# `H` wide): the shape names it `2*H`, the part `x[..., :H]` is written in `H` and named `H`, so it
+# broadcasts with other `H` dimensions. `H` is known at call time as that size halved (the check asks
+# for a size 2 divides), and formulas may use it as a number. Two copies of `K` joined by `cat` make
+# a `2*K` the same way.
+
+
 # Note [parts of a dimension]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # `x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]` have a dimension that is a part of `D`: the shape
@@ -67,9 +76,12 @@ def dim_size(name: str) -> sympy.Expr:
 
 
 def part_dim(base: str, fraction: Fraction) -> str:
-    """The name of `fraction` of the dimension `base`: `D//2`, `3*D//4`, `D` itself for all of it."""
+    """The name of `fraction` of the dimension `base`: `D//2`, `3*D//4`, `D` itself for all of it, `2*H`
+    for twice it (Note [multiples of a dimension])."""
     if fraction == 1:
         return base
+    if fraction.denominator == 1:
+        return f"{fraction.numerator}*{base}"
     head = f"{fraction.numerator}*{base}" if fraction.numerator != 1 else base
     return f"{head}//{fraction.denominator}"
 
@@ -78,7 +90,8 @@ def part_of(name: str) -> tuple[str, Fraction]:
     """(the dimension, the fraction of it) that a dimension name stands for: `3*D//4` -> (D, 3/4)."""
     head, slashes, denominator = name.partition("//")
     if not slashes:
-        return name, Fraction(1)
+        factor, star, base = name.partition("*")
+        return (base, Fraction(int(factor))) if star and factor.isdigit() else (name, Fraction(1))
     numerator, star, base = head.rpartition("*")
     return base, Fraction(int(numerator) if star else 1, int(denominator))
 

@@ -19,6 +19,7 @@ from sympy import Expr
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import functions as fn
 from opgen.formula import shape_rules, tensor, written
+from opgen.formula.dims import part_of
 from opgen.formula.kinds import with_definitions
 from opgen.formula.reader import Scope, read_formula
 from opgen.formula.softmax_forms import fuse_softmax
@@ -98,7 +99,10 @@ def dimension_names(spec: Spec) -> list[str]:
     """The named dimensions of the Tensor inputs, in order of first appearance."""
     dims: list[str] = []
     for inp in spec.tensor_inputs:
-        dims += [d for d in inp.type.dims or () if d != tensor.BATCH and d not in dims]
+        for d in inp.type.dims or ():  # `2*H` brings `H` (Note [multiples of a dimension])
+            d = part_of(d)[0] if not d.isdigit() else d
+            if d != tensor.BATCH and d not in dims:
+                dims.append(d)
     return dims
 
 

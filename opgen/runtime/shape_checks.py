@@ -30,6 +30,10 @@ def check_shapes(op: str, *arguments: Argument, divisible: dict[str, int] | None
         if fits:
             for dim, size in zip(named, shape[len(shape) - len(named) :], strict=True):
                 literal = (int(dim), "its type") if dim.isdigit() else (size, name)  # `Tensor[..., 4]`
+                factor, star, base = dim.partition("*")
+                if star and factor.isdigit():  # `2*H`: a size 2 divides, whose half is H
+                    fits = fits and size % int(factor) == 0
+                    dim, size, literal = base, size // int(factor), (size // int(factor), name)
                 fits = fits and sizes.setdefault(dim, literal)[0] == size
         if not fits:
             known = [
