@@ -9,7 +9,6 @@ from .ops.attention_scores import AttentionScoresFunction, attention_scores
 from .ops.barlow_twins import BarlowTwinsFunction, barlow_twins
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
-from .ops.box_iou_loss import BoxIouLossFunction, box_iou_loss
 from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
@@ -26,6 +25,7 @@ from .ops.hardsigmoid import HardsigmoidFunction, hardsigmoid
 from .ops.hardswish import HardswishFunction, hardswish
 from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
+from .ops.interval_iou_loss import IntervalIouLossFunction, interval_iou_loss
 from .ops.kl_div import KlDivFunction, kl_div
 from .ops.label_smoothing_ce import LabelSmoothingCeFunction, label_smoothing_ce
 from .ops.layer_norm import LayerNorm, LayerNormFunction, layer_norm
@@ -73,7 +73,6 @@ __all__ = [
     "BceWithLogitsFunction",
     "Bilinear",
     "BilinearFunction",
-    "BoxIouLossFunction",
     "ClipGradFunction",
     "ComplexRotationFunction",
     "CosineSimilarityFunction",
@@ -90,6 +89,7 @@ __all__ = [
     "HardswishFunction",
     "HardtanhFunction",
     "HuberFunction",
+    "IntervalIouLossFunction",
     "KlDivFunction",
     "LabelSmoothingCeFunction",
     "LayerNorm",
@@ -135,7 +135,6 @@ __all__ = [
     "barlow_twins",
     "bce_with_logits",
     "bilinear",
-    "box_iou_loss",
     "clip_grad",
     "complex_rotation",
     "cosine_similarity",
@@ -152,6 +151,7 @@ __all__ = [
     "hardswish",
     "hardtanh",
     "huber",
+    "interval_iou_loss",
     "kl_div",
     "label_smoothing_ce",
     "layer_norm",

@@ -1,9 +1,9 @@
 """Literal dimension sizes, integer indexing and multiples of a dimension (Note [literal sizes] and Note
 [multiples of a dimension] in opgen/formula/dims.py, Note [integer indexing] in opgen/nodes/index.py)
 against torch indexing in float64: values, gradients, second derivatives, gradcheck and gradgradcheck,
-forward mode, vmap, torch.compile and the custom_op form; `specs/box_iou_loss.yaml` against the IoU
-loss in plain torch; the call-time checks of a literal size and of a multiple; located errors, and no
-misleading "needs a Tensor input" beside a refused Tensor type."""
+forward mode, vmap, torch.compile and the custom_op form; the IoU losses of boxes and of intervals
+(`specs/interval_iou_loss.yaml`) in plain torch; the call-time checks of a literal size and of a
+multiple; located errors, and no misleading "needs a Tensor input" beside a refused Tensor type."""
 
 from __future__ import annotations
 
@@ -69,23 +69,40 @@ def test_the_custom_op_form_and_the_literal_size_at_call_time(ops):
         ops.boxes(torch.zeros(5, 3, dtype=DTYPE), torch.zeros(4, dtype=DTYPE))
 
 
-def test_the_box_iou_loss_spec_matches_plain_torch():
-    generated = import_package(ROOT, "generated")
+BOX_IOU = """
+name: box_iou_loss
+inputs: {b: "Tensor[..., 4]", t: "Tensor[..., 4]"}
+let:
+  iw: clamp(min(b[..., 0] + b[..., 2], t[..., 0] + t[..., 2]) - max(b[..., 0], t[..., 0]), 0)
+  ih: clamp(min(b[..., 1] + b[..., 3], t[..., 1] + t[..., 3]) - max(b[..., 1], t[..., 1]), 0)
+  inter: iw * ih
+  union: b[..., 2] * b[..., 3] + t[..., 2] * t[..., 3] - inter
+outputs: {loss: 1 - inter / union}
+"""
+
+
+def _iou_loss(b, t):
+    """1 - IoU of (x, y, w, h) boxes, the overlap as torchvision's box_iou computes it, of corners."""
+    b1, t1 = torch.cat([b[..., :2], b[..., :2] + b[..., 2:]], -1), torch.cat([t[..., :2], t[..., :2] + t[..., 2:]], -1)
+    lo, hi = torch.maximum(b1[..., :2], t1[..., :2]), torch.minimum(b1[..., 2:], t1[..., 2:])
+    inter = (hi - lo).clamp(min=0).prod(-1)
+    return 1 - inter / (b[..., 2] * b[..., 3] + t[..., 2] * t[..., 3] - inter)
+
+
+def test_box_and_interval_iou_losses_match_plain_torch(tmp_path):
+    boxes = build_ops(tmp_path, "iou_ops", {"box_iou_loss": BOX_IOU}).box_iou_loss
+    intervals = import_package(ROOT, "generated").interval_iou_loss
     g = torch.Generator().manual_seed(0)
     b, t = (torch.rand(6, 4, generator=g, dtype=DTYPE) * 2.5 + 0.5 for _ in range(2))
-    b, t = b.requires_grad_(), t.requires_grad_()
+    assert_like_plain_torch(boxes, _iou_loss, [b, t])
+    intervals_of = [torch.stack([x[:, 0], x[:, 2]], -1) for x in (b, t)]  # (start, length)
+    assert_like_plain_torch(intervals, lambda b, t: _iou_loss(_as_box(b), _as_box(t)), intervals_of)
 
-    def plain(b, t):  # corners, as torchvision's box_iou computes the overlap
-        b1, t1 = torch.cat([b[:, :2], b[:, :2] + b[:, 2:]], -1), torch.cat([t[:, :2], t[:, :2] + t[:, 2:]], -1)
-        lo, hi = torch.maximum(b1[:, :2], t1[:, :2]), torch.minimum(b1[:, 2:], t1[:, 2:])
-        inter = (hi - lo).clamp(min=0).prod(-1)
-        union = b[:, 2] * b[:, 3] + t[:, 2] * t[:, 3] - inter
-        return 1 - inter / union
 
-    got, want = generated.box_iou_loss(b, t), plain(b, t)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(torch.autograd.grad(got.sum(), (b, t)), torch.autograd.grad(want.sum(), (b, t)))
-    assert torch.autograd.gradgradcheck(generated.box_iou_loss, (b, t))
+def _as_box(interval: torch.Tensor) -> torch.Tensor:
+    """The interval (start, length) as the box (start, 0, length, 1): the IoU is the intervals'."""
+    start, length = interval[..., 0], interval[..., 1]
+    return torch.stack([start, torch.zeros_like(start), length, torch.ones_like(start)], -1)
 
 
 INPUTS = '{b: "Tensor[..., 4]", x: "Tensor[N, K]", m: "Tensor[N, 4]"}'

@@ -430,7 +430,7 @@ class _Reader:
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None
         if picked is not None:
-            return self.checked(node, Value(index.Pick(operand, *(sympy.Integer(n) for n in picked)), NUM))
+            return self.checked(node, Value(index.Pick(operand, *(sympy.Integer(n) for n in picked[:2])), NUM))
         try:
             cut = slicing.chunk_cut(chunk, node.slice, shape) if chunk else slicing.index_cut(node, shape, dims)
         except slicing.CutError as error:

@@ -4,7 +4,7 @@ Note [integer indexing]
 ~~~~~~~~~~~~~~~~~~~~~~~
 Box losses read a box's coordinates: `b[..., 0]`, `b[..., 2]` of `b: Tensor[..., 4]` (Note [literal
 sizes] in opgen.formula.dims). An integer index picks one entry of a dimension of literal size
-and removes that dimension, as in Python: `Pick(b, dim, index, size)`, `dim` from the end, `index`
+and removes that dimension, as in Python: `Pick(b, dim, index)`, `dim` from the end, `index`
 from 0 (a negative one counts from the end, as Python's). Only a literal size can be indexed: a
 named dimension's size is known at call time alone, so whether `x[..., 3]` exists would be too.
 
@@ -90,9 +90,9 @@ def _whole(item: ast.expr) -> bool:
 
 
 class _Indexed(Rearranging, Spelled, Shown, TensorOp):
-    """(operand, dim from the end, index, size)."""
+    """(operand, dim from the end, index), and for `PutAt` the size of the new dimension."""
 
-    nargs = 4
+    nargs = (3, 4)
 
     @classmethod
     def eval(cls, operand: Expr, *rest: Expr) -> Expr | None:
@@ -100,7 +100,7 @@ class _Indexed(Rearranging, Spelled, Shown, TensorOp):
 
     @property
     def where(self) -> tuple[int, int, int]:
-        return int(self.args[1]), int(self.args[2]), int(self.args[3])
+        return int(self.args[1]), int(self.args[2]), int(self.args[3]) if len(self.args) == 4 else 0
 
 
 class Pick(_Indexed):
@@ -113,10 +113,14 @@ class Pick(_Indexed):
         return operand[:dim] + operand[len(operand) + dim + 1 :]
 
     def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
-        return PutAt(_ranked(grad, self, table), *self.args[1:])
+        operand = shape_of(self.args[0], table)
+        assert operand is not None
+        entry = operand[self.where[0]]
+        size = sympy.Integer(int(entry) if isinstance(entry, int) or entry.isdigit() else 1)
+        return PutAt(_ranked(grad, self, table), *self.args[1:3], size)
 
     def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
-        return _picked(tangent, self.args[0], self.args[1:], table)
+        return _picked(tangent, self.args[0], self.args[1:3], table)
 
     def _torch(self, printer: TorchCode) -> str:
         dim, index, _ = self.where
@@ -139,7 +143,7 @@ class PutAt(_Indexed):
         return operand[:at] + (str(size),) + operand[at:]
 
     def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
-        return _picked(grad, self, self.args[1:], table)
+        return _picked(grad, self, self.args[1:3], table)
 
     def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
         return PutAt(_ranked(tangent, self.args[0], table), *self.args[1:])
@@ -172,5 +176,5 @@ def _picked(value: Expr, like: Expr, where: tuple[Expr, ...], table: dict[sympy.
     if len(have) < -dim:
         return value
     if have[dim] in (1, BATCH):
-        return Pick(value, where[0], sympy.Integer(0), sympy.Integer(1))
+        return Pick(value, where[0], sympy.Integer(0))
     return Pick(value, *where)
