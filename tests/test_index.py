@@ -96,7 +96,9 @@ def test_box_and_interval_iou_losses_match_plain_torch(tmp_path):
     b, t = (torch.rand(6, 4, generator=g, dtype=DTYPE) * 2.5 + 0.5 for _ in range(2))
     assert_like_plain_torch(boxes, _iou_loss, [b, t])
     intervals_of = [torch.stack([x[:, 0], x[:, 2]], -1) for x in (b, t)]  # (start, length)
-    assert_like_plain_torch(intervals, lambda b, t: _iou_loss(_as_box(b), _as_box(t)), intervals_of)
+    assert_like_plain_torch(
+        lambda b, t: intervals(b, t, 0.0), lambda b, t: _iou_loss(_as_box(b), _as_box(t)), intervals_of
+    )
 
 
 def _as_box(interval: torch.Tensor) -> torch.Tensor:

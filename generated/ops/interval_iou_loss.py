@@ -15,26 +15,28 @@ class IntervalIouLossFunction(Function):
     """The autograd Function of `interval_iou_loss`; see `interval_iou_loss` for the formulas."""
 
     @staticmethod
-    def forward(b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def forward(b: torch.Tensor, t: torch.Tensor, eps: float) -> torch.Tensor:
         overlap_t0 = b[..., 0]
         overlap_t1 = t[..., 0]
         overlap_t3 = torch.minimum(overlap_t0 + b[..., 1], overlap_t1 + t[..., 1])
         overlap_t2 = overlap_t3 - torch.maximum(overlap_t0, overlap_t1)
         overlap = torch.clamp(overlap_t2, 0, math.inf)
-        loss_t0 = b[..., 1] + t[..., 1]
+        loss_t0 = eps + b[..., 1] + t[..., 1]
         loss = (loss_t0 - 2 * overlap) / (loss_t0 - overlap)
         return loss
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        b, t = inputs
+        b, t, eps = inputs
         loss = output
         ctx.save_for_backward(b, t)
+        ctx.eps = eps
         ctx.save_for_forward(b, t, loss)
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         b, t = ctx.saved_tensors
+        eps = ctx.eps
         grad_b = grad_t = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = b[..., 0]
@@ -45,7 +47,7 @@ class IntervalIouLossFunction(Function):
             tmp5 = tmp1 + tmp4
             tmp6 = torch.minimum(tmp3, tmp5) - torch.maximum(tmp0, tmp1)
             overlap = torch.clamp(tmp6, 0, math.inf)
-            tmp8 = tmp2 + tmp4
+            tmp8 = eps + tmp2 + tmp4
             tmp9 = tmp8 - overlap
             tmp10 = 1 / tmp9
             tmp11 = tmp6 >= 0
@@ -75,11 +77,12 @@ class IntervalIouLossFunction(Function):
             grad_t_t2 = torch.nn.functional.pad((grad_loss * (tmp16 * tmp23 - tmp20 * tmp23)).unsqueeze(-1), (0, 1))
             grad_t = grad_t_t0 + grad_t_t2
             grad_t = grad_t.sum_to_size(t.shape)
-        return grad_b, grad_t
+        return grad_b, grad_t, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_b: torch.Tensor, tangent_t: torch.Tensor) -> torch.Tensor:
+    def jvp(ctx: Any, tangent_b: torch.Tensor, tangent_t: torch.Tensor, tangent_eps: None) -> torch.Tensor:
         b, t, loss = ctx.saved_tensors
+        eps = ctx.eps
         tangent_loss = None
         if tangent_b is not None or tangent_t is not None:
             jvp0 = b[..., 0]
@@ -90,7 +93,7 @@ class IntervalIouLossFunction(Function):
             jvp5 = jvp1 + jvp4
             jvp6 = torch.minimum(jvp3, jvp5) - torch.maximum(jvp0, jvp1)
             overlap = torch.clamp(jvp6, 0, math.inf)
-            jvp8 = jvp2 + jvp4
+            jvp8 = eps + jvp2 + jvp4
             jvp9 = jvp8 - overlap
             jvp10 = 1 / jvp9
         if tangent_b is not None or tangent_t is not None:
@@ -120,45 +123,46 @@ _IntervalIouLossFunctionNoJvp = without_jvp(IntervalIouLossFunction)
 
 
 @not_scriptable
-def interval_iou_loss(b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def interval_iou_loss(b: torch.Tensor, t: torch.Tensor, eps: float = 1e-07) -> torch.Tensor:
     """The IoU loss `1 - IoU` of intervals `(start, length)` against target intervals, the 1-D form of
     the detection box losses: the overlap is clamped at 0 where they do not meet, and the loss is
-    `(union - overlap) / union` with the union `b_length + t_length - overlap`. A box's two
+    `1 - overlap / (union + eps)` with the union `b_length + t_length - overlap`, written as one
+    quotient; `eps` keeps intervals of length 0 finite, as torchvision's box losses do. A box's two
     coordinates are read by integer indexes of a dimension of literal size 2.
 
     Forward:
         overlap = clamp(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0]), 0, inf)
-        loss = (b[..., 1] - 2*overlap + t[..., 1])/(b[..., 1] - overlap + t[..., 1])
+        loss = (eps - 2*overlap + b[..., 1] + t[..., 1])/(eps - overlap + b[..., 1] + t[..., 1])
 
     Gradients:
         grad_b = put_at(grad*((1 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0])
             >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1, where(t[..., 0] + t[..., 1] < b[..., 0] +
-            b[..., 1], 0, 1/2)), 0))/(b[..., 1] - overlap + t[..., 1]) + (where(min(b[..., 0] + b[..., 1], t[..., 0] +
-            t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1,
-            where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1], 0, 1/2)), 0) - 1)*(b[..., 1] - 2*overlap + t[...,
-            1])/(b[..., 1] - overlap + t[..., 1])**2), dim=-1, index=1, size=2) + put_at(grad*((b[..., 1] - 2*overlap +
-            t[..., 1])*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0,
-            where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1, where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1],
-            0, 1/2)) - where(b[..., 0] > t[..., 0], 1, where(t[..., 0] > b[..., 0], 0, 1/2)), 0)/(b[..., 1] - overlap +
-            t[..., 1])**2 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0,
-            where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1, where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1],
-            0, 1/2)) - where(b[..., 0] > t[..., 0], 1, where(t[..., 0] > b[..., 0], 0, 1/2)), 0)/(b[..., 1] - overlap +
-            t[..., 1])), dim=-1, index=0, size=2)
+            b[..., 1], 0, 1/2)), 0))/(eps - overlap + b[..., 1] + t[..., 1]) + (where(min(b[..., 0] + b[..., 1], t[...,
+            0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1,
+            where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1], 0, 1/2)), 0) - 1)*(eps - 2*overlap + b[..., 1] + t[...,
+            1])/(eps - overlap + b[..., 1] + t[..., 1])**2), dim=-1, index=1, size=2) + put_at(grad*((eps - 2*overlap +
+            b[..., 1] + t[..., 1])*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0])
+            >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1, where(t[..., 0] + t[..., 1] < b[..., 0] +
+            b[..., 1], 0, 1/2)) - where(b[..., 0] > t[..., 0], 1, where(t[..., 0] > b[..., 0], 0, 1/2)), 0)/(eps -
+            overlap + b[..., 1] + t[..., 1])**2 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[...,
+            0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 1, where(t[..., 0] + t[..., 1] <
+            b[..., 0] + b[..., 1], 0, 1/2)) - where(b[..., 0] > t[..., 0], 1, where(t[..., 0] > b[..., 0], 0, 1/2)),
+            0)/(eps - overlap + b[..., 1] + t[..., 1])), dim=-1, index=0, size=2)
         grad_t = put_at(grad*((1 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0])
             >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0, where(t[..., 0] + t[..., 1] < b[..., 0] +
-            b[..., 1], 1, 1/2)), 0))/(b[..., 1] - overlap + t[..., 1]) + (where(min(b[..., 0] + b[..., 1], t[..., 0] +
-            t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0,
-            where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1], 1, 1/2)), 0) - 1)*(b[..., 1] - 2*overlap + t[...,
-            1])/(b[..., 1] - overlap + t[..., 1])**2), dim=-1, index=1, size=2) + put_at(grad*((b[..., 1] - 2*overlap +
-            t[..., 1])*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0,
-            where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0, where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1],
-            1, 1/2)) - where(b[..., 0] > t[..., 0], 0, where(t[..., 0] > b[..., 0], 1, 1/2)), 0)/(b[..., 1] - overlap +
-            t[..., 1])**2 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0,
-            where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0, where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1],
-            1, 1/2)) - where(b[..., 0] > t[..., 0], 0, where(t[..., 0] > b[..., 0], 1, 1/2)), 0)/(b[..., 1] - overlap +
-            t[..., 1])), dim=-1, index=0, size=2)
+            b[..., 1], 1, 1/2)), 0))/(eps - overlap + b[..., 1] + t[..., 1]) + (where(min(b[..., 0] + b[..., 1], t[...,
+            0] + t[..., 1]) - max(b[..., 0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0,
+            where(t[..., 0] + t[..., 1] < b[..., 0] + b[..., 1], 1, 1/2)), 0) - 1)*(eps - 2*overlap + b[..., 1] + t[...,
+            1])/(eps - overlap + b[..., 1] + t[..., 1])**2), dim=-1, index=1, size=2) + put_at(grad*((eps - 2*overlap +
+            b[..., 1] + t[..., 1])*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[..., 0], t[..., 0])
+            >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0, where(t[..., 0] + t[..., 1] < b[..., 0] +
+            b[..., 1], 1, 1/2)) - where(b[..., 0] > t[..., 0], 0, where(t[..., 0] > b[..., 0], 1, 1/2)), 0)/(eps -
+            overlap + b[..., 1] + t[..., 1])**2 - 2*where(min(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - max(b[...,
+            0], t[..., 0]) >= 0, where(b[..., 0] + b[..., 1] < t[..., 0] + t[..., 1], 0, where(t[..., 0] + t[..., 1] <
+            b[..., 0] + b[..., 1], 1, 1/2)) - where(b[..., 0] > t[..., 0], 0, where(t[..., 0] > b[..., 0], 1, 1/2)),
+            0)/(eps - overlap + b[..., 1] + t[..., 1])), dim=-1, index=0, size=2)
     """
-    if (proxy := capture(interval_iou_loss, b, t)) is not None:  # torch.fx: one node
+    if (proxy := capture(interval_iou_loss, b, t, eps)) is not None:  # torch.fx: one node
         return proxy
     check_shapes(
         "interval_iou_loss",
@@ -168,4 +172,4 @@ def interval_iou_loss(b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     check_floating("interval_iou_loss", {"b": b, "t": t})
     b, t = promoted(b, t)
     function = _IntervalIouLossFunctionNoJvp if torch.compiler.is_compiling() else IntervalIouLossFunction
-    return function.apply(b, t)
+    return function.apply(b, t, eps)

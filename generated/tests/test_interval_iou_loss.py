@@ -20,19 +20,22 @@ T = harness.as_tensor
 SHAPES = {"b": [2], "t": [2]}
 BATCHED_SHAPES = {"b": [2, 2], "t": [2, 2]}  # with batch dimensions for `...`
 SAVED: list[str] = ["b", "t"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+VALUES: dict[str, float] = {"eps": 1e-07}  # the non-tensor inputs in most tests
+OTHER_VALUES: dict[str, float] = {"eps": 7e-08}  # away from their defaults and VALUES
 
 
-def reference(b: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+def reference(b: torch.Tensor, t: torch.Tensor, eps: float | torch.Tensor) -> dict[str, torch.Tensor]:
     """The spec's formulas in plain torch."""
+    eps = T(eps)
     overlap_t0 = torch.minimum(b[..., 0] + b[..., 1], t[..., 0] + t[..., 1]) - torch.maximum(b[..., 0], t[..., 0])
     overlap = torch.clamp(overlap_t0, min=T(0), max=T(math.inf))
-    loss = (b[..., 1] + t[..., 1] - 2 * overlap) / (b[..., 1] + t[..., 1] - overlap)
+    loss = (b[..., 1] + t[..., 1] - 2 * overlap + eps) / (b[..., 1] + t[..., 1] - overlap + eps)
     return {"overlap": overlap, "loss": loss}
 
 
 OP = harness.OpUnderTest(
     interval_iou_loss,
-    inputs=["b", "t"],
+    inputs=["b", "t", "eps"],
     outputs=["loss"],
     tensor_inputs=[0, 1],
     checked=[0, 1],
@@ -40,12 +43,13 @@ OP = harness.OpUnderTest(
 )
 
 
-def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
+def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
     """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["b"], 0.5, 3.0),
         harness.uniform(generator, shapes["t"], 0.5, 3.0),
+        values["eps"],
     ]
 
 
@@ -75,6 +79,13 @@ def test_gradgradcheck() -> None:
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
     harness.check_saved(OP, IntervalIouLossFunction, sample_inputs(), SAVED)
+
+
+def test_non_tensor_inputs_away_from_their_defaults() -> None:
+    """An op that ignores a non-tensor input, or reads another value, fails here."""
+    args = sample_inputs(seed=5, values=OTHER_VALUES)
+    harness.check_against_reference(OP, args, reference)
+    harness.check_gradients(OP, args, second_order=True)
 
 
 def test_batched_inputs() -> None:
