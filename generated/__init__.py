@@ -6,13 +6,16 @@ The package needs only torch, a release in >=2.7,<2.14.
 
 from .ops.affine import Affine, AffineFunction, affine
 from .ops.attention_scores import AttentionScoresFunction, attention_scores
+from .ops.barlow_twins import BarlowTwinsFunction, barlow_twins
 from .ops.bce_with_logits import BceWithLogitsFunction, bce_with_logits
 from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
+from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
+from .ops.geglu import GegluFunction, geglu
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
 from .ops.glu import GluFunction, glu
@@ -22,6 +25,7 @@ from .ops.hardsigmoid import HardsigmoidFunction, hardsigmoid
 from .ops.hardswish import HardswishFunction, hardswish
 from .ops.hardtanh import HardtanhFunction, hardtanh
 from .ops.huber import HuberFunction, huber
+from .ops.interval_iou_loss import IntervalIouLossFunction, interval_iou_loss
 from .ops.kl_div import KlDivFunction, kl_div
 from .ops.label_smoothing_ce import LabelSmoothingCeFunction, label_smoothing_ce
 from .ops.layer_norm import LayerNorm, LayerNormFunction, layer_norm
@@ -36,6 +40,7 @@ from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
 from .ops.rms_norm import RMSNorm, RmsNormFunction, rms_norm
+from .ops.rotary_embedding import RotaryEmbeddingFunction, rotary_embedding
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
@@ -54,6 +59,8 @@ from .ops.spike import SpikeFunction, spike
 from .ops.swiglu import SwigluFunction, swiglu
 from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
+from .ops.von_mises_nll import VonMisesNllFunction, von_mises_nll
+from .ops.vq_straight_through import VqStraightThroughFunction, vq_straight_through
 
 __opgen_version__ = "0.1.0"  # the opgen that generated this package
 __torch_requires__ = ">=2.7,<2.14"  # the torch releases it supports
@@ -62,14 +69,17 @@ __all__ = [
     "Affine",
     "AffineFunction",
     "AttentionScoresFunction",
+    "BarlowTwinsFunction",
     "BceWithLogitsFunction",
     "Bilinear",
     "BilinearFunction",
     "ClipGradFunction",
+    "ComplexRotationFunction",
     "CosineSimilarityFunction",
     "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
+    "GegluFunction",
     "GeluFunction",
     "GeluTanhFunction",
     "GluFunction",
@@ -79,6 +89,7 @@ __all__ = [
     "HardswishFunction",
     "HardtanhFunction",
     "HuberFunction",
+    "IntervalIouLossFunction",
     "KlDivFunction",
     "LabelSmoothingCeFunction",
     "LayerNorm",
@@ -96,6 +107,7 @@ __all__ = [
     "RbfKernelFunction",
     "Relu6Function",
     "RmsNormFunction",
+    "RotaryEmbeddingFunction",
     "RoundSteFunction",
     "SafeSqrtFunction",
     "ScaledWeight",
@@ -116,15 +128,20 @@ __all__ = [
     "SwigluFunction",
     "SwishFunction",
     "TanhshrinkFunction",
+    "VonMisesNllFunction",
+    "VqStraightThroughFunction",
     "affine",
     "attention_scores",
+    "barlow_twins",
     "bce_with_logits",
     "bilinear",
     "clip_grad",
+    "complex_rotation",
     "cosine_similarity",
     "cross_entropy",
     "elu",
     "focal_loss",
+    "geglu",
     "gelu",
     "gelu_tanh",
     "glu",
@@ -134,6 +151,7 @@ __all__ = [
     "hardswish",
     "hardtanh",
     "huber",
+    "interval_iou_loss",
     "kl_div",
     "label_smoothing_ce",
     "layer_norm",
@@ -148,6 +166,7 @@ __all__ = [
     "rbf_kernel",
     "relu6",
     "rms_norm",
+    "rotary_embedding",
     "round_ste",
     "safe_sqrt",
     "scaled_weight",
@@ -166,4 +185,6 @@ __all__ = [
     "swiglu",
     "swish",
     "tanhshrink",
+    "von_mises_nll",
+    "vq_straight_through",
 ]

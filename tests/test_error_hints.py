@@ -77,6 +77,7 @@ TORCH = {
     "psi": torch.special.psi,
     "norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
     "average": lambda x: torch.mean(x, -1),
+    "detach": torch.detach,
 }
 
 
@@ -113,6 +114,7 @@ LANGUAGE = {
     "mean": lambda x, dim, keepdim=False: torch.mean(x, dim, keepdim=keepdim),
     "amax": lambda x, dim, keepdim=False: torch.amax(x, dim, keepdim=keepdim),
     "logsumexp": lambda x, dim, keepdim=False: torch.logsumexp(x, dim, keepdim=keepdim),
+    "stop_gradient": torch.detach,
 }
 LANGUAGE = {
     name: _numbers_as_tensors(f) if name not in ("sum", "mean", "amax", "logsumexp") else f
@@ -192,11 +194,11 @@ def _message(text: str) -> str:
         ("x ^ (a + 1)", "write `x ** (a + 1)`"),
         ("sqaure(x + a)", "did you mean 'square'?"),
         ("sofmax(x, dim=-1)", "did you mean 'softmax'?"),
-        # Stopping a gradient: the override says what the gradient is instead.
-        ("x * detach(sigmoid(x))", "under `gradients:`"),
-        ("x * sigmoid(x).detach()", "`sigmoid(x).detach()` is not part of the formula language"),
-        ("x + jax.lax.stop_gradient(a - x)", "the argument in its place (the same value)"),
-        ("x + stop_gradient(a - x)", "(for `x * detach(v)`: `x: grad * v`)"),
+        # Stopping a gradient: the language's `stop_gradient(e)`, PyTorch's name `detach(e)`.
+        ("x * sigmoid(x).detach()", "write `detach(sigmoid(x))`"),
+        ("x + jax.lax.stop_gradient(a - x)", "write `stop_gradient(a - x)`"),
+        ("x * sigmoid(x).detach_()", "write `stop_gradient(e)` (or `detach(e)`)"),
+        ("no_grad(x)", "`x + stop_gradient(round(x) - x)`"),
     ],
 )
 def test_messages_say_what_to_write(text, expected):

@@ -48,3 +48,12 @@ def test_the_optimizer_page_warns_that_the_first_fused_call_compiles():
     section = page.split("## Fused mode", 1)[1].split("\n## ", 1)[0]
     assert "**The first call compiles.**" in section
     assert re.search(r"about \d+ s for `mish`", section) and "warm it up" in section
+
+
+def test_fused_gradients_keep_a_shared_negated_pair(tmp_path):
+    """`grad_x = t` and `grad_mu = -t` share `t`, which already holds the incoming gradient: the
+    compiled gradients once dropped it and returned 0 (then failed on `0 .sum_to_size`)."""
+    spec = "name: op\ninputs: {x: Tensor, mu: Tensor, k: Tensor}\noutputs: {y: k * (1 - cos(x - mu))}\n"
+    source = generate_op(tmp_path, spec + "optimize:\n  fuse: true\n")
+    helper = source.split("def _op_gradients")[1].split("\n\n\n")[0]
+    assert "grad_x = 0" not in helper and "grad_mu = 0" not in helper, helper

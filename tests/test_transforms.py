@@ -78,7 +78,8 @@ def _checked(name: str) -> list[int]:
     """The Tensor inputs (given in the samples) whose gradient opgen derives."""
     t = spec_tests(name)
     args = t.sample_inputs()
-    return [k for k in t.OP.checked if args[k] is not None]
+    checked = getattr(t, "GRADCHECKED", t.OP.checked)  # not through a stop-gradient (Note [stop-gradient])
+    return [k for k in checked if args[k] is not None]
 
 
 # A spec whose every gradient is an override has nothing derived to check in batches.

@@ -70,7 +70,7 @@ from opgen.formula.tensor import (
     top_tensor_ops,
 )
 from opgen.formula.whole_reductions import reduction_count
-from opgen.nodes.base import Lowered, Node
+from opgen.nodes.base import Lowered, Node, Rearranging
 from opgen.records import OutputTangent, Tangents, Term, VariantTangents
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
@@ -141,6 +141,9 @@ class _Jvp:
     def rule(self, node: Expr) -> Expr:
         if isinstance(node, Lowered):  # a lowered node (a layer norm): the tangent of its formula
             return self.tangent(node.elementary())
+        if isinstance(node, Rearranging):  # its own rule (a diagonal: opgen.nodes.diagonal)
+            ta = self.tangent(node.operand)
+            return node.tangent_of(ta, self.table) if ta != 0 else S.Zero
         if isinstance(node, MatMul):
             # Note [broadcast tangents]: a tangent constant along the contracted dimension meets the other
             # operand summed over it, as a gradient does in backward (Note [narrow gradients]).

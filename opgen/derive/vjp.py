@@ -75,7 +75,7 @@ from opgen.formula.whole_reductions import (
     spread_to_operand,
     whole_reduction_of_plain,
 )
-from opgen.nodes.base import Lowered
+from opgen.nodes.base import Lowered, Rearranging
 from opgen.records import LeafFit
 
 Clean = Callable[[Expr], Expr]
@@ -195,6 +195,9 @@ class _Vjp:
             pushes = [(node.elementary(), grad)] if self.narrow(grad, node) else node.vjp_pushes(grad)
             for part, part_grad in pushes:
                 self.push(part, part_grad)
+            return
+        if isinstance(node, Rearranging):  # its own rule (a diagonal: opgen.nodes.diagonal)
+            self.push(node.operand, node.vjp_operand(grad, self.table))
             return
         if isinstance(node, (MatMul, Transpose)):
             grad = self.as_matrix(grad, node)

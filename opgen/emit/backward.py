@@ -158,11 +158,19 @@ def _gated_sum(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinter
         if k == 0:
             lines.append(f"    {var} = {term}")
         else:
-            lines.append(f"    {var} = {term} if {var} is None else {var} + {term}")
+            lines += _first_or_sum(var, term, _indent_of(plan, 3) + 4)
     if grad.reduce and not grad.separate:
         lines.append(f"if {var} is not None:")
         lines.append(f"    {var} = {var}.sum_to_size({shape})")
     return lines
+
+
+def _first_or_sum(var: str, term: str, indent: int) -> Lines:
+    """`var = term if var is None else var + term`, one line where it fits, else as `ruff format` splits it."""
+    line = f"{var} = {term} if {var} is None else {var} + {term}"
+    if indent + len(line) <= layout.LINE_LENGTH:
+        return [f"    {line}"]
+    return [f"    {var} = (", f"        {term}", f"        if {var} is None", f"        else {var} + {term}", "    )"]
 
 
 def _temp_lines(plan: Plan, temps: tuple, names: OpNames, printer: TorchPrinter) -> Lines:

@@ -16,7 +16,7 @@ from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
 from opgen.emit.statements import Lines, assign_block, text_lines, variant_branches
-from opgen.formula.dims import counted
+from opgen.formula.dims import counted, part_of
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
 from opgen.nodes.layer_norm import Rstd, let_statistics, saved_statistics, statistics_lines
@@ -223,8 +223,10 @@ def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]
             sources[dim] = (dim, 0)
             continue
         for inp in inputs:
-            if inp.type.dims and dim in inp.type.dims:
-                sources[dim] = (inp.name, inp.type.dims.index(dim) - len(inp.type.dims))
+            # `H` of a `2*H` too, when no input has it whole (Note [multiples of a dimension])
+            found = [k for k, d in enumerate(inp.type.dims or ()) if d == dim or part_of(d)[0] == dim and "*" in d]
+            if found and inp.type.dims:
+                sources[dim] = (inp.name, found[0] - len(inp.type.dims))
                 break
     return sources
 
@@ -247,8 +249,16 @@ def size_text(spec: Spec, source: str, index: int, torch: str) -> str:
         absent = [t for t in tensors if (i := spec.input(t)) is not None and i.type.optional]
         return f"None if {' or '.join(f'{t} is None' for t in absent)} else {text}" if absent else text
     inp = spec.input(source)
-    text = f"{source}.shape[{index}]"
+    text = f"{source}.shape[{index}]{size_divisor(spec, source, index)}"
     return f"None if {source} is None else {text}" if inp is not None and inp.type.optional else text
+
+
+def size_divisor(spec: Spec, source: str, index: int) -> str:
+    """` // 2` where the size is read from a `2*H` dimension of the input `source` (Note [multiples of a dimension])."""
+    inp = spec.input(source)
+    dims = inp.type.dims if inp is not None else None
+    multiple = part_of(dims[index])[1] if dims and "*" in dims[index] and "//" not in dims[index] else 1
+    return f" // {multiple}" if multiple != 1 else ""
 
 
 def _batch_shape(spec: Spec, tensor: str) -> str:

@@ -102,7 +102,9 @@ def fuse(
         for temp in group.temps:
             body.append(f"{printer.names[temp.symbol]} = {printer.doprint_expr(_written_out(temp.expr))}")
     for grad in bp.grads:
-        total = sum((symbols.grads[c.output] * c.factor for c in grad.contributions if c.output), sympy.S.Zero)
+        # A contribution of no one output already holds its incoming gradients (a share of a negated pair).
+        terms = (c.factor if c.output is None else symbols.grads[c.output] * c.factor for c in grad.contributions)
+        total = sum(terms, sympy.S.Zero)
         line = f"{grads_out[grad.input]} = {printer.doprint_expr(_written_out(total))}"
         body.append(line)
         if grad.reduce:

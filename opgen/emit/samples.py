@@ -93,8 +93,13 @@ def dim_sizes(spec: Spec) -> dict[str, int]:
     dims: dict[str, int] = {}
     for inp in spec.tensor_inputs:
         for dim in inp.type.dims or ():
-            if dim != BATCH and dim not in dims:
-                dims[dim] = shapes.get(dim, (DEFAULT_DIM.get(len(dims), 3),))[0]
+            factor, star, base = dim.partition("*")  # `2*H`: twice H's size (Note [multiples of a dimension])
+            for name in (base, dim) if star else (dim,):
+                if name != BATCH and name not in dims:
+                    literal = (int(name),) if name.isdigit() else None  # `Tensor[..., 4]`: Note [literal sizes]
+                    if name == dim and star:
+                        literal = (int(factor) * dims[base],)
+                    dims[name] = (literal or shapes.get(name, (DEFAULT_DIM.get(len(dims), 3),)))[0]
     return dims
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from opgen.emit import annotations as typed
 from opgen.emit import layout
-from opgen.emit.forward import size_sources
+from opgen.emit.forward import size_divisor, size_sources
 from opgen.emit.module import parameter_attributes
 from opgen.emit.names import public_names
 from opgen.emit.render import Renderer
@@ -29,7 +29,7 @@ from opgen.formula.python_source import fitted
 from opgen.formula.read import dimension_names
 from opgen.formula.reference import reference_tree
 from opgen.formula.slicing import divisors
-from opgen.formula.syntax import holds_tensors, parse_ast
+from opgen.formula.syntax import holds_tensors, parse_ast, stopped_inputs
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
 from opgen.plan.extremes import Row, applies, places
@@ -65,7 +65,11 @@ def _temporaries(namer: Namer) -> Callable[[str], str]:
 def _size_texts(spec: Spec, names: dict[str, str]) -> dict[str, str]:
     """Source text for the size of each named dimension not shadowed by a spec name."""
     sizes = size_sources(spec, tuple(dimension_names(spec)))
-    return {d: f"{names[source]}.shape[{index}]" for d, (source, index) in sizes.items() if d not in names}
+    return {
+        d: f"{names[source]}.shape[{index}]{size_divisor(spec, source, index)}"
+        for d, (source, index) in sizes.items()
+        if d not in names
+    }
 
 
 def _dependency_order(formulas: list[tuple[str, Formula]]) -> list[tuple[str, Formula]]:
@@ -292,7 +296,9 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
     for name in optional:
         references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math, namer))
     overrides = _override_references(spec, names, grads_in, t, torch, math, namer)
+    stopped = stopped_inputs(spec)  # gradcheck's finite differences see through a stop-gradient
     tensor_inputs = [i.name for i in spec.tensor_inputs]
+    checked = [n for n in tensor_inputs if spec.override(n) is None]
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
@@ -318,7 +324,8 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         batched_shapes=sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
         shape_error=shape_error(spec),
         tensor_index=[index[n] for n in tensor_inputs],
-        checked_index=[index[n] for n in tensor_inputs if spec.override(n) is None],
+        checked_index=[index[n] for n in checked],
+        gradchecked=[index[n] for n in checked if n not in stopped] if stopped else None,
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],

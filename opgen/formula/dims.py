@@ -39,12 +39,32 @@ def split(shape: tuple[Dim, ...]) -> tuple[bool, tuple[Dim, ...]]:
 
 def dim_size(name: str) -> sympy.Expr:
     """The size of the named dimension `name`, a positive integer known at call time; of a part
-    of one (`D//2`, Note [parts of a dimension]), that integer of the whole's size."""
+    of one (`D//2`, Note [parts of a dimension]), that integer of the whole's size; of a literal
+    size (`4`, Note [literal sizes]), that number."""
+    if name.isdigit():
+        return sympy.Integer(int(name))
     base, fraction = part_of(name)
     size = sympy.Symbol("size:" + base, integer=True, positive=True)
     if fraction == 1:
         return size
     return fn.floor(sympy.Rational(fraction.numerator, fraction.denominator) * size)
+
+
+# Note [literal sizes]
+# ~~~~~~~~~~~~~~~~~~~~
+# `Tensor[..., 4]` declares a dimension of a fixed size (a box's four coordinates): the shape keeps it
+# as the name `4`, which broadcasts with `4` alone, its size is the number 4 (never read at call
+# time), the call-time check asks for exactly 4, and a formula picks one entry of it by an integer
+# index, `b[..., 0]` (opgen.nodes.index). Sizes 0 and 1 are refused where the type is read.
+
+
+# Note [multiples of a dimension]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `Tensor[..., 2*H]` declares a dimension of twice the size `H` (a GLU's input, whose halves are
+# `H` wide): the shape names it `2*H`, the part `x[..., :H]` is written in `H` and named `H`, so it
+# broadcasts with other `H` dimensions. `H` is known at call time as that size halved (the check asks
+# for a size 2 divides), and formulas may use it as a number. Two copies of `K` joined by `cat` make
+# a `2*K` the same way.
 
 
 # Note [parts of a dimension]
@@ -56,9 +76,12 @@ def dim_size(name: str) -> sympy.Expr:
 
 
 def part_dim(base: str, fraction: Fraction) -> str:
-    """The name of `fraction` of the dimension `base`: `D//2`, `3*D//4`, `D` itself for all of it."""
+    """The name of `fraction` of the dimension `base`: `D//2`, `3*D//4`, `D` itself for all of it, `2*H`
+    for twice it (Note [multiples of a dimension])."""
     if fraction == 1:
         return base
+    if fraction.denominator == 1:
+        return f"{fraction.numerator}*{base}"
     head = f"{fraction.numerator}*{base}" if fraction.numerator != 1 else base
     return f"{head}//{fraction.denominator}"
 
@@ -67,7 +90,8 @@ def part_of(name: str) -> tuple[str, Fraction]:
     """(the dimension, the fraction of it) that a dimension name stands for: `3*D//4` -> (D, 3/4)."""
     head, slashes, denominator = name.partition("//")
     if not slashes:
-        return name, Fraction(1)
+        factor, star, base = name.partition("*")
+        return (base, Fraction(int(factor))) if star and factor.isdigit() else (name, Fraction(1))
     numerator, star, base = head.rpartition("*")
     return base, Fraction(int(numerator) if star else 1, int(denominator))
 

@@ -23,12 +23,11 @@ _PLACEHOLDERS = ("x", "a", "b")
 _CONSTANTS = {"pi": "pi", "inf": "inf", "e": "exp(1)", "Inf": "inf", "infty": "inf", "PINF": "inf"}
 
 
-# PyTorch's and JAX's ways to stop a gradient part-way through a formula.
-_STOPPERS = {"detach", "stop_gradient", "no_grad", "detach_", "requires_grad_"}
+# PyTorch's other ways to stop a gradient: `stop_gradient(e)` (or `detach(e)`) is the language's.
+_STOPPERS = {"no_grad", "detach_", "requires_grad_"}
 _STOP_HINT = (
-    "; a formula is differentiated as a whole and cannot stop a gradient part-way: write the formula with"
-    " the argument in its place (the same value) and the gradient you want under `gradients:` (for"
-    " `x * detach(v)`: `x: grad * v`)"
+    "; to stop the gradient of part of a formula, write `stop_gradient(e)` (or `detach(e)`): the value of `e`,"
+    " no gradient through it (for a straight-through estimator: `x + stop_gradient(round(x) - x)`)"
 )
 
 

@@ -141,6 +141,9 @@ class _Source:
         items = [self.text(item) for item in node.elts]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
+    def _List(self, node: ast.List) -> str:  # noqa: N802 - the pieces of `torch.cat([-x2, x1], dim=-1)`
+        return "[" + ", ".join(self.text(item) for item in node.elts) + "]"
+
     def _UnaryOp(self, node: ast.UnaryOp) -> str:  # noqa: N802
         operand = node.operand
         power = isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.Pow)

@@ -19,6 +19,7 @@ from sympy import Expr
 from opgen.errors import Loc, Problems, SpecError, located
 from opgen.formula import functions as fn
 from opgen.formula import shape_rules, tensor, written
+from opgen.formula.dims import part_of
 from opgen.formula.kinds import with_definitions
 from opgen.formula.reader import Scope, read_formula
 from opgen.formula.softmax_forms import fuse_softmax
@@ -90,14 +91,18 @@ def forward_scope(spec: Spec, symbols: Symbols) -> Scope:
     hint = "; `grad` names are only known in `gradients:`" if spec.outputs else ""
     tensors = frozenset(names[n].expr for n in holds_tensors(spec))  # Note [tensor-valued lets]
     flags = frozenset(i.name for i in spec.inputs if i.type.kind == "bool")
-    return Scope(names, tensors, hint, conditions=flags)
+    inputs = tuple(symbols.inputs[i.name] for i in spec.tensor_inputs)
+    return Scope(names, tensors, hint, conditions=flags, inputs=inputs)
 
 
 def dimension_names(spec: Spec) -> list[str]:
     """The named dimensions of the Tensor inputs, in order of first appearance."""
     dims: list[str] = []
     for inp in spec.tensor_inputs:
-        dims += [d for d in inp.type.dims or () if d != tensor.BATCH and d not in dims]
+        for d in inp.type.dims or ():  # `2*H` brings `H` (Note [multiples of a dimension])
+            d = part_of(d)[0] if not d.isdigit() else d
+            if d != tensor.BATCH and d not in dims:
+                dims.append(d)
     return dims
 
 
@@ -111,7 +116,7 @@ def gradient_scope(spec: Spec, symbols: Symbols) -> Scope:
         names.setdefault("grad", Value(next(iter(symbols.grads.values())), NUM))
     known = ", ".join(sorted(n for n in names if n.startswith("grad")))
     tensors = scope.tensors | frozenset(symbols.grads.values())
-    return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec))
+    return Scope(names, tensors, f"; incoming gradients here are: {known}", _unavailable(spec), inputs=scope.inputs)
 
 
 def _unavailable(spec: Spec) -> tuple[tuple[str, str], ...]:

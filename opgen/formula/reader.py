@@ -32,6 +32,7 @@ from opgen.formula.vocabulary import (
     SPECIAL_FUNCTIONS,
     Value,
 )
+from opgen.nodes import concat, diagonal, index
 from opgen.spec.model import Formula
 from opgen.spec.parse_common import plausible
 
@@ -53,6 +54,7 @@ class Scope:
     # The pieces a part of the formula broadcasts with as written (Note [shapes as written]); None: SymPy's.
     written: Callable[[ast.expr], written.Pieces] | None = None
     values: dict[sympy.Symbol, Expr] | None = None  # the lets read so far, in terms of the inputs
+    inputs: tuple[sympy.Symbol, ...] = ()  # the Tensor inputs, in spec order (`eye(N)` takes one's dtype)
 
 
 _COMPARE = {
@@ -242,6 +244,12 @@ class _Reader:
             return self.read_reduction(node, name)
         if name == "unsqueeze":
             return self.read_unsqueeze(node)
+        if name in ("cat", "stack"):
+            return self.read_joined(node, name)
+        if name == "eye":
+            return self.read_eye(node)
+        if name in diagonal.DIAGONALS:
+            return self.read_diagonal(node, name)
         if name == "chunk":
             raise self.fail(node, "chunk() gives several parts; pick one with [i], e.g. chunk(x, 2, dim=-1)[0]")
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
@@ -350,6 +358,60 @@ class _Reader:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(tensor.Unsqueeze(operand, sympy.Integer(dim)), NUM))
 
+    def read_joined(self, node: ast.Call, name: str) -> Value:
+        """`cat([a, b, ...], dim=d)`: parts of one named dimension joined along it; `stack([a, b, ...], dim=d)`:
+        pieces of one shape along a new dimension (Note [concatenation] in opgen.nodes.concat)."""
+        listed = node.args[0] if len(node.args) == 1 else None
+        keywords = [k.arg for k in node.keywords]
+        if not isinstance(listed, (ast.List, ast.Tuple)) or not listed.elts or keywords not in ([], ["dim"]):
+            raise self.fail(node, concat.USAGE.format(name=name))
+        dim = int_literal(node.keywords[0].value) if node.keywords else 0
+        if dim is None:
+            raise self.fail(node.keywords[0].value, f"`dim` of {name}() must be a whole number such as -1")
+        pieces = [self.number(element) for element in listed.elts]
+        for element, piece in zip(listed.elts, pieces, strict=True):
+            if not piece.free_symbols & self.scope.tensors:
+                raise self.fail(element, f"{name}() joins tensors; `{short(ast.unparse(element))}` is a number")
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(sympy.Add(*pieces), NUM)
+        shapes = [self.shape(element, piece) for element, piece in zip(listed.elts, pieces, strict=True)]
+        try:
+            if name == "stack":
+                place = concat.stack_shape(shapes, dim)[1]
+                return self.checked(node, Value(concat.Stack(sympy.Integer(place), *pieces), NUM))
+            _, cuts = concat.cat_cuts(shapes, dim)
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(concat.Cat.of(pieces, cuts), NUM))
+
+    def read_eye(self, node: ast.Call) -> Value:
+        """`eye(N)`: the identity of the named dimension `N`, in the dtype and on the device of an input that has it."""
+        arg = node.args[0] if len(node.args) == 1 and not node.keywords else None
+        value = self.scope.names.get(arg.id) if isinstance(arg, ast.Name) else None
+        if value is None or not tensor.is_dim_size(value.expr):
+            dims = sorted(n for n, v in self.scope.names.items() if tensor.is_dim_size(v.expr))
+            known = f" ({', '.join(dims)} here)" if dims else "; this spec declares none"
+            raise self.fail(node, f"eye() takes one named dimension of a Tensor input, e.g. eye(D){known}")
+        assert isinstance(arg, ast.Name)
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(value.expr, NUM)
+        like = next(s for s in self.scope.inputs if arg.id in (self.scope.shapes.get(s) or ()))
+        return self.checked(node, Value(diagonal.Eye(like, value.expr), NUM))
+
+    def read_diagonal(self, node: ast.Call, name: str) -> Value:
+        """`diagonal(c)`, `diag_embed(v)`, `diag(x)` (Note [diagonals] in opgen.nodes.diagonal)."""
+        if len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred):
+            example = "diagonal(c) of c: [..., N, N]" if name == "diagonal" else f"{name}(v) of v: [..., N]"
+            raise self.fail(node, f"{name}() takes one tensor and no keywords, e.g. {example}")
+        operand = self.number(node.args[0])
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(diagonal.DiagEmbed(operand), NUM)
+        try:
+            cls = diagonal.node_for(name, self.shape(node.args[0], operand))
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        return self.checked(node, Value(cls(operand), NUM))
+
     def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802
         """`x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]`: a part of a named dimension (opgen.formula.slicing)."""
         value = node.value
@@ -363,6 +425,12 @@ class _Reader:
             return Value(operand, NUM)
         shape = self.shape(operand_node, operand)
         dims = frozenset(n for n, v in self.scope.names.items() if tensor.is_dim_size(v.expr))
+        try:  # `b[..., 0]` of a literal size (Note [integer indexing] in opgen.nodes.index)
+            picked = index.pick_dim(node, shape) if chunk is None else None
+        except tensor.ShapeError as error:
+            raise self.fail(node, str(error)) from None
+        if picked is not None:
+            return self.checked(node, Value(index.Pick(operand, *(sympy.Integer(n) for n in picked[:2])), NUM))
         try:
             cut = slicing.chunk_cut(chunk, node.slice, shape) if chunk else slicing.index_cut(node, shape, dims)
         except slicing.CutError as error:

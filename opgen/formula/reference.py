@@ -59,6 +59,16 @@ TORCH_FUNCTIONS = {
     "norm": "torch.linalg.vector_norm",
     "xlogy": "torch.xlogy",
     "unsqueeze": "torch.unsqueeze",
+    "stop_gradient": "torch.detach",
+    "i0": "torch.special.i0",
+    "diagonal": "torch.diagonal",
+    "cat": "torch.cat",
+    "stack": "torch.stack",
+    "diag_embed": "torch.diag_embed",
+    "diag": "torch.diag",
+    "i0e": "torch.special.i0e",
+    "i1": "torch.special.i1",
+    "i1e": "torch.special.i1e",
 }
 
 
@@ -159,6 +169,9 @@ class _Translate(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.expr:  # noqa: N802
         assert isinstance(node.func, ast.Name)
         name = node.func.id
+        if name == "eye":  # of a named dimension: its size, a Python integer
+            size = ast.parse(self.sizes[ast.unparse(node.args[0])], mode="eval").body
+            return ast.Call(self._attr("torch.eye"), [size], [ast.keyword("dtype", self._attr("torch.float64"))])
         holds = [self._holds_tensor(a) for a in node.args]
         visited = [self._condition(a) if name == "where" and k == 0 else self.visit(a) for k, a in enumerate(node.args)]
         args = [self._tensor(a) for a in visited]
@@ -177,6 +190,8 @@ class _Translate(ast.NodeTransformer):
                 self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])]
             )
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
+        if name == "diagonal":  # of the last two dimensions, as the language's (torch's default is the first two)
+            keywords = [ast.keyword("dim1", ast.Constant(-2)), ast.keyword("dim2", ast.Constant(-1))]
         return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)
 
     def _against_number(self, name: str, value: ast.expr, bound: ast.expr) -> ast.expr:

@@ -3,7 +3,8 @@
 `parse_ast` parses a formula's text with Python's `ast` (never `eval`) and refuses, located, a
 syntax error, a number with too many digits, a formula too large or nested too deeply; it writes
 out the PyTorch names of functions (`relu(x)` -> `max(x, 0)`, opgen.formula.aliases);
-`holds_tensors` reads the trees of a spec for the names that hold tensors. The tree is turned
+`holds_tensors` reads the trees of a spec for the names that hold tensors, `stopped_inputs` for the
+inputs a stop-gradient reads. The tree is turned
 into SymPy, node by node through a whitelist, by opgen.formula.reader.
 """
 
@@ -169,3 +170,35 @@ def int_literal(node: ast.expr) -> int | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
     return None
+
+
+STOPS = ("stop_gradient",)  # `detach` (opgen.formula.words.ALTERNATIVES) is written out by `parse_ast`
+
+
+def stopped_inputs(spec: Spec) -> frozenset[str]:
+    """The inputs some stop-gradient of the spec's formulas reads, through its lets and earlier outputs.
+
+    Finite differences see the value change through a stop that the gradient leaves out (Note
+    [stop-gradient] in opgen.nodes.stop_gradient): the generated tests check these inputs' gradients
+    against plain autograd of the formula (which detaches the same parts), not with gradcheck."""
+    formulas = {let.name: let.formula for let in spec.lets} | {out.name: out.formula for out in spec.outputs}
+    inputs = {i.name for i in spec.inputs}
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = [name for f in formulas.values() for name in _names_under_stops(parse_ast(f))]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.add(name)
+        elif name in formulas:
+            pending.extend(n.id for n in ast.walk(parse_ast(formulas[name])) if isinstance(n, ast.Name))
+    return frozenset(found)
+
+
+def _names_under_stops(tree: ast.expr) -> list[str]:
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    stops = [c for c in calls if c.func.id in STOPS]  # type: ignore[attr-defined]
+    return [n.id for c in stops for arg in c.args for n in ast.walk(arg) if isinstance(n, ast.Name)]

@@ -15,6 +15,9 @@ from sympy import Expr, S
 
 from opgen.formula import functions as fn
 from opgen.formula.words import REDUCTIONS as REDUCTIONS
+from opgen.nodes.bessel import BESSEL
+from opgen.nodes.diagonal import DIAGONALS
+from opgen.nodes.stop_gradient import stop_gradient
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
 NUM, BOOL = "number", "condition"
@@ -80,6 +83,8 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "heaviside": _elementwise(fn.heaviside),
     "clamp": (3, fn.clamp),
     "xlogy": (2, fn.xlogy),
+    "stop_gradient": _elementwise(stop_gradient),  # Note [stop-gradient] in opgen.nodes.stop_gradient
+    **{name: _elementwise(f) for name, f in BESSEL.items()},  # Note [modified Bessel functions]
 }
 
 
@@ -88,7 +93,12 @@ SPECIAL_FUNCTIONS = ("where", "max", "min")
 
 # `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights);
 # `chunk(x, 2, dim=-1)[0]`: one of equal parts of a named dimension (opgen.formula.slicing)
-SHAPE_FUNCTIONS = ("unsqueeze", "chunk")
+SHAPE_FUNCTIONS = (
+    "unsqueeze",
+    "chunk",
+    "cat",
+    *DIAGONALS,
+)  # cat: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

@@ -67,6 +67,7 @@ ALTERNATIVES: dict[str, str] = {
     "psi": "digamma({0})",
     "norm": "sqrt(sum({0}**2, dim=-1))",
     "average": "mean({0}, dim=-1)",
+    "detach": "stop_gradient({0})",
 }
 
 

@@ -37,6 +37,7 @@ from opgen.formula.dims import batch_count_size, dim_size, show, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
+from opgen.nodes import concat, diagonal, index
 
 SHAPED = (*REDUCTIONS, *SHAPE_FUNCTIONS)  # calls whose first argument sets the shape: reductions, unsqueeze
 
@@ -89,6 +90,11 @@ class Walk:
             return self.operation(node, [node.value])
         if isinstance(node, ast.Subscript):  # a part of a dimension (opgen.formula.slicing)
             return self.operation(node, [_chunked(node.value) or node.value])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("cat", "stack"):
+            return self.operation(node, list(node.args[0].elts))  # type: ignore[attr-defined]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "eye":
+            name = ast.unparse(node.args[0])  # the reader checked it is a named dimension
+            return frozenset([Piece(None, (name, name))])
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SHAPED:
             return self.operation(node, node.args[:1])
         parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
@@ -135,6 +141,12 @@ class Walk:
             return self.cut_shape(node, shapes[0])
         assert isinstance(node, ast.Call)
         options = {kw.arg: kw.value for kw in node.keywords}
+        if isinstance(node.func, ast.Name) and node.func.id in ("cat", "stack"):
+            dim = ast.literal_eval(options["dim"]) if "dim" in options else 0
+            joined = concat.stack_shape if node.func.id == "stack" else concat.cat_cuts
+            return joined(shapes, dim)[0]
+        if isinstance(node.func, ast.Name) and node.func.id in diagonal.DIAGONALS:
+            return diagonal.call_shape(node.func.id, shapes[0])
         if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
             place = ast.literal_eval(options["dim"])
             return tensor.unsqueeze_shape(shapes[0], tensor.unsqueeze_dim(shapes[0], place))
@@ -144,6 +156,9 @@ class Walk:
 
     def cut_shape(self, node: ast.Subscript, shape: Shape) -> Shape:
         dims = frozenset(n for n, s in self.names.items() if tensor.is_dim_size(s))
+        picked = index.pick_dim(node, shape) if _chunked(node.value) is None else None
+        if picked is not None and shape is not None:  # `b[..., 0]`: the dimension goes
+            return shape[: picked[0]] + shape[len(shape) + picked[0] + 1 :]
         try:
             chunk = _chunked(node.value)
             if chunk is not None:

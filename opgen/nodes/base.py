@@ -15,7 +15,8 @@ the classes below, by `isinstance`, never by looking for a method by name:
   place where PyTorch has no kernel (Note [printed stable forms] in opgen.plan.blocks);
   `detached`, a statistic autograd does not differentiate; `guard_domain`, arguments a
   `where` branch must guard (Note [double where] in opgen.derive.guard);
-- a `Shaped` node is not shaped as its arguments broadcast: it gives its shape (`shape_in`);
+- a `Shaped` node is not shaped as its arguments broadcast: it gives its shape (`shape_in`); a
+  `Rearranging` one (a diagonal) also gives its operand's gradient and its own tangent;
 - a `Lowered` node stands for a formula the optimizer replaced by one kernel: forward mode, and a
   gradient narrower than the node (Note [narrow gradients] in opgen.derive.vjp), go through its
   `elementary()` form; it gives its own gradient (`vjp_pushes`) and its value where some
@@ -130,6 +131,27 @@ class Lowered(Shaped):
         (opgen.derive.gradients.drop_terms); by default gone when an argument is."""
         args = [drop(arg, absent) for arg in self.args]  # type: ignore[attr-defined]
         return None if any(arg is None for arg in args) else self.func(*args)  # type: ignore[attr-defined]
+
+
+class Rearranging(Shaped):
+    """A tensor node linear in its one tensor operand, whose entries it moves (a diagonal, Note [diagonals] in
+    opgen.nodes.diagonal): it gives its shape, the gradient of its operand and its tangent, by the shapes of
+    the symbols (`table`); reverse and forward mode (opgen.derive.vjp, opgen.derive.jvp) ask it."""
+
+    __slots__ = ()
+
+    @property
+    def operand(self) -> Expr:
+        """The tensor the node moves the entries of: its first argument."""
+        return self.args[0]  # type: ignore[attr-defined]
+
+    def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        """The gradient of the operand, for the incoming gradient `grad` (fitted to the node, perhaps narrower)."""
+        raise NotImplementedError
+
+    def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        """The node's tangent, for the tangent of its operand (perhaps narrower than the operand)."""
+        raise NotImplementedError
 
 
 class Spelled(Node):

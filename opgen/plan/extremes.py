@@ -29,7 +29,7 @@ from sympy.printing.pycode import MpmathPrinter
 
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
-from opgen.formula.syntax import is_elementwise
+from opgen.formula.syntax import is_elementwise, stopped_inputs
 from opgen.spec.model import Spec
 
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
@@ -238,7 +238,8 @@ class Oracle:
         self.differentiable_sum = sum(
             (e for e, o in zip(rounded, spec.outputs, strict=True) if o.differentiable), sympy.S.Zero
         )
-        self.checked = {i.name for i in spec.tensor_inputs if spec.override(i.name) is None}
+        stopped = stopped_inputs(spec)  # finite differences see through a stop-gradient: no slope to check
+        self.checked = {i.name for i in spec.tensor_inputs if spec.override(i.name) is None and i.name not in stopped}
         self.positions = {i.name: k for k, i in enumerate(spec.inputs)}
 
     @functools.cached_property

@@ -29,9 +29,18 @@ def check_shapes(op: str, *arguments: Argument, divisible: dict[str, int] | None
         fits = len(shape) >= len(named) if batch else len(shape) == len(named)
         if fits:
             for dim, size in zip(named, shape[len(shape) - len(named) :], strict=True):
-                fits = fits and sizes.setdefault(dim, (size, name))[0] == size
+                literal = (int(dim), "its type") if dim.isdigit() else (size, name)  # `Tensor[..., 4]`
+                factor, star, base = dim.partition("*")
+                if star and factor.isdigit():  # `2*H`: a size 2 divides, whose half is H
+                    fits = fits and size % int(factor) == 0
+                    dim, size, literal = base, size // int(factor), (size // int(factor), name)
+                fits = fits and sizes.setdefault(dim, literal)[0] == size
         if not fits:
-            known = [f"{d}={sizes[d][0]} (from '{sizes[d][1]}')" for d in named if d in sizes and sizes[d][1] != name]
+            known = [
+                f"{d}={sizes[d][0]} (from '{sizes[d][1]}')"
+                for d in named
+                if d in sizes and sizes[d][1] not in (name, "its type")
+            ]
             where = f" with {', '.join(known)}" if known else ""
             raise ValueError(f"{op}(): argument '{name}' must have shape [{', '.join(dims)}]{where}, got {list(shape)}")
         if batch:

@@ -37,12 +37,14 @@ def _parse_inputs(node: Raw, problems: Problems) -> tuple[Input, ...]:
     if not mapping.entries:
         raise SpecError(mapping.loc, "inputs is empty; an op needs at least one Tensor input")
     inputs = []
+    before = len(problems.errors)
     for name, loc, value in mapping.entries:
         with problems.collect():
             check_identifier(name, loc, "input name")
             type_node = need_text(value, f"the type of input '{name}'")
             inputs.append(Input(name, parse_type(type_node.value, type_node.loc), loc))
-    if inputs and not any(i.is_tensor for i in inputs):
+    # An input whose type was refused may be the Tensor: say so only when every input was read.
+    if inputs and len(problems.errors) == before and not any(i.is_tensor for i in inputs):
         problems.add(SpecError(mapping.loc, "an op needs at least one Tensor input"))
     return tuple(inputs)
 

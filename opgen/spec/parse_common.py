@@ -162,6 +162,18 @@ def parse_type(text: object, loc: Loc, allow_tensor: bool = True) -> InputType:
         if not names or any(not n for n in names):
             raise SpecError(loc, f"'{text}': dimension names must be non-empty, separated by commas")
         for n in names:
+            if n.isdigit():  # a literal size: `Tensor[..., 4]`, boxes (Note [literal sizes] in opgen.formula.dims)
+                if int(n) < 2 or n != str(int(n)):
+                    raise SpecError(loc, f"'{text}': a literal dimension size is a whole number from 2, not '{n}'")
+                continue
+            factor, star, base = n.partition("*")
+            if (
+                star and factor.strip().isdigit() and base.strip().isidentifier()
+            ):  # `2*H`: Note [multiples of a dimension]
+                if int(factor) < 2:
+                    raise SpecError(loc, f"'{text}': a multiple of a dimension is 2 or more times it, not '{n}'")
+                names[names.index(n)] = f"{int(factor)}*{base.strip()}"
+                continue
             if n != "..." and not n.isidentifier():
                 raise SpecError(loc, f"'{text}': dimension '{n}' is not a name{_part_hint(n)}")
             if n != "..." and (problem := identifier_problem(n)) and "NFKC" in problem:
@@ -175,9 +187,8 @@ def _part_hint(dim: str) -> str:
     if "//" not in dim:
         return ""
     return (
-        "; a part of a dimension only comes from a cut in a formula (x[..., :D // 2]): give the part a"
-        " dimension of its own and cut nothing (two inputs w1, w2: Tensor[D, H] instead of one of 2*H cut in"
-        " halves)"
+        "; a part of a dimension only comes from a cut in a formula (x[..., :D // 2]): declare the whole as a"
+        " multiple of the part instead, Tensor[..., 2*H], and cut it as x[..., :H]"
     )
 
 
