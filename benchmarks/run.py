@@ -28,6 +28,7 @@ each storage once. Prints a table of ratios and writes the raw numbers to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import math
@@ -35,7 +36,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,7 +198,9 @@ def run_once(case: Case, variant: str, grads: list[torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
-def saved_bytes(case: Case, variant: str) -> int:
+@contextlib.contextmanager
+def saved_storages() -> Iterator[dict[int, int]]:
+    """The storages saved for backward while active, each once: address -> bytes."""
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -206,6 +209,11 @@ def saved_bytes(case: Case, variant: str) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield storages
+
+
+def saved_bytes(case: Case, variant: str) -> int:
+    with saved_storages() as storages:
         case.calls[variant](*case.args)
     return sum(storages.values())
 

@@ -6,15 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import (
-    Function,
-    capture,
-    check_floating,
-    may_work_in_place,
-    not_scriptable,
-    transforms_active,
-    without_jvp,
-)
+from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
 
 
 class MishFunction(Function):
@@ -40,16 +32,11 @@ class MishFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        if may_work_in_place(grad_y):  # in place on its own temporaries
-            grad_x_s = torch.sigmoid(x)
-            grad_x_q = 1 - grad_x_s
-            grad_x_d = grad_x_q.square().add_(1)
-            grad_x = (2 - grad_x_s).mul_(grad_x_s).div_(grad_x_d)
-            grad_x.add_(grad_x_q.square_().mul_(grad_x_s).mul_(x).mul_(4).div_(grad_x_d.square_()))
-            grad_x.mul_(grad_y)
-        else:
+        if torch.is_grad_enabled():  # double backward: mish's kernel has no derivative
             grad_x_t0 = torch.tanh(torch.nn.functional.softplus(x))
             grad_x = grad_y * (grad_x_t0 + x * (1 - grad_x_t0**2) * torch.sigmoid(x))
+        else:
+            grad_x = torch.ops.aten.mish_backward(grad_y, x)
         return grad_x
 
     @staticmethod

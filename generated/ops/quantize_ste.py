@@ -26,11 +26,14 @@ class QuantizeSteFunction(Function):
         ctx.save_for_backward(inside)
         ctx.save_for_forward(inside)
         ctx.mark_non_differentiable(code, inside)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(
         ctx: Any, grad_y: torch.Tensor, grad_code: torch.Tensor, grad_inside: torch.Tensor
     ) -> tuple[torch.Tensor | None, None]:
+        if grad_y is None:
+            return None, None
         (inside,) = ctx.saved_tensors
         grad_x = grad_y * inside
         return grad_x, None

@@ -28,11 +28,14 @@ class RmsNormFunction(Function):
         ctx.D = x.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_rstd)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(
         ctx: Any, grad_y: torch.Tensor, grad_saved_rstd: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        if grad_y is None:
+            return None, None, None
         x, weight, saved_rstd = ctx.saved_tensors
         eps = ctx.eps
         if torch.is_grad_enabled() or transforms_active():

@@ -211,13 +211,15 @@ def _backward_variant(plan: Plan, bp: BackwardPlan, names: OpNames, printer: Tor
 
 def _filled_lines(plan: Plan, names: OpNames) -> Lines:
     """None for every input when no output has a gradient, else zeros for those without one (Note
-    [refused tangents] in opgen.plan.forward)."""
-    incoming = [names.grads_in[name] for name in filled_incoming(plan)]
+    [refused tangents] in opgen.plan.forward, Note [no zeros for outputs without a gradient] in
+    opgen.plan.backward)."""
+    filled = filled_incoming(plan) or plan.lone_incoming
+    incoming = [names.grads_in[name] for name in filled]
     if not incoming:
         return []
     nones = ", ".join("None" for _ in plan.derived.spec.inputs)
     lines = [f"if {' and '.join(f'{g} is None' for g in incoming)}:", f"    return {nones}"]
-    for name, grad in zip(filled_incoming(plan), incoming, strict=True):
+    for name, grad in zip(filled, incoming, strict=True):
         others = [g for g in incoming if g != grad]
         if not others:
             continue

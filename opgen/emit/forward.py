@@ -206,7 +206,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
     non_differentiable += [r.name for r in plan.residuals if not r.differentiable]
     if non_differentiable:
         lines.append(f"{ctx}.mark_non_differentiable({', '.join(non_differentiable)})")
-    if plan.gate_none or plan.gated_residuals or filled_incoming(plan):
+    if plan.unmaterialized or filled_incoming(plan):
         lines.append(f"{ctx}.set_materialize_grads(False)")
     if not lines:
         lines.append("pass")

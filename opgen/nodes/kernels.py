@@ -18,8 +18,8 @@ calls them always, and double backward goes through PyTorch's formulas. The othe
 are used only when autograd is not recording (`torch.is_grad_enabled()` is false in
 backward unless `create_graph=True`); when it is, backward uses the derivative formula,
 built from differentiable ops as Note [what backward may use] requires. A primitive may
-compute the unrecorded case in place instead of by its kernel (`backward_in_place`: mish,
-whose PyTorch kernels are slow on CPU, and logsigmoid, whose kernel needs a buffer; see
+compute the unrecorded case in place instead of by its kernel (`backward_in_place`:
+logsigmoid, whose kernel needs a buffer; see
 opgen.emit.kernel_lines and Note [forward in place]).
 
 Note [kinks of lowered primitives]

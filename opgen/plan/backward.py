@@ -28,6 +28,17 @@ A gradient returned from backward has exactly its input's shape, whatever the fo
 - a zero gradient: zeros of the input's shape, which may be larger than the output's
   (`y: x + 0 * z`), or None where backward may return None (Note [what backward may use]).
 
+Note [no zeros for outputs without a gradient]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Autograd hands a Function's backward zeros for every output that got no gradient, made at
+each call (layer_norm's saved mean and rstd: two `zeros` before its one kernel), unless
+`ctx.set_materialize_grads(False)`. Outputs marked non-differentiable never get one, so
+where every output but one is (`Plan.lone_incoming`), the zeros buy nothing: such a
+Function turns materializing off (`Plan.unmaterialized`) and backward reads only the lone
+output's gradient, returning None for every input when that is None too (gradcheck calls
+backward so, `check_undefined_grad`; autograd does not). Forward mode then gets None for an
+input without a tangent; jvp gates every tangent on it.
+
 Note [outputs that alias]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
 Each output of the Function is its own tensor, as each output of plain autograd of the
@@ -133,6 +144,23 @@ class Plan:
         input needs one, so with a single Tensor input, always there, every test would pass."""
         inputs = self.derived.spec.tensor_inputs
         return len(inputs) > 1 or any(i.type.optional for i in inputs)
+
+    @property
+    def unmaterialized(self) -> bool:
+        """Backward takes None, not zeros, for the incoming gradient of an output without one: where some
+        rule reads None, and for a lone differentiable output (Note [no zeros for outputs without a gradient])."""
+        return self.gate_none or bool(self.gated_residuals) or bool(self.lone_incoming)
+
+    @property
+    def lone_incoming(self) -> tuple[str, ...]:
+        """The one differentiable output of a Function whose other outputs have no gradient (Note [no
+        zeros for outputs without a gradient]); backward returns None for every input where it has none."""
+        spec = self.derived.spec
+        differentiable = [o.name for o in spec.outputs if o.differentiable]
+        differentiable += [r.name for r in self.residuals if r.differentiable]
+        if len(differentiable) != 1 or len(self.returned) == 1 or self.gate_none or self.gated_residuals:
+            return ()
+        return tuple(differentiable)
 
     @property
     def gated_residuals(self) -> tuple[str, ...]:
