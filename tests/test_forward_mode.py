@@ -320,3 +320,13 @@ def test_an_elementwise_op_of_one_tensor_takes_its_tangent_from_backward() -> No
     got2 = torch.func.jacfwd(torch.func.jacfwd(lambda x: golden.swish(x, 1.5).sum()))(x)
     want2 = torch.func.jacfwd(torch.func.jacfwd(lambda x: (x * torch.sigmoid(1.5 * x)).sum()))(x)
     torch.testing.assert_close(got2, want2)
+
+
+def test_a_tangent_taken_from_backward_reads_the_tensor_inputs_gradient(tmp_path) -> None:
+    """Backward returns a gradient per input: the tangent is the Tensor input's, wherever it stands."""
+    spec = "name: op\ninputs:\n  n: int = 2\n  x: Tensor\noutputs:\n  y: n * sin(x)\n"
+    ops = build_ops(tmp_path, "jvp_position_ops", {"op": spec})
+    x = torch.linspace(-2, 2, 5, dtype=DTYPE)
+    t = torch.ones(5, dtype=DTYPE)
+    _, got = torch.func.jvp(lambda x: ops.op(3, x), (x,), (t,))
+    torch.testing.assert_close(got, 3 * torch.cos(x))

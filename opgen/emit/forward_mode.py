@@ -123,7 +123,8 @@ def backward_jvp(plan: Plan, jnames: JvpNames, function: str, ctx: str) -> tuple
     setup_context saves for it: what it saves for backward."""
     spec = plan.derived.spec
     (x,) = spec.tensor_inputs
-    first = "" if len(spec.inputs) == 1 else "[0]"  # backward returns one gradient per input
+    index = [i.name for i in spec.inputs].index(x.name)  # backward returns one gradient per input
+    first = "" if len(spec.inputs) == 1 else f"[{index}]"
     body = [
         f"# elementwise in {x.name}: its Jacobian is diagonal, its own transpose, so the tangent is the gradient",
         f"return {function}.backward({ctx}, {jnames.params[x.name]}){first}",
