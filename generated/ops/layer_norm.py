@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -143,6 +143,8 @@ def layer_norm(
         ("bias", bias, ("D",)),
     )
     check_floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return LayerNormFunction.forward(x, weight, bias, eps)[0]
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
     return function.apply(x, weight, bias, eps)[0]
 

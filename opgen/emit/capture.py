@@ -42,9 +42,9 @@ def recorded_forward(in_place: Lines, plain: Lines, torch: str, runtime: Runtime
     """Forward's body: the plain formula where it is recorded or vmapped, when it differs."""
     if in_place == plain:
         return in_place
-    test = f"{torch}.compiler.is_exporting() or {runtime.transforms_active}()"
+    test = f"{runtime.recorded}() or {runtime.transforms_active}()"
     return [
-        "# recorded by torch.export or under a torch.func transform: no in-place work on saved tensors",
+        "# recorded (export, ONNX, jit.trace) or under a torch.func transform: no in-place work on saved tensors",
         f"if {test}:",
         *("    " + line if line else line for line in plain[:-1]),
         "else:",

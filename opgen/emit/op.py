@@ -141,7 +141,7 @@ def _runtime_import(plan: Plan, names: OpNames) -> str:
     """The import of what the module uses of `_runtime.py`: what its bodies printed, and what the
     template writes around them (the Function's base, the functional's capture and TorchScript mark)."""
     rt = names.runtime
-    _ = rt.Function, rt.capture, rt.not_scriptable
+    _ = rt.Function, rt.capture, rt.not_scriptable, rt.outputs_only
     if not plan.derived.spec.custom_op:
         _ = rt.without_jvp
     if autocasts(plan):
@@ -202,6 +202,8 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
         "capture": capture_lines(names.functional_ref, [i.name for i in spec.inputs], names.proxy, names.runtime),
         "applied": _applied(plan, names, jnames),
+        "outputs_only": _applied(plan, names, jnames, f"{names.function_ref}.forward", 8),
+        "outputs_only_args": "onnx_only=True" if spec.custom_op else "loses_gradient=True" if loss else "",
         "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
         "promotion": promotion(promoted_inputs(plan), names.runtime),
@@ -225,15 +227,15 @@ def _forward_mode(
     return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 
 
-def _applied(plan: Plan, names: OpNames, jnames: JvpNames) -> str:
-    """The functional's last line: the chosen Function (or custom op) applied, under autocast's casts for
-    a matrix op, laid out as ruff lays out a long call."""
+def _applied(plan: Plan, names: OpNames, jnames: JvpNames, run: str = "", indent: int = 4) -> str:
+    """The functional's return of `run` (default: the chosen Function's `apply`, or the custom op), under
+    autocast's casts for a matrix op, laid out as ruff lays out a long call at `indent`."""
     spec = plan.derived.spec
     args = [i.name for i in spec.inputs]
-    run = jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply"
+    run = run or (jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply")
     if autocasts(plan):
-        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args], 4, _visible(plan))
-    return layout.call(f"return {run}", args, 4, _visible(plan))
+        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args], indent, _visible(plan))
+    return layout.call(f"return {run}", args, indent, _visible(plan))
 
 
 def _visible(plan: Plan) -> str:
