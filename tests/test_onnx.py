@@ -157,3 +157,34 @@ def test_onnx_matches_eager(results, name, exporter, form):
         for got, expected in zip(onnx[key], eager[key], strict=True):
             assert tuple(got.shape) == tuple(expected.shape), key
             torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-5, check_dtype=False)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_modules_export_with_a_dynamic_batch(packages, exporter):
+    """Exported with a dynamic batch dimension and run at another batch size, the normalizations and
+    linear maps match eager: a size read from a parameter stays a constant (LayerNorm read its `D` from
+    the input, which the TorchScript-based exporter cannot give `layer_norm` under a dynamic batch)."""
+    ops = packages["function"]
+    modules = [ops.LayerNorm(8), ops.RMSNorm(8), ops.Linear(8, 3), ops.Bilinear(8, 8, 3)]
+    for index, module in enumerate(modules):
+        module = _drawn(module.eval(), index)
+        count = 2 if isinstance(module, ops.Bilinear) else 1
+        names = [f"x{k}" for k in range(count)]
+        traced = tuple(torch.randn(4, 8) for _ in names)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                batch = torch.export.Dim("batch")
+                shapes = [{0: batch}] * count
+                program = torch.onnx.export(module, traced, dynamo=True, dynamic_shapes=shapes, optimize=False)
+                data = program.model_proto.SerializeToString()
+            else:
+                buffer = io.BytesIO()
+                axes = {name: {0: "batch"} for name in names}
+                torch.onnx.export(module, traced, buffer, dynamo=False, input_names=names, dynamic_axes=axes)
+                data = buffer.getvalue()
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        other = tuple(torch.randn(7, 8) for _ in names)
+        (got,) = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), other, strict=True)})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(got), module(*other), rtol=1e-4, atol=1e-5)

@@ -17,7 +17,7 @@ class LayerNormFunction(Function):
     def forward(
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        D = x.shape[-1]
+        D = weight.shape[-1]
         if bias is None:
             y, saved_mean, saved_rstd = torch.native_layer_norm(x, (D,), weight, None, eps)
         else:
@@ -30,7 +30,7 @@ class LayerNormFunction(Function):
         y, saved_mean, saved_rstd = output
         ctx.save_for_backward(x, weight, bias, saved_mean, saved_rstd)
         ctx.eps = eps
-        ctx.D = x.shape[-1]
+        ctx.D = weight.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_mean, saved_rstd)
 

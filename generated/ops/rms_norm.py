@@ -34,7 +34,7 @@ class RmsNormFunction(Function):
         y, saved_rstd = output
         ctx.save_for_backward(x, weight, saved_rstd)
         ctx.eps = eps
-        ctx.D = x.shape[-1]
+        ctx.D = weight.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_rstd)
 
