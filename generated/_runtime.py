@@ -11,8 +11,8 @@
   ops, its outputs alone (Note [outputs only]); the TorchScript-based ONNX exporter gets a
   translation of the few PyTorch ops it lacks (`xlogy`, `sinc`, `huber_loss`, `smooth_l1_loss`).
 - `check_floating`, `promoted`, `autocast_apply`: the functional's argument checks, the
-  promotion of mixed floating dtypes and the casts of matrix ops under autocast, as PyTorch's
-  own ops do them.
+  promotion of mixed floating dtypes and the casts of an op's autocast policy, as PyTorch's
+  own ops and `torch.amp.custom_fwd` do them.
 - `transforms_active`, `first_order_only`, `may_work_in_place`: when an op computes with its
   plain formula instead of a native, compiled or in-place kernel (under torch.func transforms or
   in double backward, what such a kernel does would not be recorded or batched).
@@ -147,18 +147,21 @@ def promoted(*tensors: Any) -> tuple[Any, ...]:
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
-def autocast_apply(run: Callable[..., Any], *args: Any) -> Any:
-    """`run(*args)` (an autograd Function's `apply`, or a custom op) as torch.matmul runs under
-    autocast: while autocast is on for the inputs' device, the floating tensor inputs are cast to its
-    dtype (recorded operations) and the op runs with autocast off, so forward, the saved tensors and
-    backward share one dtype, and autograd casts each gradient back to its input's dtype."""
+def autocast_apply(run: Callable[..., Any], *args: Any, cast: str = "lower") -> Any:
+    """`run(*args)` (an autograd Function's `apply`, or a custom op) as `torch.amp.custom_fwd` runs a
+    forward, on the inputs' device type: while autocast is on there, the floating tensor inputs are cast
+    (recorded operations) to autocast's dtype (`cast="lower"`, as torch.matmul), to float32
+    (`"float32"`, custom_fwd(cast_inputs=torch.float32)) or not at all (`"inputs"`), and the op runs
+    with autocast off, so forward, the saved tensors and backward share one dtype, and autograd casts
+    each gradient back to its input's dtype."""
     if _autocast_enabled is not None and not _autocast_enabled():
         return run(*args)
     device = next(a for a in args if torch.is_tensor(a)).device.type
     if not torch.is_autocast_enabled(device):
         return run(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    dtype = {"lower": torch.get_autocast_dtype(device), "float32": torch.float32}.get(cast)
+    if dtype is not None:
+        args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
     with torch.autocast(device, enabled=False):
         return run(*args)
 

@@ -113,9 +113,9 @@ def bilinear(
     )
     check_floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
-        return autocast_apply(BilinearFunction.forward, x1, x2, weight, bias)
+        return autocast_apply(BilinearFunction.forward, x1, x2, weight, bias, cast="float32")
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
-    return autocast_apply(function.apply, x1, x2, weight, bias)
+    return autocast_apply(function.apply, x1, x2, weight, bias, cast="float32")
 
 
 class Bilinear(torch.nn.Module):

@@ -85,6 +85,6 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
     )
     check_floating("rbf_kernel", {"x": x, "y": y})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
-        return autocast_apply(RbfKernelFunction.forward, x, y, gamma)
+        return autocast_apply(RbfKernelFunction.forward, x, y, gamma, cast="float32")
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
-    return autocast_apply(function.apply, x, y, gamma)
+    return autocast_apply(function.apply, x, y, gamma, cast="float32")

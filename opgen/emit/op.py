@@ -35,7 +35,7 @@ from opgen.emit.small_call import NATIVE_BELOW, small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
-from opgen.plan.capture import autocasts, capture_loss, float_inputs, promoted_inputs
+from opgen.plan.capture import autocast_policy, capture_loss, float_inputs, promoted_inputs
 from opgen.spec import quote
 from opgen.spec.model import Spec
 
@@ -144,7 +144,7 @@ def _runtime_import(plan: Plan, names: OpNames) -> str:
     _ = rt.Function, rt.capture, rt.not_scriptable, rt.outputs_only
     if not plan.derived.spec.custom_op:
         _ = rt.without_jvp
-    if autocasts(plan):
+    if autocast_policy(plan):
         _ = rt.autocast_apply
     if capture_loss(plan) and not plan.derived.spec.custom_op:
         _ = rt.refuse_export
@@ -204,7 +204,6 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "applied": _applied(plan, names, jnames),
         "outputs_only": _applied(plan, names, jnames, f"{names.function_ref}.forward", 8),
         "outputs_only_args": "onnx_only=True" if spec.custom_op else "loses_gradient=True" if loss else "",
-        "autocasts": autocasts(plan),
         "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
         "promotion": promotion(promoted_inputs(plan), names.runtime),
         "export_refusal": loss if loss and not spec.custom_op else None,
@@ -233,8 +232,10 @@ def _applied(plan: Plan, names: OpNames, jnames: JvpNames, run: str = "", indent
     spec = plan.derived.spec
     args = [i.name for i in spec.inputs]
     run = run or (jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply")
-    if autocasts(plan):
-        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args], indent, _visible(plan))
+    policy = autocast_policy(plan)
+    if policy:
+        cast = [] if policy == "lower" else [f"cast={quote.string(policy)}"]
+        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args, *cast], indent, _visible(plan))
     return layout.call(f"return {run}", args, indent, _visible(plan))
 
 

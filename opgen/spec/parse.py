@@ -17,14 +17,25 @@ import re
 from opgen import limits
 from opgen.errors import Loc, Problems, SpecError
 from opgen.spec.load import Raw, RawMap, RawScalar
-from opgen.spec.model import FORMS, POLICIES, GradientOverride, Input, Let, Optimize, Output, Spec, TestConfig
+from opgen.spec.model import (
+    AUTOCAST_POLICIES,
+    FORMS,
+    POLICIES,
+    GradientOverride,
+    Input,
+    Let,
+    Optimize,
+    Output,
+    Spec,
+    TestConfig,
+)
 from opgen.spec.names import op_name_problem
 from opgen.spec.parse_common import check_identifier, check_keys, formula, need_map, need_text, parse_type, suggest
 from opgen.spec.parse_module import parse_module
 from opgen.spec.parse_tests import parse_tests
 from opgen.spec.quote import identifier_problem
 
-TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize", "form")
+TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize", "form", "autocast")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
 OPTIMIZE_KEYS = tuple(f.name for f in dataclasses.fields(Optimize))
 OUTPUT_KEYS = ("formula", "differentiable")
@@ -166,23 +177,28 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     with problems.collect():
         if (node := top.get("optimize")) is not None:
             optimize = _parse_optimize(node, problems)
-    form = None
+    form = autocast = None
     with problems.collect():
-        form = _parse_form(top.get("form"))
+        form = _parse_choice(top.get("form"), "form", FORMS)
+    with problems.collect():
+        autocast = _parse_choice(top.get("autocast"), "autocast", AUTOCAST_POLICIES)
     _check_unique_names(inputs, lets, outputs, problems)
     _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
-    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+    return Spec(
+        name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form, autocast=autocast
+    )
 
 
-def _parse_form(node: Raw | None) -> str | None:
-    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py); None when the spec does not say."""
+def _parse_choice(node: Raw | None, key: str, choices: tuple[str, ...]) -> str | None:
+    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py) or `autocast:` (Note [autocast] in
+    opgen/emit/capture.py); None when the spec does not say."""
     if node is None:
         return None
-    if not isinstance(node, RawScalar) or node.value not in FORMS:
+    if not isinstance(node, RawScalar) or node.value not in choices:
         shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
-        raise SpecError(node.loc, f"form {shown} is not one of: {', '.join(FORMS)}")
+        raise SpecError(node.loc, f"{key} {shown} is not one of: {', '.join(choices)}")
     return str(node.value)
 
 
