@@ -63,7 +63,7 @@ def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
         return proxy
     refuse_export("clip_grad", "the gradient override of x")
     check_floating("clip_grad", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return ClipGradFunction.forward(x, bound)
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
     return function.apply(x, bound)

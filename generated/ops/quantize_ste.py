@@ -64,7 +64,7 @@ def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, tor
         return proxy
     refuse_export("quantize_ste", "the gradient override of x")
     check_floating("quantize_ste", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return QuantizeSteFunction.forward(x, scale)
     function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
     return function.apply(x, scale)

@@ -50,7 +50,7 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
         return proxy
     refuse_export("round_ste", "the gradient override of x")
     check_floating("round_ste", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return RoundSteFunction.forward(x)
     function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
     return function.apply(x)

@@ -55,7 +55,7 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
         return proxy
     refuse_export("safe_sqrt", "its guarded `where` branches")
     check_floating("safe_sqrt", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SafeSqrtFunction.forward(x)
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
     return function.apply(x)

@@ -51,7 +51,7 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
         return proxy
     refuse_export("sign_ste", "the gradient override of x")
     check_floating("sign_ste", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SignSteFunction.forward(x)
     function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
     return function.apply(x)

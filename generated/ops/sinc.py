@@ -63,7 +63,7 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
         return proxy
     refuse_export("sinc", "its guarded `where` branches")
     check_floating("sinc", {"x": x})
-    if outputs_only(loses_gradient=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SincFunction.forward(x)
     function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
     return function.apply(x)

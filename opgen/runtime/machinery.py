@@ -202,9 +202,10 @@ def not_scriptable(functional: C) -> C:
 # residual reaches it, and a traced graph can be saved (a Function cannot). The custom_op form
 # decomposes the same way for ONNX, which knows no custom op (`jit.trace` keeps it as one node).
 # What is given up: `torch.jit.trace` then differentiates the forward formula, which for a gradient
-# override or a guarded `where` is not the op's gradient; such an op (`loses_gradient`) keeps the
-# Function under `jit.trace` with grad mode on (in-process training keeps its gradient; saving it
-# fails), and is inlined under `torch.no_grad()`. An ONNX graph is for inference and always gets the forward.
+# override or a guarded `where` is not the op's gradient; such an op (`onnx_only`) keeps the Function
+# under `jit.trace` (in-process training keeps its gradient; saving it fails), whatever the grad
+# mode: jit.trace checks its trace by tracing again under no_grad, and the two must agree. An ONNX
+# graph is for inference and always gets the forward.
 
 
 def recorded() -> bool:
@@ -213,16 +214,14 @@ def recorded() -> bool:
     return torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
-def outputs_only(loses_gradient: bool = False, onnx_only: bool = False) -> bool:
+def outputs_only(onnx_only: bool = False) -> bool:
     """The functional should return its Function's `forward` outputs, as torch ops (Note [outputs
-    only]): an ONNX exporter, or torch.jit.trace where that keeps the op's gradient (a custom op,
-    `onnx_only`, is one node of a traced graph, with its gradient)."""
+    only]): under an ONNX exporter, and under torch.jit.trace unless `onnx_only` (a custom op, one
+    node of a traced graph; an op whose gradient the forward formula would lose)."""
     if torch.onnx.is_in_onnx_export():
         _onnx_translations()
         return True
-    if onnx_only or not torch.jit.is_tracing():
-        return False
-    return not (loses_gradient and torch.is_grad_enabled())
+    return not onnx_only and torch.jit.is_tracing()
 
 
 def _onnx_translations() -> None:
