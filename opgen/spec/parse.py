@@ -177,28 +177,28 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     with problems.collect():
         if (node := top.get("optimize")) is not None:
             optimize = _parse_optimize(node, problems)
-    form = autocast = None
-    with problems.collect():
-        form = _parse_choice(top.get("form"), "form", FORMS)
-    with problems.collect():
-        autocast = _parse_choice(top.get("autocast"), "autocast", AUTOCAST_POLICIES)
+    form, autocast = (
+        _parse_choice(top, "form", FORMS, problems),
+        _parse_choice(top, "autocast", AUTOCAST_POLICIES, problems),
+    )
     _check_unique_names(inputs, lets, outputs, problems)
     _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
-    return Spec(
-        name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form, autocast=autocast
-    )
+    spec = Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+    return dataclasses.replace(spec, autocast=autocast) if autocast else spec
 
 
-def _parse_choice(node: Raw | None, key: str, choices: tuple[str, ...]) -> str | None:
+def _parse_choice(top: RawMap, key: str, choices: tuple[str, ...], problems: Problems) -> str | None:
     """`form:` (Note [custom_op form] in opgen/emit/custom_op.py) or `autocast:` (Note [autocast] in
-    opgen/emit/capture.py); None when the spec does not say."""
+    opgen/emit/capture.py); None when the spec does not say, or says something else (a problem)."""
+    node = top.get(key)
     if node is None:
         return None
     if not isinstance(node, RawScalar) or node.value not in choices:
         shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
-        raise SpecError(node.loc, f"{key} {shown} is not one of: {', '.join(choices)}")
+        problems.add(SpecError(node.loc, f"{key} {shown} is not one of: {', '.join(choices)}"))
+        return None
     return str(node.value)
 
 
