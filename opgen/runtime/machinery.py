@@ -48,6 +48,8 @@ _unwrap_dead_wrappers = _internal(torch, "_functorch.utils.unwrap_dead_wrappers"
 _legacy_batched = _internal(torch, "_C._functorch.is_legacy_batchedtensor")
 _autocast_enabled = _internal(torch, "_C._is_any_autocast_enabled")
 _fx_tracing = _internal(torch, "fx._symbolic_trace.is_fx_symbolic_tracing")
+_jit_tracing = _internal(torch, "jit.is_tracing")
+_register_symbolic = _internal(torch, "onnx.register_custom_op_symbolic")
 
 
 def transforms_active() -> bool:
@@ -211,7 +213,12 @@ def not_scriptable(functional: C) -> C:
 def recorded() -> bool:
     """torch.export, an ONNX exporter or torch.jit.trace records this call (forward then works on no
     tensor autograd may have saved)."""
-    return torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    return torch.compiler.is_exporting() or jit_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def jit_tracing() -> bool:
+    """torch.jit.trace records this call (never, where torch cannot tell)."""
+    return False if _jit_tracing is None else bool(_jit_tracing())
 
 
 def outputs_only(onnx_only: bool = False) -> bool:
@@ -221,7 +228,7 @@ def outputs_only(onnx_only: bool = False) -> bool:
     if torch.onnx.is_in_onnx_export():
         _onnx_translations()
         return True
-    return not onnx_only and torch.jit.is_tracing()
+    return not onnx_only and jit_tracing()
 
 
 def _onnx_translations() -> None:
@@ -230,7 +237,7 @@ def _onnx_translations() -> None:
     has."""
     helper = _internal(torch, "onnx.symbolic_helper")
     registry = _internal(torch, "onnx._internal.torchscript_exporter.registration.registry")
-    if helper is None or registry is None:
+    if helper is None or registry is None or _register_symbolic is None:
         return
     for name, symbolic in (
         ("aten::xlogy", _xlogy),
@@ -239,7 +246,7 @@ def _onnx_translations() -> None:
         ("aten::smooth_l1_loss", helper.parse_args("v", "v", "i", "f")(_smooth_l1_loss)),
     ):
         if not registry.is_registered_op(name, _ONNX_OPSET):
-            torch.onnx.register_custom_op_symbolic(name, symbolic, _ONNX_OPSET)
+            _register_symbolic(name, symbolic, _ONNX_OPSET)
 
 
 _ONNX_OPSET = 15  # CastLike: constants take their operand's dtype
