@@ -7,9 +7,12 @@
   node, so the captured graph keeps the op's own backward (a gradient override, a guarded
   `where`), which inlining the forward would lose.
 - `refuse_export`: torch.export would lose such an op's backward while training; it says so.
+- `outputs_only`, `recorded`: an ONNX export or `torch.jit.trace` records the op's forward as torch
+  ops, its outputs alone (Note [outputs only]); the TorchScript-based ONNX exporter gets a
+  translation of the few PyTorch ops it lacks (`xlogy`, `sinc`, `huber_loss`, `smooth_l1_loss`).
 - `check_floating`, `promoted`, `autocast_apply`: the functional's argument checks, the
-  promotion of mixed floating dtypes and the casts of matrix ops under autocast, as PyTorch's
-  own ops do them.
+  promotion of mixed floating dtypes and the casts of an op's autocast policy, as PyTorch's
+  own ops and `torch.amp.custom_fwd` do them.
 - `transforms_active`, `first_order_only`, `may_work_in_place`: when an op computes with its
   plain formula instead of a native, compiled or in-place kernel (under torch.func transforms or
   in double backward, what such a kernel does would not be recorded or batched).
@@ -22,6 +25,7 @@ a torch release that lacks it, the slower or plainer path that is always right.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,6 +49,8 @@ _unwrap_dead_wrappers = _internal(torch, "_functorch.utils.unwrap_dead_wrappers"
 _legacy_batched = _internal(torch, "_C._functorch.is_legacy_batchedtensor")
 _autocast_enabled = _internal(torch, "_C._is_any_autocast_enabled")
 _fx_tracing = _internal(torch, "fx._symbolic_trace.is_fx_symbolic_tracing")
+_jit_tracing = _internal(torch, "jit.is_tracing")
+_register_symbolic = _internal(torch, "onnx.register_custom_op_symbolic")
 
 
 def transforms_active() -> bool:
@@ -158,18 +164,21 @@ def promoted(*tensors: Any) -> tuple[Any, ...]:
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
-def autocast_apply(run: Callable[..., Any], *args: Any) -> Any:
-    """`run(*args)` (an autograd Function's `apply`, or a custom op) as torch.matmul runs under
-    autocast: while autocast is on for the inputs' device, the floating tensor inputs are cast to its
-    dtype (recorded operations) and the op runs with autocast off, so forward, the saved tensors and
-    backward share one dtype, and autograd casts each gradient back to its input's dtype."""
+def autocast_apply(run: Callable[..., Any], *args: Any, cast: str = "lower") -> Any:
+    """`run(*args)` (an autograd Function's `apply`, or a custom op) as `torch.amp.custom_fwd` runs a
+    forward, on the inputs' device type: while autocast is on there, the floating tensor inputs are cast
+    (recorded operations) to autocast's dtype (`cast="lower"`, as torch.matmul), to float32
+    (`"float32"`, custom_fwd(cast_inputs=torch.float32)) or not at all (`"inputs"`), and the op runs
+    with autocast off, so forward, the saved tensors and backward share one dtype, and autograd casts
+    each gradient back to its input's dtype."""
     if _autocast_enabled is not None and not _autocast_enabled():
         return run(*args)
     device = next(a for a in args if torch.is_tensor(a)).device.type
     if not torch.is_autocast_enabled(device):
         return run(*args)
-    dtype = torch.get_autocast_dtype(device)
-    args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    dtype = {"lower": torch.get_autocast_dtype(device), "float32": torch.float32}.get(cast)
+    if dtype is not None:
+        args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
     with torch.autocast(device, enabled=False):
         return run(*args)
 
@@ -177,8 +186,9 @@ def autocast_apply(run: Callable[..., Any], *args: Any) -> Any:
 def refuse_export(op: str, loss: str) -> None:
     """While torch.export records with grad mode on, a RuntimeError: export inlines an op's forward and
     has no leaf functions, so a trained exported graph would differentiate the forward formula and lose
-    `loss` (a gradient override, a guarded branch's finite gradient)."""
-    if torch.compiler.is_exporting() and torch.is_grad_enabled():
+    `loss` (a gradient override, a guarded branch's finite gradient). An ONNX export is an inference
+    graph: it loses nothing."""
+    if torch.compiler.is_exporting() and torch.is_grad_enabled() and not torch.onnx.is_in_onnx_export():
         raise RuntimeError(
             f"{op}(): torch.export inlines this op's forward and would drop {loss}; export under torch.no_grad()"
             " for inference, or capture with torch.fx.symbolic_trace (the op stays one node) to train"
@@ -197,3 +207,106 @@ def not_scriptable(functional: C) -> C:
     )
     setattr(functional, "__script_unsupported", message)  # noqa: B010 - a name mypy does not know
     return functional
+
+
+# Note [outputs only]
+# ~~~~~~~~~~~~~~~~~~~
+# A generated Function returns its residuals after its outputs, and the functional keeps the outputs
+# (`[0]`). The TorchScript-based ONNX exporter (`torch.onnx.export(..., dynamo=False)`) inlines a
+# multi-output Function and may wire another of its outputs to the functional's result: tanhshrink
+# exported `tanh(x)`, rms_norm its rstd, quantize_ste `code` for `y`, all without an error. So
+# while an ONNX exporter (either) or `torch.jit.trace` records the call, the functional calls the
+# Function's `forward` as plain Python and returns its outputs: the graph holds torch ops only, no
+# residual reaches it, and a traced graph can be saved (a Function cannot). The custom_op form
+# decomposes the same way for ONNX, which knows no custom op (`jit.trace` keeps it as one node).
+# What is given up: `torch.jit.trace` then differentiates the forward formula, which for a gradient
+# override or a guarded `where` is not the op's gradient; such an op (`onnx_only`) keeps the Function
+# under `jit.trace` (in-process training keeps its gradient; saving it fails), whatever the grad
+# mode: jit.trace checks its trace by tracing again under no_grad, and the two must agree. An ONNX
+# graph is for inference and always gets the forward.
+
+
+def recorded() -> bool:
+    """torch.export, an ONNX exporter or torch.jit.trace records this call (forward then works on no
+    tensor autograd may have saved)."""
+    return torch.compiler.is_exporting() or jit_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def jit_tracing() -> bool:
+    """torch.jit.trace records this call (never, where torch cannot tell)."""
+    return False if _jit_tracing is None else bool(_jit_tracing())
+
+
+def outputs_only(onnx_only: bool = False) -> bool:
+    """The functional should return its Function's `forward` outputs, as torch ops (Note [outputs
+    only]): under an ONNX exporter, and under torch.jit.trace unless `onnx_only` (a custom op, one
+    node of a traced graph; an op whose gradient the forward formula would lose)."""
+    if torch.onnx.is_in_onnx_export():
+        _onnx_translations()
+        return True
+    return not onnx_only and jit_tracing()
+
+
+def _onnx_translations() -> None:
+    """Teach the TorchScript-based ONNX exporter the PyTorch ops it lacks and generated forwards call,
+    written out in ONNX ops with PyTorch's values (NaN too); once, and never over a translation torch
+    has."""
+    helper = _internal(torch, "onnx.symbolic_helper")
+    registry = _internal(torch, "onnx._internal.torchscript_exporter.registration.registry")
+    if helper is None or registry is None or _register_symbolic is None:
+        return
+    for name, symbolic in (
+        ("aten::xlogy", _xlogy),
+        ("aten::sinc", _sinc),
+        ("aten::huber_loss", helper.parse_args("v", "v", "i", "f")(_huber_loss)),
+        ("aten::smooth_l1_loss", helper.parse_args("v", "v", "i", "f")(_smooth_l1_loss)),
+    ):
+        if not registry.is_registered_op(name, _ONNX_OPSET):
+            _register_symbolic(name, symbolic, _ONNX_OPSET)
+
+
+_ONNX_OPSET = 15  # CastLike: constants take their operand's dtype
+
+
+def _like(g: Any, value: float, like: Any) -> Any:
+    return g.op("CastLike", g.op("Constant", value_t=torch.tensor(value)), like)
+
+
+def _xlogy(g: Any, x: Any, y: Any) -> Any:
+    """torch.xlogy: NaN where y is, else 0 where x is 0, else x * log(y)."""
+    product = g.op("Mul", x, g.op("Log", y))
+    zero_x = g.op("Where", g.op("Equal", x, _like(g, 0.0, x)), _like(g, 0.0, product), product)
+    return g.op("Where", g.op("IsNaN", y), g.op("CastLike", y, product), zero_x)
+
+
+def _sinc(g: Any, x: Any) -> Any:
+    """torch.sinc: sin(pi x) / (pi x), 1 at 0."""
+    pi_x = g.op("Mul", x, _like(g, math.pi, x))
+    quotient = g.op("Div", g.op("Sin", pi_x), pi_x)
+    return g.op("Where", g.op("Equal", x, _like(g, 0.0, x)), _like(g, 1.0, x), quotient)
+
+
+def _elementwise_loss(g: Any, reduction: int, loss: Any) -> Any:
+    if reduction != 0:  # generated ops ask for reduction="none"
+        raise RuntimeError("the ONNX translation of this loss takes reduction='none' only")
+    return loss
+
+
+def _huber_loss(g: Any, input: Any, target: Any, reduction: int, delta: float) -> Any:
+    """torch.nn.functional.huber_loss: 0.5 d**2 where |d| < delta, else delta * (|d| - 0.5 delta)."""
+    d = g.op("Sub", input, target)
+    size = g.op("Abs", d)
+    square = g.op("Mul", _like(g, 0.5, d), g.op("Mul", d, d))
+    linear = g.op("Mul", _like(g, delta, d), g.op("Sub", size, _like(g, 0.5 * delta, d)))
+    return _elementwise_loss(g, reduction, g.op("Where", g.op("Less", size, _like(g, delta, d)), square, linear))
+
+
+def _smooth_l1_loss(g: Any, input: Any, target: Any, reduction: int, beta: float) -> Any:
+    """torch.nn.functional.smooth_l1_loss: 0.5 d**2 / beta where |d| < beta, else |d| - 0.5 beta."""
+    d = g.op("Sub", input, target)
+    size = g.op("Abs", d)
+    if beta == 0:
+        return _elementwise_loss(g, reduction, size)
+    square = g.op("Mul", _like(g, 0.5 / beta, d), g.op("Mul", d, d))
+    linear = g.op("Sub", size, _like(g, 0.5 * beta, d))
+    return _elementwise_loss(g, reduction, g.op("Where", g.op("Less", size, _like(g, beta, d)), square, linear))

@@ -82,7 +82,7 @@ def test_backward_is_the_hand_written_linear():
     for line in (
         "input, weight = ctx.saved_tensors",
         "grad_input = grad_out @ weight",
-        "grad_weight = grad_out.mT @ input",  # batch dimensions summed by sum_to_size (a no-op in 2-D)
+        "grad_weight = grad_out.transpose(-2, -1) @ input",  # batch dimensions summed by sum_to_size (a no-op in 2-D)
         "grad_weight = grad_weight.sum_to_size(weight.shape)",
         "grad_bias = grad_out.sum(-2)",
     ):

@@ -34,13 +34,14 @@ def test_op_files_touch_no_torch_internals_and_need_no_type_ignore():
 
 def test_the_runtime_is_the_one_place_with_torch_internals():
     source = (GENERATED / "_runtime.py").read_text(encoding="utf-8")
-    internals = set(re.findall(r'"((?:_C|_functorch|fx\._symbolic_trace)[A-Za-z_.]*)"', source))
+    internals = set(re.findall(r'"((?:_C|_functorch|fx\._symbolic_trace|onnx\._internal)[A-Za-z_.]*)"', source))
     assert internals == {
         "_C._are_functorch_transforms_active",
         "_functorch.utils.unwrap_dead_wrappers",
         "_C._functorch.is_legacy_batchedtensor",
         "_C._is_any_autocast_enabled",
         "fx._symbolic_trace.is_fx_symbolic_tracing",
+        "onnx._internal.torchscript_exporter.registration.registry",  # ONNX translations never over torch's
     }
 
 
@@ -71,7 +72,14 @@ CASES = {
         torch.randn(2, dtype=torch.float64, generator=g, requires_grad=True),
     ),
 }
-FALLBACKS = ["_transforms_active", "_unwrap_dead_wrappers", "_legacy_batched", "_autocast_enabled", "_fx_tracing"]
+FALLBACKS = [
+    "_transforms_active",
+    "_unwrap_dead_wrappers",
+    "_legacy_batched",
+    "_autocast_enabled",
+    "_fx_tracing",
+    "_jit_tracing",
+]
 
 
 @pytest.mark.parametrize("missing", FALLBACKS)

@@ -315,15 +315,16 @@ def _autocast_step(f, args, enabled=True):
 
 @pytest.mark.parametrize("name", SPEC_NAMES)
 def test_bf16_autocast_training_step_of_every_spec(ops, name):
-    """An op with `@` computes in bf16 as torch.matmul does (nn.Linear's dtypes); autocast
-    leaves elementwise ops in float32, as PyTorch's. Every gradient has its
+    """An op with `@` computes in bf16 as torch.matmul does (nn.Linear's dtypes), one that also
+    multiplies tensors in float32 (F.bilinear, cdist); autocast leaves elementwise ops in float32,
+    as PyTorch's. Every gradient has its
     input's dtype and, within bf16's precision, the float32 gradient of the plain formula."""
     t = spec_tests(name)
     args = t.sample_inputs()
     got, got_grads = _autocast_step(lambda *a: t.OP(*a)[0], args)
     want, want_grads = _autocast_step(lambda *a: t.reference(*a)[t.OP.outputs[0]], args, enabled=False)
-    matrix = "@" in (SPECS / f"{name}.yaml").read_text(encoding="utf-8")
-    assert got.dtype == (torch.bfloat16 if matrix else torch.float32), got.dtype
+    lowered = name in ("linear", "attention_scores")  # `@` as torch.matmul; bilinear, rbf_kernel in float32
+    assert got.dtype == (torch.bfloat16 if lowered else torch.float32), got.dtype
     torch.testing.assert_close(got.float(), want.float().expand_as(got), rtol=0.05, atol=0.05)
     tensors = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor)]
     for k, g, w in zip(tensors, got_grads, want_grads, strict=True):
@@ -349,10 +350,8 @@ def test_bf16_training_step_of_linear_and_bilinear_modules_as_torch_nn(ops, bias
         ours.load_state_dict(theirs.state_dict())
         got, _ = _autocast_step(ours, inputs)
         want, _ = _autocast_step(theirs, inputs)
-        # `@` runs in bf16 (as nn.Linear); CPU autocast has no rule for nn.Bilinear (float32).
-        assert got.dtype == torch.bfloat16 and want.dtype == (
-            torch.bfloat16 if ours.__class__ is ops.Linear else torch.float32
-        )
+        # `@` runs in bf16 (as nn.Linear); nn.Bilinear runs in float32 under CPU autocast, and so does ours.
+        assert got.dtype == want.dtype == (torch.bfloat16 if ours.__class__ is ops.Linear else torch.float32)
         torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.05)
         for (k, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
             assert p.grad.dtype == q.grad.dtype == torch.float32, k

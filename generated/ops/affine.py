@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -90,6 +90,8 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     )
     check_floating("affine", {"x": x, "weight": weight}, {"bias": bias})
     x, weight, bias = promoted(x, weight, bias)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return AffineFunction.forward(x, weight, bias)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction
     return function.apply(x, weight, bias)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -17,7 +17,7 @@ class AttentionScoresFunction(Function):
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         D = q.shape[-1]
-        scores = (q @ k.mT) / math.sqrt(D)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
         weights = torch.softmax(scores, -1)
         return weights
 
@@ -39,7 +39,7 @@ class AttentionScoresFunction(Function):
             grad_q = tmp0 @ k
             grad_q = grad_q.sum_to_size(q.shape)
         if ctx.needs_input_grad[1]:
-            grad_k = tmp0.mT @ q
+            grad_k = tmp0.transpose(-2, -1) @ q
             grad_k = grad_k.sum_to_size(k.shape)
         return grad_q, grad_k
 
@@ -50,10 +50,11 @@ class AttentionScoresFunction(Function):
         if tangent_k is not None or tangent_q is not None:
             rsqrt = 1 / math.sqrt(ctx.D)
         if tangent_q is not None:
-            tangent_weights_t0 = rsqrt * (tangent_q @ k.mT)
+            tangent_weights_t0 = rsqrt * (tangent_q @ k.transpose(-2, -1))
             tangent_weights = torch.ops.aten._softmax_backward_data(tangent_weights_t0, weights, -1, weights.dtype)
         if tangent_k is not None:
-            step = torch.ops.aten._softmax_backward_data(rsqrt * (q @ tangent_k.mT), weights, -1, weights.dtype)
+            step_t0 = rsqrt * (q @ tangent_k.transpose(-2, -1))
+            step = torch.ops.aten._softmax_backward_data(step_t0, weights, -1, weights.dtype)
             tangent_weights = step if tangent_weights is None else tangent_weights + step
         tangent_weights = tangent_weights.expand(weights.shape)
         return tangent_weights
@@ -83,5 +84,7 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         ("k", k, ("...", "S", "D")),
     )
     check_floating("attention_scores", {"q": q, "k": k})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return autocast_apply(AttentionScoresFunction.forward, q, k)
     function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction
     return autocast_apply(function.apply, q, k)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -16,9 +16,9 @@ class BilinearFunction(Function):
     @staticmethod
     def forward(x1: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if bias is None:
-            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).mT
+            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).transpose(-2, -1)
         else:
-            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).mT + bias
+            y = ((x1.unsqueeze(-3) @ weight) * x2.unsqueeze(-3)).sum(-1).transpose(-2, -1) + bias
         return y
 
     @staticmethod
@@ -36,11 +36,11 @@ class BilinearFunction(Function):
         x1, x2, weight = ctx.saved_tensors
         grad_x1 = grad_x2 = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            tmp0 = grad_y.mT.unsqueeze(-1)
+            tmp0 = grad_y.transpose(-2, -1).unsqueeze(-1)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
             tmp1 = tmp0 * x2.unsqueeze(-3)
         if ctx.needs_input_grad[0]:
-            grad_x1 = (tmp1 @ weight.mT).sum(-3)
+            grad_x1 = (tmp1 @ weight.transpose(-2, -1)).sum(-3)
             grad_x1 = grad_x1.sum_to_size(x1.shape)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             tmp2 = x1.unsqueeze(-3)
@@ -48,7 +48,7 @@ class BilinearFunction(Function):
             grad_x2 = (tmp0 * (tmp2 @ weight)).sum(-3)
             grad_x2 = grad_x2.sum_to_size(x2.shape)
         if ctx.needs_input_grad[2]:
-            grad_weight = tmp2.mT @ tmp1
+            grad_weight = tmp2.transpose(-2, -1) @ tmp1
             grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[3]:
             grad_bias = grad_y.sum(-2)
@@ -68,14 +68,14 @@ class BilinearFunction(Function):
         if tangent_weight is not None or tangent_x1 is not None:
             jvp0 = x2.unsqueeze(-3)
         if tangent_x1 is not None:
-            tangent_y = (jvp0 * (tangent_x1.unsqueeze(-3) @ weight)).sum(-1).mT
+            tangent_y = (jvp0 * (tangent_x1.unsqueeze(-3) @ weight)).sum(-1).transpose(-2, -1)
         if tangent_weight is not None or tangent_x2 is not None:
             jvp1 = x1.unsqueeze(-3)
         if tangent_x2 is not None:
-            step = ((jvp1 @ weight) * tangent_x2.unsqueeze(-3)).sum(-1).mT
+            step = ((jvp1 @ weight) * tangent_x2.unsqueeze(-3)).sum(-1).transpose(-2, -1)
             tangent_y = step if tangent_y is None else tangent_y + step
         if tangent_weight is not None:
-            step = (jvp0 * (jvp1 @ tangent_weight)).sum(-1).mT
+            step = (jvp0 * (jvp1 @ tangent_weight)).sum(-1).transpose(-2, -1)
             tangent_y = step if tangent_y is None else tangent_y + step
         if tangent_bias is not None:
             step = tangent_bias
@@ -112,8 +112,10 @@ def bilinear(
         ("bias", bias, ("out_features",)),
     )
     check_floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return autocast_apply(BilinearFunction.forward, x1, x2, weight, bias, cast="float32")
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction
-    return autocast_apply(function.apply, x1, x2, weight, bias)
+    return autocast_apply(function.apply, x1, x2, weight, bias, cast="float32")
 
 
 class Bilinear(torch.nn.Module):

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -15,8 +15,10 @@ class CosineSimilarityFunction(Function):
 
     @staticmethod
     def forward(x1: torch.Tensor, x2: torch.Tensor, eps: float) -> torch.Tensor:
-        norm1 = torch.nn.functional.threshold(torch.sqrt((x1**2).sum(-1, keepdim=True)), eps, eps)
-        norm2 = torch.nn.functional.threshold(torch.sqrt((x2**2).sum(-1, keepdim=True)), eps, eps)
+        norm1_t0 = torch.sqrt((x1**2).sum(-1, keepdim=True))
+        norm1 = torch.where(norm1_t0 > eps, norm1_t0, eps)
+        norm2_t0 = torch.sqrt((x2**2).sum(-1, keepdim=True))
+        norm2 = torch.where(norm2_t0 > eps, norm2_t0, eps)
         y = (x1 * x2 / (norm1 * norm2)).sum(-1)
         return y
 
@@ -36,10 +38,10 @@ class CosineSimilarityFunction(Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_y.unsqueeze(-1)
             tmp1 = torch.sqrt((x1**2).sum(-1, keepdim=True))
-            norm1 = torch.nn.functional.threshold(tmp1, eps, eps)
+            norm1 = torch.where(tmp1 > eps, tmp1, eps)
             tmp3 = 1 / norm1
             tmp4 = torch.sqrt((x2**2).sum(-1, keepdim=True))
-            norm2 = torch.nn.functional.threshold(tmp4, eps, eps)
+            norm2 = torch.where(tmp4 > eps, tmp4, eps)
             tmp6 = 1 / norm2
             tmp7 = tmp0 * x1 * x2
         if ctx.needs_input_grad[0]:
@@ -61,10 +63,10 @@ class CosineSimilarityFunction(Function):
         tangent_y = None
         if tangent_x1 is not None or tangent_x2 is not None:
             jvp0 = torch.sqrt((x1**2).sum(-1, keepdim=True))
-            norm1 = torch.nn.functional.threshold(jvp0, eps, eps)
+            norm1 = torch.where(jvp0 > eps, jvp0, eps)
             jvp2 = 1 / norm1
             jvp3 = torch.sqrt((x2**2).sum(-1, keepdim=True))
-            norm2 = torch.nn.functional.threshold(jvp3, eps, eps)
+            norm2 = torch.where(jvp3 > eps, jvp3, eps)
             jvp5 = 1 / norm2
             jvp6 = jvp2 * jvp5
             jvp7 = 2 * x1 * x2
@@ -113,5 +115,7 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
     )
     check_floating("cosine_similarity", {"x1": x1, "x2": x2})
     x1, x2 = promoted(x1, x2)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return CosineSimilarityFunction.forward(x1, x2, eps)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction
     return function.apply(x1, x2, eps)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -118,5 +118,7 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
     )
     check_floating("focal_loss", {"logits": logits, "target": target})
     logits, target = promoted(logits, target)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return FocalLossFunction.forward(logits, target, alpha, gamma)
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction
     return function.apply(logits, target, alpha, gamma)

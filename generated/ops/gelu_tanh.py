@@ -7,7 +7,16 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
+from .._runtime import (
+    Function,
+    capture,
+    check_floating,
+    not_scriptable,
+    outputs_only,
+    recorded,
+    transforms_active,
+    without_jvp,
+)
 
 
 class GeluTanhFunction(Function):
@@ -17,8 +26,8 @@ class GeluTanhFunction(Function):
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors
-        if torch.compiler.is_exporting() or transforms_active():
+        # recorded (export, ONNX, jit.trace) or under a torch.func transform: no in-place work on saved tensors
+        if recorded() or transforms_active():
             y = torch.nn.functional.gelu(x, approximate="tanh")
         else:
             y = x.square().mul_(0.044715).add_(1).mul_(x).mul_(2 * math.sqrt(2 / math.pi)).sigmoid_().mul_(x)
@@ -59,6 +68,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     if (proxy := capture(gelu_tanh, x)) is not None:  # torch.fx: one node
         return proxy
     check_floating("gelu_tanh", {"x": x})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return GeluTanhFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < GeluTanhFunction.native_below:
         return torch.nn.functional.gelu(x, approximate="tanh")
     function = _GeluTanhFunctionNoJvp if torch.compiler.is_compiling() else GeluTanhFunction

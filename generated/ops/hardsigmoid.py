@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
 
 
 class HardsigmoidFunction(Function):
@@ -28,7 +28,7 @@ class HardsigmoidFunction(Function):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # double backward: hardsigmoid's kernel has no derivative
             grad_x_t0 = x + 3
-            grad_x_t2 = -torch.nn.functional.threshold(-grad_x_t0, -6, -6)
+            grad_x_t2 = torch.where(grad_x_t0 < 6, grad_x_t0, 6)
             grad_x_t1 = torch.where(grad_x_t2 > 0, (grad_x_t0 < 6).to(grad_x_t0.dtype), 0)
             grad_x = grad_y * grad_x_t1 / 6
         else:
@@ -58,5 +58,7 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     if (proxy := capture(hardsigmoid, x)) is not None:  # torch.fx: one node
         return proxy
     check_floating("hardsigmoid", {"x": x})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return HardsigmoidFunction.forward(x)
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction
     return function.apply(x)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -109,5 +109,7 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
     )
     check_floating("label_smoothing_ce", {"input": input, "target": target})
     input, target = promoted(input, target)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return LabelSmoothingCeFunction.forward(input, target, smoothing)[0]
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction
     return function.apply(input, target, smoothing)[0]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -17,7 +17,7 @@ class LayerNormFunction(Function):
     def forward(
         x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        D = x.shape[-1]
+        D = weight.shape[-1]
         if bias is None:
             y, saved_mean, saved_rstd = torch.native_layer_norm(x, (D,), weight, None, eps)
         else:
@@ -30,7 +30,7 @@ class LayerNormFunction(Function):
         y, saved_mean, saved_rstd = output
         ctx.save_for_backward(x, weight, bias, saved_mean, saved_rstd)
         ctx.eps = eps
-        ctx.D = x.shape[-1]
+        ctx.D = weight.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_mean, saved_rstd)
         ctx.set_materialize_grads(False)
@@ -146,6 +146,8 @@ def layer_norm(
         ("bias", bias, ("D",)),
     )
     check_floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return LayerNormFunction.forward(x, weight, bias, eps)[0]
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction
     return function.apply(x, weight, bias, eps)[0]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -38,7 +38,7 @@ class LinearFunction(Function):
         if ctx.needs_input_grad[0]:
             grad_input = grad_out @ weight
         if ctx.needs_input_grad[1]:
-            grad_weight = grad_out.mT @ input
+            grad_weight = grad_out.transpose(-2, -1) @ input
             grad_weight = grad_weight.sum_to_size(weight.shape)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_out.sum(-2)
@@ -87,6 +87,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         ("bias", bias, ("out_features",)),
     )
     check_floating("linear", {"input": input, "weight": weight}, {"bias": bias})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return autocast_apply(LinearFunction.forward, input, weight, bias)
     function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction
     return autocast_apply(function.apply, input, weight, bias)
 

@@ -6,7 +6,16 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, transforms_active, without_jvp
+from .._runtime import (
+    Function,
+    capture,
+    check_floating,
+    not_scriptable,
+    outputs_only,
+    recorded,
+    transforms_active,
+    without_jvp,
+)
 
 
 class MishFunction(Function):
@@ -16,8 +25,8 @@ class MishFunction(Function):
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        # recorded by torch.export or under a torch.func transform: no in-place work on saved tensors
-        if torch.compiler.is_exporting() or transforms_active():
+        # recorded (export, ONNX, jit.trace) or under a torch.func transform: no in-place work on saved tensors
+        if recorded() or transforms_active():
             y = torch.nn.functional.mish(x)
         else:
             y = (2 - (s := torch.sigmoid(x))).mul_(s).div_((1 - s).square_().add_(1)).mul_(x)
@@ -61,6 +70,8 @@ def mish(x: torch.Tensor) -> torch.Tensor:
     if (proxy := capture(mish, x)) is not None:  # torch.fx: one node
         return proxy
     check_floating("mish", {"x": x})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return MishFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < MishFunction.native_below:
         return x * torch.tanh(torch.nn.functional.softplus(x))
     function = _MishFunctionNoJvp if torch.compiler.is_compiling() else MishFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -15,7 +15,8 @@ class RbfKernelFunction(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, y: torch.Tensor, gamma: float) -> torch.Tensor:
-        squared_distance = (x**2).sum(-1, keepdim=True) - 2 * x @ y.mT + (y**2).sum(-1, keepdim=True).mT
+        squared_distance_t0 = (y**2).sum(-1, keepdim=True).transpose(-2, -1)
+        squared_distance = squared_distance_t0 - 2 * x @ y.transpose(-2, -1) + (x**2).sum(-1, keepdim=True)
         k = torch.exp(-(gamma * squared_distance))
         return k
 
@@ -38,7 +39,7 @@ class RbfKernelFunction(Function):
             grad_x = 2 * (tmp0 @ y - x * tmp0.sum(-1, keepdim=True))
             grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = 2 * (tmp0.mT @ x - y * tmp0.sum(-2, keepdim=True).mT)
+            grad_y = 2 * (tmp0.transpose(-2, -1) @ x - y * tmp0.sum(-2, keepdim=True).transpose(-2, -1))
             grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
 
@@ -50,9 +51,10 @@ class RbfKernelFunction(Function):
         if tangent_x is not None or tangent_y is not None:
             jvp0 = 2 * gamma * k
         if tangent_x is not None:
-            tangent_k = jvp0 * (tangent_x @ y.mT) - jvp0 * (tangent_x * x).sum(-1, keepdim=True)
+            tangent_k = jvp0 * (tangent_x @ y.transpose(-2, -1)) - jvp0 * (tangent_x * x).sum(-1, keepdim=True)
         if tangent_y is not None:
-            step = jvp0 * (x @ tangent_y.mT) - jvp0 * (tangent_y * y).sum(-1, keepdim=True).mT
+            step_t0 = -(jvp0 * (tangent_y * y).sum(-1, keepdim=True).transpose(-2, -1))
+            step = jvp0 * (x @ tangent_y.transpose(-2, -1)) + step_t0
             tangent_k = step if tangent_k is None else tangent_k + step
         tangent_k = tangent_k.expand(k.shape)
         return tangent_k
@@ -82,5 +84,7 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
         ("y", y, ("...", "M", "D")),
     )
     check_floating("rbf_kernel", {"x": x, "y": y})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return autocast_apply(RbfKernelFunction.forward, x, y, gamma, cast="float32")
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction
-    return autocast_apply(function.apply, x, y, gamma)
+    return autocast_apply(function.apply, x, y, gamma, cast="float32")

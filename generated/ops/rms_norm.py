@@ -6,7 +6,16 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, transforms_active, without_jvp
+from .._runtime import (
+    Function,
+    capture,
+    check_floating,
+    not_scriptable,
+    outputs_only,
+    promoted,
+    transforms_active,
+    without_jvp,
+)
 from .._shape_checks import check_shapes
 
 
@@ -25,7 +34,7 @@ class RmsNormFunction(Function):
         y, saved_rstd = output
         ctx.save_for_backward(x, weight, saved_rstd)
         ctx.eps = eps
-        ctx.D = x.shape[-1]
+        ctx.D = weight.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_rstd)
         ctx.set_materialize_grads(False)
@@ -94,6 +103,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
     )
     check_floating("rms_norm", {"x": x, "weight": weight})
     x, weight = promoted(x, weight)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return RmsNormFunction.forward(x, weight, eps)[0]
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction
     return function.apply(x, weight, eps)[0]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, refuse_export, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, refuse_export, without_jvp
 
 
 class SincFunction(Function):
@@ -58,5 +58,7 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
         return proxy
     refuse_export("sinc", "its guarded `where` branches")
     check_floating("sinc", {"x": x})
+    if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return SincFunction.forward(x)
     function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
     return function.apply(x)

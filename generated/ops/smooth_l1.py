@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -93,5 +93,7 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
     )
     check_floating("smooth_l1", {"input": input, "target": target})
     input, target = promoted(input, target)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return SmoothL1Function.forward(input, target, beta)
     function = _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
     return function.apply(input, target, beta)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, promoted, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -81,6 +81,8 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     )
     check_floating("snake", {"x": x, "a": a})
     x, a = promoted(x, a)
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return SnakeFunction.forward(x, a)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction
     return function.apply(x, a)
 

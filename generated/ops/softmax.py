@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -57,5 +57,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         ("x", x, ("...", "N")),
     )
     check_floating("softmax", {"x": x})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return SoftmaxFunction.forward(x)
     function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction
     return function.apply(x)

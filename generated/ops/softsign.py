@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, without_jvp
+from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
 
 
 class SoftsignFunction(Function):
@@ -53,6 +53,8 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
     if (proxy := capture(softsign, x)) is not None:  # torch.fx: one node
         return proxy
     check_floating("softsign", {"x": x})
+    if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
+        return SoftsignFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < SoftsignFunction.native_below:
         return x / (torch.abs(x) + 1)
     function = _SoftsignFunctionNoJvp if torch.compiler.is_compiling() else SoftsignFunction

@@ -59,6 +59,10 @@ def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, BarlowTwinsFunction, sample_inputs())
 
 
+def test_autocast_dtypes() -> None:
+    harness.check_autocast(OP, sample_inputs(), "float32")
+
+
 def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 

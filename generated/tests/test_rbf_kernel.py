@@ -66,6 +66,10 @@ def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, RbfKernelFunction, sample_inputs())
 
 
+def test_autocast_dtypes() -> None:
+    harness.check_autocast(OP, sample_inputs(), "float32", native)
+
+
 def test_vmap_equals_a_loop() -> None:
     harness.check_vmap(OP, [sample_inputs(seed=seed) for seed in range(3)])
 

@@ -56,6 +56,10 @@ def test_function_apply_equals_functional() -> None:
     harness.check_function_apply(OP, SwishFunction, sample_inputs())
 
 
+def test_autocast_dtypes() -> None:
+    harness.check_autocast(OP, sample_inputs(), None)
+
+
 @pytest.fixture(autouse=True)
 def through_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs through the Function, which small inputs skip for PyTorch's op (Note [small calls])."""

@@ -42,9 +42,9 @@ def recorded_forward(in_place: Lines, plain: Lines, torch: str, runtime: Runtime
     """Forward's body: the plain formula where it is recorded or vmapped, when it differs."""
     if in_place == plain:
         return in_place
-    test = f"{torch}.compiler.is_exporting() or {runtime.transforms_active}()"
+    test = f"{runtime.recorded}() or {runtime.transforms_active}()"
     return [
-        "# recorded by torch.export or under a torch.func transform: no in-place work on saved tensors",
+        "# recorded (export, ONNX, jit.trace) or under a torch.func transform: no in-place work on saved tensors",
         f"if {test}:",
         *("    " + line if line else line for line in plain[:-1]),
         "else:",
@@ -65,6 +65,10 @@ def recorded_forward(in_place: Lines, plain: Lines, torch: str, runtime: Runtime
 # runs the Function with autocast off. Forward, the saved tensors and backward are then all
 # in the autocast dtype, the outputs have nn.Linear's dtype, and autograd casts each gradient
 # back to its input's dtype. Elementwise ops are left to type promotion, as PyTorch's are.
+# That is the `lower` policy; a spec's `autocast:` may state `float32` (cast_inputs=torch.float32)
+# or `inputs` (no cast, autocast off), and an op that multiplies tensors beside `@` (bilinear, a
+# squared distance) is `float32` by default, as F.bilinear and torch.cdist are under CPU autocast
+# (`opgen.plan.capture.autocast_policy`).
 
 
 def float_checks(op: str, inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:

@@ -214,10 +214,13 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
 
 
 def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """For each named dimension, an input that has it (not a `Tensor?` if possible) and where, from
-    the end; a count (Note [counts of unknown shapes]) is its own source."""
+    """For each named dimension, an input that has it (not a `Tensor?` if possible, else one without
+    batch dimensions: a parameter's size is a constant in a trace with a dynamic batch, which the
+    TorchScript-based ONNX exporter needs of `layer_norm`'s shape) and where, from the end; a count
+    (Note [counts of unknown shapes]) is its own source."""
     sources: dict[str, tuple[str, int]] = {}
-    inputs = sorted(spec.tensor_inputs, key=lambda i: i.type.optional)  # stable: spec order otherwise
+    batched = lambda i: BATCH in (i.type.dims or ())  # noqa: E731
+    inputs = sorted(spec.tensor_inputs, key=lambda i: (i.type.optional, batched(i)))  # stable: spec order otherwise
     for dim in dims:
         if counted(dim):
             sources[dim] = (dim, 0)

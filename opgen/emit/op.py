@@ -35,7 +35,7 @@ from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
-from opgen.plan.capture import autocasts, capture_loss, float_inputs, promoted_inputs
+from opgen.plan.capture import autocast_policy, capture_loss, float_inputs, promoted_inputs
 from opgen.spec import quote
 from opgen.spec.model import Spec
 
@@ -140,10 +140,10 @@ def _runtime_import(plan: Plan, names: OpNames) -> str:
     """The import of what the module uses of `_runtime.py`: what its bodies printed, and what the
     template writes around them (the Function's base, the functional's capture and TorchScript mark)."""
     rt = names.runtime
-    _ = rt.Function, rt.capture, rt.not_scriptable
+    _ = rt.Function, rt.capture, rt.not_scriptable, rt.outputs_only
     if not plan.derived.spec.custom_op:
         _ = rt.without_jvp
-    if autocasts(plan):
+    if autocast_policy(plan):
         _ = rt.autocast_apply
     if capture_loss(plan) and not plan.derived.spec.custom_op:
         _ = rt.refuse_export
@@ -203,7 +203,8 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "custom_op": _custom_op(plan, names, jnames) if spec.custom_op else None,
         "capture": capture_lines(names.functional_ref, [i.name for i in spec.inputs], names.proxy, names.runtime),
         "applied": _applied(plan, names, jnames),
-        "autocasts": autocasts(plan),
+        "outputs_only": _applied(plan, names, jnames, f"{names.function_ref}.forward", 8),
+        "outputs_only_args": "onnx_only=True" if spec.custom_op or loss else "",
         "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
         "promotion": promotion(promoted_inputs(plan), names.runtime),
         "export_refusal": loss if loss and not spec.custom_op else None,
@@ -229,15 +230,17 @@ def _forward_mode(
     return jnames, jvp_body(plan, plan.forward, jnames, printer, names.ctx), setup
 
 
-def _applied(plan: Plan, names: OpNames, jnames: JvpNames) -> str:
-    """The functional's last line: the chosen Function (or custom op) applied, under autocast's casts for
-    a matrix op, laid out as ruff lays out a long call."""
+def _applied(plan: Plan, names: OpNames, jnames: JvpNames, run: str = "", indent: int = 4) -> str:
+    """The functional's return of `run` (default: the chosen Function's `apply`, or the custom op), under
+    autocast's casts for a matrix op, laid out as ruff lays out a long call at `indent`."""
     spec = plan.derived.spec
     args = [i.name for i in spec.inputs]
-    run = jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply"
-    if autocasts(plan):
-        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args], 4, _visible(plan))
-    return layout.call(f"return {run}", args, 4, _visible(plan))
+    run = run or (jnames.chosen if spec.custom_op else f"{jnames.chosen}.apply")
+    policy = autocast_policy(plan)
+    if policy:
+        cast = [] if policy == "lower" else [f"cast={quote.string(policy)}"]
+        return layout.call(f"return {names.runtime.autocast_apply}", [run, *args, *cast], indent, _visible(plan))
+    return layout.call(f"return {run}", args, indent, _visible(plan))
 
 
 def _visible(plan: Plan) -> str:

@@ -353,10 +353,11 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
     def _extremum(self, expr: sympy.Function, both: str, op: str) -> str:
         """Note [printed ties]: backward's own autograd (double backward) keeps the tie rule.
 
-        Against a number the tie goes to the number (Note [kink conventions]): `F.threshold`
-        (`relu` for 0), whose gradient is relu's, not `clamp_min`'s, which passes it; `min`
-        negates it, exactly. A number that SymPy folded from a tensor (`0 * x`, flag 1)
-        keeps `torch.maximum`'s split.
+        Against a number the tie goes to the number (Note [kink conventions]): `torch.where(x > c,
+        x, c)` (`relu` for 0), whose gradient is relu's, not `clamp_min`'s, which passes it; `min`
+        the same with `<`. (`F.threshold(x, c, c)` is the same function, but the TorchScript-based
+        ONNX exporter refuses a threshold other than 0.) A number that SymPy folded from a tensor
+        (`0 * x`, flag 1) keeps `torch.maximum`'s split.
         """
         a, b, flag = expr.args
         ta, tb = self.is_tensor(a), self.is_tensor(b)
@@ -370,11 +371,9 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
             return f"{self.torch}.{both}({self._print(tensor)}, {self._as_tensor(bound, tensor)})"
         if bound == 0 and both == "maximum":
             return self._call(f"{self.torch}.relu", tensor)
-        threshold = f"{self.functional}.threshold"
-        if both == "maximum":
-            return self._call(threshold, tensor, bound, bound)
-        value, number = self._negate(tensor), self._negate(bound)
-        return f"(-{threshold}({value}, {number}, {number}))"
+        value, number = self._print(tensor), self._print(bound)
+        condition = f"{self.parenthesize(tensor, PRECEDENCE['Relational'])} {op} {number}"
+        return f"{self.torch}.where({condition}, {value}, {number})"
 
     def _print_clamp(self, expr: fn.clamp) -> str:
         x, lo, hi = expr.args

@@ -77,7 +77,7 @@ from opgen.emit.printer import TorchPrinter
 from opgen.formula import functions as fn
 from opgen.nodes.kernels import Primitive
 from opgen.plan.backward import Plan
-from opgen.plan.capture import autocasts
+from opgen.plan.capture import autocast_policy
 
 NATIVE_BELOW = 16384  # elements; Note [small calls]
 MAX_NODES = 4  # operations a chain may have; Note [small chains]
@@ -141,7 +141,7 @@ def native_op(plan: Plan) -> tuple[str, sympy.Basic] | None:
     """The Tensor input and the chain of PyTorch ops the whole op is, if it is a short one (Note [small chains])."""
     derived = plan.derived
     spec = derived.spec
-    if spec.custom_op or spec.optimize.fuse or autocasts(plan) or len(derived.variants) != 1:
+    if spec.custom_op or spec.optimize.fuse or autocast_policy(plan) or len(derived.variants) != 1:
         return None
     variant = derived.variants[0]
     if variant.expand or len(variant.inlined) != 1 or not spec.outputs[0].differentiable:

@@ -1,7 +1,7 @@
 """Printing the tensor nodes of `opgen.formula.tensor`: as torch code and as formulas in docstrings.
 
-`TensorPrinting` is mixed into `TorchPrinter`: `a @ b`, `a.T` (`a.mT` when the operand may
-have batch dimensions), `a.sum(-1, keepdim=True)`, `g.unsqueeze(-1)`, `g.sum(0)`.
+`TensorPrinting` is mixed into `TorchPrinter`: `a @ b`, `a.T` (`a.transpose(-2, -1)` when the
+operand may have batch dimensions), `a.sum(-1, keepdim=True)`, `g.unsqueeze(-1)`, `g.sum(0)`.
 `TensorDisplay` is mixed into the docstring printer and writes the spec's own notation.
 """
 
@@ -138,7 +138,8 @@ class TensorPrinting(_TensorNodes):
         except ShapeError:  # a shape we cannot tell: the batch-safe spelling
             shape = None
         plain = shape is not None and len(shape) == 2 and BATCH not in shape
-        return f"{self._postfix(operand)}.{'T' if plain else 'mT'}"
+        # `transpose(-2, -1)`, not `.mT`, which the TorchScript-based ONNX exporter lacks
+        return f"{self._postfix(operand)}.{'T' if plain else 'transpose(-2, -1)'}"
 
     def _print_ReductionBase(self, expr: ReductionBase) -> str:
         options = [_reduced_dims_text(expr)] if not expr.every_dim else []

@@ -32,6 +32,7 @@ from opgen.formula.slicing import divisors
 from opgen.formula.syntax import holds_tensors, parse_ast, stopped_inputs
 from opgen.formula.tensor import BATCH
 from opgen.plan.backward import Plan
+from opgen.plan.capture import autocast_policy
 from opgen.plan.extremes import Row, applies, places
 from opgen.spec import quote
 from opgen.spec.model import SAMPLE_VALUES, Formula, Scalar, Spec
@@ -336,6 +337,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         param_attrs=parameter_attributes(spec.module) if spec.module else {},
         custom_op=f"{spec.namespace}.{spec.name}" if spec.custom_op else None,
         small_call=native_op(plan) is not None,
+        autocast=autocast_policy(plan),
         **numbers,
     )
 

@@ -1,7 +1,7 @@
 """How a generated op meets graph captures, autocast and dtypes: decisions from its formulas.
 
 Used by `opgen.emit.op`: `capture_loss` (the functional's export refusal, Note [captured
-graphs keep the gradient] in `opgen.emit.capture`), `autocasts` (Note [autocast] there),
+graphs keep the gradient] in `opgen.emit.capture`), `autocast_policy` (Note [autocast] there),
 `float_inputs` (Note [float inputs] there), `promoted_inputs` (Note [mixed dtypes] there).
 """
 
@@ -28,9 +28,36 @@ def capture_loss(plan: Plan) -> str | None:
     return None
 
 
-def autocasts(plan: Plan) -> bool:
-    """The op multiplies matrices (`@`): under autocast it casts its inputs as `torch.matmul` does."""
+def multiplies_matrices(plan: Plan) -> bool:
+    """The op's formulas use `@` (mixed floating dtypes are then torch.matmul's error)."""
     return any(e.has(MatMul) for v in plan.derived.variants for _, e in (*v.lets, *v.outputs))
+
+
+def autocast_policy(plan: Plan) -> str | None:
+    """What the functional does under autocast (Note [autocast] in opgen.emit.capture): the spec's
+    `autocast:`; else, for an op with `@`, `float32` where its formulas also multiply tensors outside
+    `@` (a bilinear form, a squared distance: PyTorch's `bilinear` and `cdist` run in float32 under
+    CPU autocast) and `lower` (autocast's dtype, as torch.matmul) otherwise; None for an op without `@`,
+    left to type promotion as PyTorch's elementwise ops are."""
+    spec = plan.derived.spec
+    if spec.autocast is not None:
+        return spec.autocast
+    if not multiplies_matrices(plan):
+        return None
+    tensors = plan.derived.symbols.tensors
+    exprs = [e for v in plan.derived.variants for _, e in (*v.lets, *v.outputs) if isinstance(e, sympy.Basic)]
+    return "float32" if any(_multiplies_tensors(e, tensors) for e in exprs) else "lower"
+
+
+def _multiplies_tensors(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> bool:
+    """A product of two tensor-valued factors, or a power of one, outside the operands of `@`."""
+    if isinstance(expr, MatMul):
+        return False
+    if isinstance(expr, sympy.Mul) and sum(bool(a.free_symbols & tensors) for a in expr.args) >= 2:
+        return True
+    if isinstance(expr, sympy.Pow) and expr.base.free_symbols & tensors:
+        return True
+    return any(_multiplies_tensors(a, tensors) for a in expr.args)
 
 
 def float_inputs(plan: Plan) -> list[tuple[str, bool]]:
@@ -47,6 +74,6 @@ def promoted_inputs(plan: Plan) -> list[tuple[str, bool]]:
     (a low-precision input keeps its dtype beside float32 parameters; other mixes are an error)."""
     inputs = float_inputs(plan)
     exprs = [e for v in plan.derived.variants for _, e in (*v.lets, *v.outputs)]
-    if len(inputs) < 2 or autocasts(plan) or any(e.has(LayerNorm) for e in exprs):
+    if len(inputs) < 2 or multiplies_matrices(plan) or any(e.has(LayerNorm) for e in exprs):
         return []
     return inputs

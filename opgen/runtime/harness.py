@@ -227,6 +227,29 @@ def check_function_apply(op: OpUnderTest, function: Applied, args: Args, residua
         torch.testing.assert_close(a, b, msg=prefixed(name))
 
 
+def check_autocast(op: OpUnderTest, args: Args, policy: str | None, native: Callable[..., Any] | None = None) -> None:
+    """Under bfloat16 autocast on CPU (and float16 on CUDA, where there is one), from float32 inputs:
+    each differentiable output has the dtype of the op's autocast policy (`lower`: autocast's; else
+    float32, as `float32`, `inputs` and type promotion give), that of PyTorch's own op where there is
+    one, and float32's values within the lower precision."""
+    devices = [("cpu", torch.bfloat16)] + ([("cuda", torch.float16)] if torch.cuda.is_available() else [])
+    for device, low in devices:
+        xs = [
+            a.detach().to(device, torch.float32) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in args
+        ]
+        want = op(*xs)
+        with torch.autocast(device, dtype=low):
+            outs = op(*xs)
+            theirs = native(*xs) if native is not None else None
+        dtype = low if policy == "lower" else torch.float32
+        for k in op.differentiable:
+            assert outs[k].dtype == dtype, f"{op.outputs[k]}: {outs[k].dtype} under {device} autocast, not {dtype}"
+            torch.testing.assert_close(outs[k].float(), want[k].float(), rtol=0.05, atol=0.05)
+        if theirs is not None and op.differentiable:
+            assert outs[op.differentiable[0]].dtype == theirs.dtype, "PyTorch's own op has another dtype"
+
+
 def check_non_differentiable_outputs(op: OpUnderTest, args: Args) -> None:
     outs = op(*args)
     for k, (name, out) in enumerate(zip(op.outputs, outs, strict=True)):

@@ -158,6 +158,9 @@ class TestConfig:
 
 
 FORMS = ("function", "custom_op")  # Note [custom_op form] in opgen/emit/custom_op.py
+# `autocast:` (Note [autocast] in opgen/emit/capture.py): cast the floating inputs to autocast's
+# dtype (torch.matmul), to float32 (torch.amp.custom_fwd(cast_inputs=torch.float32)), or not at all.
+AUTOCAST_POLICIES = ("lower", "float32", "inputs")
 POLICIES = ("balanced", "memory", "speed")  # Note [save policies] in opgen/optimize/save.py
 
 
@@ -189,9 +192,11 @@ class Spec:
     optimize: Optimize = Optimize()
     form: str | None = None  # `form:` as written (None: not said; the run's --form decides)
     namespace: str = ""  # the torch.library namespace of a custom_op-form op, set by the run
+    autocast: str | None = None  # `autocast:` as written (None: opgen.plan.capture decides)
 
     def __post_init__(self) -> None:
         assert self.form is None or self.form in FORMS, self.form
+        assert self.autocast is None or self.autocast in AUTOCAST_POLICIES, self.autocast
 
     @property
     def custom_op(self) -> bool:

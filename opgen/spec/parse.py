@@ -17,14 +17,25 @@ import re
 from opgen import limits
 from opgen.errors import Loc, Problems, SpecError
 from opgen.spec.load import Raw, RawMap, RawScalar
-from opgen.spec.model import FORMS, POLICIES, GradientOverride, Input, Let, Optimize, Output, Spec, TestConfig
+from opgen.spec.model import (
+    AUTOCAST_POLICIES,
+    FORMS,
+    POLICIES,
+    GradientOverride,
+    Input,
+    Let,
+    Optimize,
+    Output,
+    Spec,
+    TestConfig,
+)
 from opgen.spec.names import op_name_problem
 from opgen.spec.parse_common import check_identifier, check_keys, formula, need_map, need_text, parse_type, suggest
 from opgen.spec.parse_module import parse_module
 from opgen.spec.parse_tests import parse_tests
 from opgen.spec.quote import identifier_problem
 
-TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize", "form")
+TOP_KEYS = ("name", "doc", "inputs", "let", "outputs", "gradients", "module", "tests", "optimize", "form", "autocast")
 REQUIRED_KEYS = ("name", "inputs", "outputs")
 OPTIMIZE_KEYS = tuple(f.name for f in dataclasses.fields(Optimize))
 OUTPUT_KEYS = ("formula", "differentiable")
@@ -168,23 +179,28 @@ def parse_spec(raw: Raw, source: str, problems: Problems) -> Spec | None:
     with problems.collect():
         if (node := top.get("optimize")) is not None:
             optimize = _parse_optimize(node, problems)
-    form = None
-    with problems.collect():
-        form = _parse_form(top.get("form"))
+    form, autocast = (
+        _parse_choice(top, "form", FORMS, problems),
+        _parse_choice(top, "autocast", AUTOCAST_POLICIES, problems),
+    )
     _check_unique_names(inputs, lets, outputs, problems)
     _check_counts(top, problems)
     if len(problems.errors) > before:
         return None
-    return Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+    spec = Spec(name, doc, inputs, lets, outputs, gradients, module, tests, source, top.loc, optimize, form)
+    return dataclasses.replace(spec, autocast=autocast) if autocast else spec
 
 
-def _parse_form(node: Raw | None) -> str | None:
-    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py); None when the spec does not say."""
+def _parse_choice(top: RawMap, key: str, choices: tuple[str, ...], problems: Problems) -> str | None:
+    """`form:` (Note [custom_op form] in opgen/emit/custom_op.py) or `autocast:` (Note [autocast] in
+    opgen/emit/capture.py); None when the spec does not say, or says something else (a problem)."""
+    node = top.get(key)
     if node is None:
         return None
-    if not isinstance(node, RawScalar) or node.value not in FORMS:
+    if not isinstance(node, RawScalar) or node.value not in choices:
         shown = f"'{node.value}'" if isinstance(node, RawScalar) else "this value"
-        raise SpecError(node.loc, f"form {shown} is not one of: {', '.join(FORMS)}")
+        problems.add(SpecError(node.loc, f"{key} {shown} is not one of: {', '.join(choices)}"))
+        return None
     return str(node.value)
 
 

@@ -38,6 +38,8 @@ def spec_yaml(spec: Spec) -> str:
     lines += _section("optimize", _optimize(spec.optimize))
     if spec.form is not None:
         lines.append(f"form: {quoted(spec.form)}")
+    if spec.autocast is not None:
+        lines.append(f"autocast: {quoted(spec.autocast)}")
     return "\n".join(lines) + "\n"
 
 
