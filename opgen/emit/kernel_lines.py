@@ -62,7 +62,7 @@ def backward_lines(plan: Plan, var: str, total: Expr, printer: TorchPrinter, ind
     formula = plan.block(Prime(primitive.__name__, *args))
     recorded = assign_block([var], formula, printer, indent + 4, ({GRAD: g},))
     if primitive.backward_in_place:
-        g, u = node.args
+        (u,) = args
         unrecorded = primitive.in_place_backward(var, printer._print(g), printer._print(u), printer)
         return [
             f"if {printer.runtime.may_work_in_place}({printer._print(g)}):  # in place on its own temporaries",

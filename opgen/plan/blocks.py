@@ -124,8 +124,8 @@ def blocks_of(forward: Iterable[Expr], backward: Iterable[Expr]) -> tuple[tuple[
         if expr not in found:
             found[expr] = share([expr])
     for expr in backward:
-        for node in expr.atoms(UnderTransforms) if isinstance(expr, sympy.Basic) else ():
-            found.setdefault(node, transform_block(node))
-        for prime in expr.atoms(Prime):
-            found.setdefault(prime, kernel_block(prime))
+        for node in expr.atoms(UnderTransforms) - found.keys():
+            found[node] = transform_block(node)
+        for prime in expr.atoms(Prime) - found.keys():
+            found[prime] = kernel_block(prime)
     return tuple(found.items())
