@@ -10,9 +10,9 @@
 - `outputs_only`, `recorded`: an ONNX export or `torch.jit.trace` records the op's forward as torch
   ops, its outputs alone (Note [outputs only]); the TorchScript-based ONNX exporter gets a
   translation of the few PyTorch ops it lacks (`xlogy`, `sinc`, `huber_loss`, `smooth_l1_loss`).
-- `check_floating`, `promoted`, `autocast_apply`: the functional's argument checks, the
-  promotion of mixed floating dtypes and the casts of an op's autocast policy, as PyTorch's
-  own ops and `torch.amp.custom_fwd` do them.
+- `floating`, `autocast_apply`: the functional's argument checks, the promotion of integer and
+  mixed floating dtypes and the casts of an op's autocast policy, as PyTorch's own ops and
+  `torch.amp.custom_fwd` do them.
 - `transforms_active`, `first_order_only`, `may_work_in_place`: when an op computes with its
   plain formula instead of a native, compiled or in-place kernel (under torch.func transforms or
   in double backward, what such a kernel does would not be recorded or batched).
@@ -115,21 +115,49 @@ def capture(functional: Callable[..., Any], *args: Any) -> Any:
     return None
 
 
-def check_floating(op: str, required: dict[str, Any], optional: dict[str, Any] | None = None) -> None:
-    """A TypeError unless every tensor argument a gradient flows to is a real floating-point Tensor
-    (the derivation is over the reals: an integer tensor computes in integers, a complex one gets
-    gradients that are not conjugated); `optional` ones may also be None. A RuntimeError naming the
-    op and the arguments when they are on different devices (torch's own message, from deep inside
-    the formula, names neither); a 0-dim CPU tensor goes with any device, as in PyTorch's ops."""
-    for name, value in required.items():
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+def floating(op: str, required: dict[str, Any], optional: dict[str, Any] | None = None, promote: bool = True) -> Any:
+    """The tensor arguments a gradient flows to (`required`, then `optional`, which may be None), as the
+    op computes with them: an integer or bool tensor cast to the floating dtype the others promote to
+    (the default dtype when none is floating), as `torch.tanh` or `torch.logsumexp` promote it; with
+    `promote`, mixed floating dtypes cast to their promoted dtype, as PyTorch's elementwise ops promote
+    them (the Function then sees one dtype, which its backward kernels need, and autograd casts each
+    gradient back to its input's dtype). One argument is returned alone, several as a tuple.
+
+    A TypeError names an argument that is not a tensor, or a complex one (the derivation is over the
+    reals: its gradients would not be conjugated); a RuntimeError names the op and the arguments when
+    they are on different devices (torch's own message, from deep inside the formula, names neither);
+    a 0-dim CPU tensor goes with any device, as in PyTorch's ops."""
+    given = {**required, **(optional or {})}
+    for name, value in given.items():
+        if value is None and name in required or value is not None and not _real(value):
             _not_floating(op, name, value)
-    if optional:
-        for name, value in optional.items():
-            if value is not None and not (isinstance(value, torch.Tensor) and value.is_floating_point()):
-                _not_floating(op, name, value)
-    if len(required) > 1 or optional:
+    if len(given) > 1:
         _one_device(op, required, optional or {})
+    tensors = [t for t in given.values() if t is not None]
+    floats = {t.dtype for t in tensors if t.is_floating_point()}
+    if all(t.is_floating_point() for t in tensors) and (len(floats) < 2 or not promote):
+        values = tuple(given.values())
+    else:
+        dtype = _promoted(floats) if floats else torch.get_default_dtype()
+        values = tuple(_cast(t, dtype, promote) for t in given.values())
+    return values[0] if len(values) == 1 else values
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not value.is_complex()
+
+
+def _promoted(dtypes: set[torch.dtype]) -> torch.dtype:
+    dtype = next(iter(dtypes))
+    for other in dtypes:
+        dtype = torch.promote_types(dtype, other)
+    return dtype
+
+
+def _cast(value: Any, dtype: torch.dtype, promote: bool) -> Any:
+    if value is None or value.dtype == dtype or (value.is_floating_point() and not promote):
+        return value
+    return value.to(dtype)
 
 
 def _one_device(op: str, required: dict[str, Any], optional: dict[str, Any]) -> None:
@@ -148,20 +176,7 @@ def _one_device(op: str, required: dict[str, Any], optional: dict[str, Any]) -> 
 
 def _not_floating(op: str, name: str, value: Any) -> None:
     got = value.dtype if isinstance(value, torch.Tensor) else value.__class__.__name__
-    raise TypeError(f"{op}(): argument '{name}' must be a real floating-point Tensor, got {got}")
-
-
-def promoted(*tensors: Any) -> tuple[Any, ...]:
-    """The tensors (a None stays None) cast to their promoted dtype where their floating dtypes differ,
-    as PyTorch's elementwise ops promote: the Function then sees one dtype (its backward kernels
-    need it), and autograd casts each gradient back to its input's dtype."""
-    dtypes = {t.dtype for t in tensors if t is not None}
-    if len(dtypes) < 2:
-        return tensors
-    dtype = next(iter(dtypes))
-    for other in dtypes:
-        dtype = torch.promote_types(dtype, other)
-    return tuple(None if t is None else t.to(dtype) for t in tensors)
+    raise TypeError(f"{op}(): argument '{name}' must be a real Tensor (floating-point, integer or bool), got {got}")
 
 
 def autocast_apply(run: Callable[..., Any], *args: Any, cast: str = "lower") -> Any:

@@ -175,15 +175,39 @@ def test_mixed_dtypes_promote_as_pytorch(ops, side, name):
             _compare(tests, mixed)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
-def test_integer_bool_and_complex_inputs_are_a_clear_error(ops, dtype):
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_and_bool_inputs_are_promoted_as_pytorch_promotes_them(ops, side, dtype):
+    """An integer or bool tensor a gradient could flow to computes as the floating dtype the other
+    inputs promote to (the default dtype when none is floating), as `torch.tanh(torch.arange(3))` does;
+    the values equal the float64 reference's at the same (integer) points."""
     for name in NAMES:
         tests = _tests(name)
         args = [a.detach() if torch.is_tensor(a) else a for a in tests.sample_inputs()]
         k = tests.OP.checked[0] if tests.OP.checked else tests.OP.tensor_inputs[0]
-        args[k] = args[k].to(dtype)
-        with pytest.raises(TypeError, match=f"argument '{tests.OP.inputs[k]}' must be a real floating-point Tensor"):
-            tests.OP(*args)
+        args[k] = (args[k] * 3).round().to(dtype)
+        floats = [a.dtype for a in args if torch.is_tensor(a) and a.is_floating_point()]
+        expected_dtype = floats[0] if floats else torch.get_default_dtype()
+        for other in floats[1:]:
+            expected_dtype = torch.promote_types(expected_dtype, other)
+        outs = tests.OP(*args)
+        values = tests.reference(*[a.to(F64) if torch.is_tensor(a) and i == k else a for i, a in enumerate(args)])
+        for j in tests.OP.differentiable:
+            out = outs[j]
+            assert out.dtype == expected_dtype, f"{name}: {out.dtype}, expected {expected_dtype}"
+            want = values[tests.OP.outputs[j]].detach().to(F64).expand_as(out)
+            tol = TOLERANCE[expected_dtype]
+            torch.testing.assert_close(out.to(F64), want, rtol=tol, atol=tol, equal_nan=True, msg=name)
+
+
+def test_complex_inputs_and_non_tensors_are_a_clear_error(ops):
+    for name in NAMES:
+        tests = _tests(name)
+        args = [a.detach() if torch.is_tensor(a) else a for a in tests.sample_inputs()]
+        k = tests.OP.checked[0] if tests.OP.checked else tests.OP.tensor_inputs[0]
+        for bad, got in ((args[k].to(torch.complex64), "torch.complex64"), (args[k].tolist(), "list")):
+            called = [*args[:k], bad, *args[k + 1 :]]
+            with pytest.raises(TypeError, match=f"argument '{tests.OP.inputs[k]}' must be a (real )?Tensor.*{got}"):
+                tests.OP(*called)
 
 
 def _grads(out: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -88,8 +88,7 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         ("weight", weight, None),
         ("bias", bias, None),
     )
-    check_floating("affine", {"x": x, "weight": weight}, {"bias": bias})
-    x, weight, bias = promoted(x, weight, bias)
+    x, weight, bias = floating("affine", {"x": x, "weight": weight}, {"bias": bias})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return AffineFunction.forward(x, weight, bias)
     function = _AffineFunctionNoJvp if torch.compiler.is_compiling() else AffineFunction

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, autocast_apply, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -83,7 +83,7 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         ("q", q, ("...", "L", "D")),
         ("k", k, ("...", "S", "D")),
     )
-    check_floating("attention_scores", {"q": q, "k": k})
+    q, k = floating("attention_scores", {"q": q, "k": k}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return autocast_apply(AttentionScoresFunction.forward, q, k)
     function = _AttentionScoresFunctionNoJvp if torch.compiler.is_compiling() else AttentionScoresFunction

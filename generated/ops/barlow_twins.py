@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, autocast_apply, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -99,7 +99,7 @@ def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lam: float = 0.005) -> torc
         ("z1", z1, ("N", "D")),
         ("z2", z2, ("N", "D")),
     )
-    check_floating("barlow_twins", {"z1": z1, "z2": z2})
+    z1, z2 = floating("barlow_twins", {"z1": z1, "z2": z2}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return autocast_apply(BarlowTwinsFunction.forward, z1, z2, lam, cast="float32")
     function = _BarlowTwinsFunctionNoJvp if torch.compiler.is_compiling() else BarlowTwinsFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -72,8 +72,7 @@ def bce_with_logits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         ("logits", logits, None),
         ("target", target, None),
     )
-    check_floating("bce_with_logits", {"logits": logits, "target": target})
-    logits, target = promoted(logits, target)
+    logits, target = floating("bce_with_logits", {"logits": logits, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return BceWithLogitsFunction.forward(logits, target)
     function = _BceWithLogitsFunctionNoJvp if torch.compiler.is_compiling() else BceWithLogitsFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, autocast_apply, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -111,7 +111,7 @@ def bilinear(
         ("weight", weight, ("out_features", "in1_features", "in2_features")),
         ("bias", bias, ("out_features",)),
     )
-    check_floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias})
+    x1, x2, weight, bias = floating("bilinear", {"x1": x1, "x2": x2, "weight": weight}, {"bias": bias}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return autocast_apply(BilinearFunction.forward, x1, x2, weight, bias, cast="float32")
     function = _BilinearFunctionNoJvp if torch.compiler.is_compiling() else BilinearFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -95,8 +95,7 @@ def complex_rotation(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor) -> t
         ("y", y, ("...", "K")),
         ("theta", theta, ("...", "K")),
     )
-    check_floating("complex_rotation", {"x": x, "y": y, "theta": theta})
-    x, y, theta = promoted(x, y, theta)
+    x, y, theta = floating("complex_rotation", {"x": x, "y": y, "theta": theta})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return ComplexRotationFunction.forward(x, y, theta)
     function = _ComplexRotationFunctionNoJvp if torch.compiler.is_compiling() else ComplexRotationFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -113,8 +113,7 @@ def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-08) ->
         ("x1", x1, ("...", "D")),
         ("x2", x2, ("...", "D")),
     )
-    check_floating("cosine_similarity", {"x1": x1, "x2": x2})
-    x1, x2 = promoted(x1, x2)
+    x1, x2 = floating("cosine_similarity", {"x1": x1, "x2": x2})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return CosineSimilarityFunction.forward(x1, x2, eps)
     function = _CosineSimilarityFunctionNoJvp if torch.compiler.is_compiling() else CosineSimilarityFunction

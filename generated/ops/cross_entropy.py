@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -95,8 +95,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    check_floating("cross_entropy", {"input": input, "target": target})
-    input, target = promoted(input, target)
+    input, target = floating("cross_entropy", {"input": input, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return CrossEntropyFunction.forward(input, target)[0]
     function = _CrossEntropyFunctionNoJvp if torch.compiler.is_compiling() else CrossEntropyFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class EluFunction(Function):
@@ -54,7 +54,7 @@ def elu(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """
     if (proxy := capture(elu, x, alpha)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("elu", {"x": x})
+    x = floating("elu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return EluFunction.forward(x, alpha)
     if not torch.compiler.is_compiling() and x.numel() < EluFunction.native_below:

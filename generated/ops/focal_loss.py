@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -116,8 +116,7 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
         ("logits", logits, None),
         ("target", target, None),
     )
-    check_floating("focal_loss", {"logits": logits, "target": target})
-    logits, target = promoted(logits, target)
+    logits, target = floating("focal_loss", {"logits": logits, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return FocalLossFunction.forward(logits, target, alpha, gamma)
     function = _FocalLossFunctionNoJvp if torch.compiler.is_compiling() else FocalLossFunction

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -76,7 +76,7 @@ def geglu(x: torch.Tensor) -> torch.Tensor:
         "geglu",
         ("x", x, ("...", "2*H")),
     )
-    check_floating("geglu", {"x": x})
+    x = floating("geglu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GegluFunction.forward(x)
     function = _GegluFunctionNoJvp if torch.compiler.is_compiling() else GegluFunction

@@ -10,7 +10,7 @@ import torch
 from .._runtime import (
     Function,
     capture,
-    check_floating,
+    floating,
     not_scriptable,
     outputs_only,
     recorded,
@@ -67,7 +67,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(gelu_tanh, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("gelu_tanh", {"x": x})
+    x = floating("gelu_tanh", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GeluTanhFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < GeluTanhFunction.native_below:

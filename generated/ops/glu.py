@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, transforms_active, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -69,7 +69,7 @@ def glu(x: torch.Tensor) -> torch.Tensor:
         ("x", x, ("...", "D")),
         divisible={"D": 2},
     )
-    check_floating("glu", {"x": x})
+    x = floating("glu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GluFunction.forward(x)
     function = _GluFunctionNoJvp if torch.compiler.is_compiling() else GluFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
 
 
 class GradReverseFunction(Function):
@@ -62,7 +62,7 @@ def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     if (proxy := capture(grad_reverse, x, alpha)) is not None:  # torch.fx: one node
         return proxy
     refuse_export("grad_reverse", "the gradient override of x")
-    check_floating("grad_reverse", {"x": x})
+    x = floating("grad_reverse", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GradReverseFunction.forward(x, alpha)
     function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction

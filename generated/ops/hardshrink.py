@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class HardshrinkFunction(Function):
@@ -55,7 +55,7 @@ def hardshrink(x: torch.Tensor, lambd: float = 0.5) -> torch.Tensor:
     """
     if (proxy := capture(hardshrink, x, lambd)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("hardshrink", {"x": x})
+    x = floating("hardshrink", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return HardshrinkFunction.forward(x, lambd)
     if not torch.compiler.is_compiling() and x.numel() < HardshrinkFunction.native_below:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class HardsigmoidFunction(Function):
@@ -57,7 +57,7 @@ def hardsigmoid(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(hardsigmoid, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("hardsigmoid", {"x": x})
+    x = floating("hardsigmoid", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return HardsigmoidFunction.forward(x)
     function = _HardsigmoidFunctionNoJvp if torch.compiler.is_compiling() else HardsigmoidFunction

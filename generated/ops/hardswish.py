@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class HardswishFunction(Function):
@@ -53,7 +53,7 @@ def hardswish(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(hardswish, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("hardswish", {"x": x})
+    x = floating("hardswish", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return HardswishFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < HardswishFunction.native_below:

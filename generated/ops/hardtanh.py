@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class HardtanhFunction(Function):
@@ -57,7 +57,7 @@ def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> to
     """
     if (proxy := capture(hardtanh, x, min_val, max_val)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("hardtanh", {"x": x})
+    x = floating("hardtanh", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return HardtanhFunction.forward(x, min_val, max_val)
     if not torch.compiler.is_compiling() and x.numel() < HardtanhFunction.native_below:

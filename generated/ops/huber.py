@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -97,8 +97,7 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
         ("input", input, None),
         ("target", target, None),
     )
-    check_floating("huber", {"input": input, "target": target})
-    input, target = promoted(input, target)
+    input, target = floating("huber", {"input": input, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return HuberFunction.forward(input, target, delta)
     function = _HuberFunctionNoJvp if torch.compiler.is_compiling() else HuberFunction

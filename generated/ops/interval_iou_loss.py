@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -169,8 +169,7 @@ def interval_iou_loss(b: torch.Tensor, t: torch.Tensor, eps: float = 1e-07) -> t
         ("b", b, ("...", "2")),
         ("t", t, ("...", "2")),
     )
-    check_floating("interval_iou_loss", {"b": b, "t": t})
-    b, t = promoted(b, t)
+    b, t = floating("interval_iou_loss", {"b": b, "t": t})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return IntervalIouLossFunction.forward(b, t, eps)
     function = _IntervalIouLossFunctionNoJvp if torch.compiler.is_compiling() else IntervalIouLossFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -77,8 +77,7 @@ def kl_div(input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    check_floating("kl_div", {"input": input, "target": target})
-    input, target = promoted(input, target)
+    input, target = floating("kl_div", {"input": input, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return KlDivFunction.forward(input, target)
     function = _KlDivFunctionNoJvp if torch.compiler.is_compiling() else KlDivFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -107,8 +107,7 @@ def label_smoothing_ce(input: torch.Tensor, target: torch.Tensor, smoothing: flo
         ("input", input, ("N", "C")),
         ("target", target, ("N", "C")),
     )
-    check_floating("label_smoothing_ce", {"input": input, "target": target})
-    input, target = promoted(input, target)
+    input, target = floating("label_smoothing_ce", {"input": input, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return LabelSmoothingCeFunction.forward(input, target, smoothing)[0]
     function = _LabelSmoothingCeFunctionNoJvp if torch.compiler.is_compiling() else LabelSmoothingCeFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, transforms_active, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -145,7 +145,7 @@ def layer_norm(
         ("weight", weight, ("D",)),
         ("bias", bias, ("D",)),
     )
-    check_floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias})
+    x, weight, bias = floating("layer_norm", {"x": x, "weight": weight}, {"bias": bias}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return LayerNormFunction.forward(x, weight, bias, eps)[0]
     function = _LayerNormFunctionNoJvp if torch.compiler.is_compiling() else LayerNormFunction

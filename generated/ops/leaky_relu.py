@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class LeakyReluFunction(Function):
@@ -54,7 +54,7 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
     """
     if (proxy := capture(leaky_relu, x, negative_slope)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("leaky_relu", {"x": x})
+    x = floating("leaky_relu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return LeakyReluFunction.forward(x, negative_slope)
     if not torch.compiler.is_compiling() and x.numel() < LeakyReluFunction.native_below:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, autocast_apply, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -86,7 +86,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         ("weight", weight, ("out_features", "in_features")),
         ("bias", bias, ("out_features",)),
     )
-    check_floating("linear", {"input": input, "weight": weight}, {"bias": bias})
+    input, weight, bias = floating("linear", {"input": input, "weight": weight}, {"bias": bias}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return autocast_apply(LinearFunction.forward, input, weight, bias)
     function = _LinearFunctionNoJvp if torch.compiler.is_compiling() else LinearFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -56,7 +56,7 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         "log_softmax",
         ("x", x, ("...", "N")),
     )
-    check_floating("log_softmax", {"x": x})
+    x = floating("log_softmax", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return LogSoftmaxFunction.forward(x)
     function = _LogSoftmaxFunctionNoJvp if torch.compiler.is_compiling() else LogSoftmaxFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, may_work_in_place, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, may_work_in_place, not_scriptable, outputs_only, without_jvp
 
 
 class LogsigmoidFunction(Function):
@@ -55,7 +55,7 @@ def logsigmoid(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(logsigmoid, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("logsigmoid", {"x": x})
+    x = floating("logsigmoid", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return LogsigmoidFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < LogsigmoidFunction.native_below:

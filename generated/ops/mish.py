@@ -9,7 +9,7 @@ import torch
 from .._runtime import (
     Function,
     capture,
-    check_floating,
+    floating,
     not_scriptable,
     outputs_only,
     recorded,
@@ -69,7 +69,7 @@ def mish(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(mish, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("mish", {"x": x})
+    x = floating("mish", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return MishFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < MishFunction.native_below:

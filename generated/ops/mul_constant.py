@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class MulConstantFunction(Function):
@@ -51,7 +51,7 @@ def mul_constant(tensor: torch.Tensor, constant: float) -> torch.Tensor:
     """
     if (proxy := capture(mul_constant, tensor, constant)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("mul_constant", {"tensor": tensor})
+    tensor = floating("mul_constant", {"tensor": tensor})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return MulConstantFunction.forward(tensor, constant)
     if not torch.compiler.is_compiling() and tensor.numel() < MulConstantFunction.native_below:

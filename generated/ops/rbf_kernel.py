@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, autocast_apply, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, autocast_apply, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -83,7 +83,7 @@ def rbf_kernel(x: torch.Tensor, y: torch.Tensor, gamma: float = 0.5) -> torch.Te
         ("x", x, ("...", "N", "D")),
         ("y", y, ("...", "M", "D")),
     )
-    check_floating("rbf_kernel", {"x": x, "y": y})
+    x, y = floating("rbf_kernel", {"x": x, "y": y}, promote=False)
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return autocast_apply(RbfKernelFunction.forward, x, y, gamma, cast="float32")
     function = _RbfKernelFunctionNoJvp if torch.compiler.is_compiling() else RbfKernelFunction

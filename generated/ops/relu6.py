@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class Relu6Function(Function):
@@ -52,7 +52,7 @@ def relu6(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(relu6, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("relu6", {"x": x})
+    x = floating("relu6", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return Relu6Function.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < Relu6Function.native_below:

@@ -6,16 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import (
-    Function,
-    capture,
-    check_floating,
-    not_scriptable,
-    outputs_only,
-    promoted,
-    transforms_active,
-    without_jvp,
-)
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, transforms_active, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -101,8 +92,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-06) -> torch
         ("x", x, ("...", "D")),
         ("weight", weight, ("D",)),
     )
-    check_floating("rms_norm", {"x": x, "weight": weight})
-    x, weight = promoted(x, weight)
+    x, weight = floating("rms_norm", {"x": x, "weight": weight})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return RmsNormFunction.forward(x, weight, eps)[0]
     function = _RmsNormFunctionNoJvp if torch.compiler.is_compiling() else RmsNormFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -102,8 +102,7 @@ def rotary_embedding(x: torch.Tensor, cos_theta: torch.Tensor, sin_theta: torch.
         ("sin_theta", sin_theta, ("...", "D")),
         divisible={"D": 2},
     )
-    check_floating("rotary_embedding", {"x": x, "cos_theta": cos_theta, "sin_theta": sin_theta})
-    x, cos_theta, sin_theta = promoted(x, cos_theta, sin_theta)
+    x, cos_theta, sin_theta = floating("rotary_embedding", {"x": x, "cos_theta": cos_theta, "sin_theta": sin_theta})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return RotaryEmbeddingFunction.forward(x, cos_theta, sin_theta)
     function = _RotaryEmbeddingFunctionNoJvp if torch.compiler.is_compiling() else RotaryEmbeddingFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
 
 
 class SafeSqrtFunction(Function):
@@ -53,7 +53,7 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     if (proxy := capture(safe_sqrt, x)) is not None:  # torch.fx: one node
         return proxy
     refuse_export("safe_sqrt", "its guarded `where` branches")
-    check_floating("safe_sqrt", {"x": x})
+    x = floating("safe_sqrt", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SafeSqrtFunction.forward(x)
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -71,8 +71,7 @@ def scaled_weight(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         ("x", x, None),
         ("weights", weights, None),
     )
-    check_floating("scaled_weight", {"x": x, "weights": weights})
-    x, weights = promoted(x, weights)
+    x, weights = floating("scaled_weight", {"x": x, "weights": weights})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return ScaledWeightFunction.forward(x, weights)
     function = _ScaledWeightFunctionNoJvp if torch.compiler.is_compiling() else ScaledWeightFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SeluFunction(Function):
@@ -56,7 +56,7 @@ def selu(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(selu, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("selu", {"x": x})
+    x = floating("selu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SeluFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < SeluFunction.native_below:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SigmoidFunction(Function):
@@ -52,7 +52,7 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(sigmoid, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("sigmoid", {"x": x})
+    x = floating("sigmoid", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SigmoidFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < SigmoidFunction.native_below:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -91,8 +91,7 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
         ("input", input, None),
         ("target", target, None),
     )
-    check_floating("smooth_l1", {"input": input, "target": target})
-    input, target = promoted(input, target)
+    input, target = floating("smooth_l1", {"input": input, "target": target})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SmoothL1Function.forward(input, target, beta)
     function = _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -79,8 +79,7 @@ def snake(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         ("x", x, None),
         ("a", a, None),
     )
-    check_floating("snake", {"x": x, "a": a})
-    x, a = promoted(x, a)
+    x, a = floating("snake", {"x": x, "a": a})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SnakeFunction.forward(x, a)
     function = _SnakeFunctionNoJvp if torch.compiler.is_compiling() else SnakeFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -56,7 +56,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         "softmax",
         ("x", x, ("...", "N")),
     )
-    check_floating("softmax", {"x": x})
+    x = floating("softmax", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SoftmaxFunction.forward(x)
     function = _SoftmaxFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -57,7 +57,7 @@ def softmax_naive(x: torch.Tensor) -> torch.Tensor:
         "softmax_naive",
         ("x", x, ("...", "N")),
     )
-    check_floating("softmax_naive", {"x": x})
+    x = floating("softmax_naive", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SoftmaxNaiveFunction.forward(x)
     function = _SoftmaxNaiveFunctionNoJvp if torch.compiler.is_compiling() else SoftmaxNaiveFunction

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SoftsignFunction(Function):
@@ -52,7 +52,7 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(softsign, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("softsign", {"x": x})
+    x = floating("softsign", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SoftsignFunction.forward(x)
     if not torch.compiler.is_compiling() and x.numel() < SoftsignFunction.native_below:

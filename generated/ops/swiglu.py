@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -72,7 +72,7 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
         ("x", x, ("...", "D")),
         divisible={"D": 2},
     )
-    check_floating("swiglu", {"x": x})
+    x = floating("swiglu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SwigluFunction.forward(x)
     function = _SwigluFunctionNoJvp if torch.compiler.is_compiling() else SwigluFunction

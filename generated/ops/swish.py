@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SwishFunction(Function):
@@ -54,7 +54,7 @@ def swish(x: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """
     if (proxy := capture(swish, x, beta)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("swish", {"x": x})
+    x = floating("swish", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SwishFunction.forward(x, beta)
     if not torch.compiler.is_compiling() and x.numel() < SwishFunction.native_below:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class TanhshrinkFunction(Function):
@@ -62,7 +62,7 @@ def tanhshrink(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(tanhshrink, x)) is not None:  # torch.fx: one node
         return proxy
-    check_floating("tanhshrink", {"x": x})
+    x = floating("tanhshrink", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return TanhshrinkFunction.forward(x)[0]
     if not torch.compiler.is_compiling() and x.numel() < TanhshrinkFunction.native_below:

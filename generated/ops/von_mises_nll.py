@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -96,8 +96,7 @@ def von_mises_nll(x: torch.Tensor, mu: torch.Tensor, kappa: torch.Tensor) -> tor
         ("mu", mu, None),
         ("kappa", kappa, None),
     )
-    check_floating("von_mises_nll", {"x": x, "mu": mu, "kappa": kappa})
-    x, mu, kappa = promoted(x, mu, kappa)
+    x, mu, kappa = floating("von_mises_nll", {"x": x, "mu": mu, "kappa": kappa})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return VonMisesNllFunction.forward(x, mu, kappa)
     function = _VonMisesNllFunctionNoJvp if torch.compiler.is_compiling() else VonMisesNllFunction

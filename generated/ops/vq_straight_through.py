@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -99,8 +99,7 @@ def vq_straight_through(z: torch.Tensor, e: torch.Tensor, beta: float = 0.25) ->
         ("z", z, None),
         ("e", e, None),
     )
-    check_floating("vq_straight_through", {"z": z, "e": e})
-    z, e = promoted(z, e)
+    z, e = floating("vq_straight_through", {"z": z, "e": e})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return VqStraightThroughFunction.forward(z, e, beta)
     function = _VqStraightThroughFunctionNoJvp if torch.compiler.is_compiling() else VqStraightThroughFunction

@@ -71,33 +71,20 @@ def recorded_forward(in_place: Lines, plain: Lines, torch: str, runtime: Runtime
 # (`opgen.plan.capture.autocast_policy`).
 
 
-def float_checks(op: str, inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
-    """The functional's check that each (input, optional) is a real floating-point tensor.
+def float_checks(op: str, inputs: list[tuple[str, bool]], promote: bool, runtime: RuntimeNames) -> str:
+    """The functional's check and cast of each (input, optional) a gradient flows to: `x, w =
+    floating("op", {"x": x, "w": w})`, with `promote=False` where the op's forward keeps its own rule.
 
     Note [float inputs]
     ~~~~~~~~~~~~~~~~~~~
-    A formula with a gradient is a real, floating-point function: an integer tensor would
-    compute in integers or fail inside forward, and a complex one would get gradients that are
-    not conjugated (the derivation is over the reals). The functional refuses both with a
-    TypeError naming the argument, as PyTorch's float ops do. Inputs no gradient flows to (a
-    mask only compared) may have any dtype. float16 and bfloat16 compute in their own dtype,
-    each operation rounding, as a composition of PyTorch ops does.
-    """
-    if not inputs:
-        return ""
-    required = [name for name, optional in inputs if not optional]
-    optional = [name for name, optional in inputs if optional]
-    args = [quote.string(op), _dict(required)] + ([_dict(optional)] if optional else [])
-    text = layout.call(runtime.check_floating, args, 4)
-    if all(len(line) + 4 <= layout.LINE_LENGTH for line in text.split("\n")):
-        return text
-    # one argument a line, a dict too long for its line one entry a line (as ruff formats a call)
-    items = [quote.string(op), *(_dict_lines(names) for names in (required, optional) if names)]
-    return f"{runtime.check_floating}(\n" + "".join(f"        {item},\n" for item in items) + "    )"
-
-
-def promotion(inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
-    """The functional's cast of mixed floating inputs (input, optional) to their promoted dtype.
+    A formula with a gradient is a real, floating-point function. An integer or bool tensor is
+    cast to the floating dtype the other inputs promote to (the default dtype when none is
+    floating), as PyTorch's floating ops promote one (`torch.tanh(torch.arange(3))` is float32):
+    otherwise the formula would compute in integers or fail inside forward. A complex tensor is
+    refused with a TypeError naming the argument: the derivation is over the reals, and its
+    gradients would not be conjugated. Inputs no gradient flows to (a mask only compared) may have
+    any dtype. float16 and bfloat16 compute in their own dtype, each operation rounding, as a
+    composition of PyTorch ops does.
 
     Note [mixed dtypes]
     ~~~~~~~~~~~~~~~~~~~
@@ -108,12 +95,21 @@ def promotion(inputs: list[tuple[str, bool]], runtime: RuntimeNames) -> str:
     functional casts them to the promoted dtype, as recorded operations: the Function sees one
     dtype, the outputs have the formula's, and autograd casts each gradient back to its input's
     dtype. Ops whose forward is a PyTorch op with its own rule (`@`, the native layer norm:
-    `opgen.plan.capture.promoted_inputs`) keep it.
+    `opgen.plan.capture.promotes`) keep it.
     """
-    names = [name for name, _ in inputs]
-    if len(names) < 2 or all(optional for _, optional in inputs):
+    if not inputs:
         return ""
-    return layout.assign_call(", ".join(names), runtime.promoted, names, 4)
+    required = [name for name, optional in inputs if not optional]
+    optional = [name for name, optional in inputs if optional]
+    keyword = [] if promote else ["promote=False"]
+    targets = ", ".join(required + optional)
+    args = [quote.string(op), _dict(required)] + ([_dict(optional)] if optional else []) + keyword
+    text = layout.assign_call(targets, runtime.floating, args, 4)
+    if all(len(line) + 4 <= layout.LINE_LENGTH for line in text.split("\n")):
+        return text
+    # one argument a line, a dict too long for its line one entry a line (as ruff formats a call)
+    items = [quote.string(op), *(_dict_lines(names) for names in (required, optional) if names), *keyword]
+    return f"{targets} = {runtime.floating}(\n" + "".join(f"        {item},\n" for item in items) + "    )"
 
 
 def capture_lines(functional: str, args: list[str], proxy: str, runtime: RuntimeNames) -> Lines:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.backward import backward_body
-from opgen.emit.capture import capture_lines, float_checks, promotion
+from opgen.emit.capture import capture_lines, float_checks
 from opgen.emit.custom_op import custom_op_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
@@ -35,7 +35,7 @@ from opgen.emit.small_call import small_call
 from opgen.emit.statements import Lines
 from opgen.formula import slicing
 from opgen.plan.backward import Plan
-from opgen.plan.capture import autocast_policy, capture_loss, float_inputs, promoted_inputs
+from opgen.plan.capture import autocast_policy, capture_loss, float_inputs, promotes
 from opgen.spec import quote
 from opgen.spec.model import Spec
 
@@ -205,8 +205,7 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "applied": _applied(plan, names, jnames),
         "outputs_only": _applied(plan, names, jnames, f"{names.function_ref}.forward", 8),
         "outputs_only_args": "onnx_only=True" if spec.custom_op or loss else "",
-        "float_checks": float_checks(spec.name, float_inputs(plan), names.runtime),
-        "promotion": promotion(promoted_inputs(plan), names.runtime),
+        "float_checks": float_checks(spec.name, float_inputs(plan), promotes(plan), names.runtime),
         "export_refusal": loss if loss and not spec.custom_op else None,
     }
 

@@ -2,7 +2,7 @@
 
 Used by `opgen.emit.op`: `capture_loss` (the functional's export refusal, Note [captured
 graphs keep the gradient] in `opgen.emit.capture`), `autocast_policy` (Note [autocast] there),
-`float_inputs` (Note [float inputs] there), `promoted_inputs` (Note [mixed dtypes] there).
+`float_inputs` (Note [float inputs] there), `promotes` (Note [mixed dtypes] there).
 """
 
 from __future__ import annotations
@@ -61,19 +61,16 @@ def _multiplies_tensors(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> 
 
 
 def float_inputs(plan: Plan) -> list[tuple[str, bool]]:
-    """The Tensor inputs a gradient flows to, each with whether it is optional: they must be
-    real floating-point tensors."""
+    """The Tensor inputs a gradient flows to, each with whether it is optional: the functional casts
+    an integer or bool one to a floating dtype and refuses a complex one."""
     names = {g.input for bp in plan.backward for g in bp.grads if g.contributions or g.overridden}
     return [(i.name, i.type.optional) for i in plan.derived.spec.tensor_inputs if i.name in names]
 
 
-def promoted_inputs(plan: Plan) -> list[tuple[str, bool]]:
-    """The floating inputs the functional casts to their promoted dtype when theirs differ, each with
-    whether it is optional; none when the op's forward is a PyTorch op with its own rule for mixed
-    dtypes, which forward then applies: `@` (an error, as torch.matmul) and the native layer norm
-    (a low-precision input keeps its dtype beside float32 parameters; other mixes are an error)."""
-    inputs = float_inputs(plan)
+def promotes(plan: Plan) -> bool:
+    """Whether the functional casts mixed floating inputs to their promoted dtype; not when the op's
+    forward is a PyTorch op with its own rule for mixed dtypes, which forward then applies: `@` (an
+    error, as torch.matmul) and the native layer norm (a low-precision input keeps its dtype beside
+    float32 parameters; other mixes are an error)."""
     exprs = [e for v in plan.derived.variants for _, e in (*v.lets, *v.outputs)]
-    if len(inputs) < 2 or multiplies_matrices(plan) or any(e.has(LayerNorm) for e in exprs):
-        return []
-    return inputs
+    return not (multiplies_matrices(plan) or any(e.has(LayerNorm) for e in exprs))
