@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p.stem for p in (ROOT / "specs").glob("*.yaml"))
 # Forward mode along these is refused: an override that is not `grad * h`; an output that is its input
 # as-is (a view) with an override that scales the gradient (Note [jvp of an override] in opgen.derive.override_jvp).
-REFUSED = {"clip_grad": ["x"], "grad_reverse": ["x"]}
+REFUSED = {"clip_grad": ["x"]}
 DTYPE = torch.float64
 
 
@@ -185,8 +185,18 @@ def test_override_jvp_is_h_times_tangent() -> None:
     t = torch.rand(9, dtype=DTYPE)
     _, got = torch.func.jvp(sign_ste, (x,), (t,))
     torch.testing.assert_close(got, t * (x.abs() <= 1))
-    with pytest.raises(NotImplementedError, match=r"grad_reverse .*along 'x'.*a view"):
-        torch.func.jvp(lambda x: grad_reverse(x, 0.5), (x,), (t,))
+    # An output that is its input as-is, with an override that scales it: a copy, whose tangent is -alpha * t,
+    # under torch.func.jvp and under forward_ad alike; backward keeps the override.
+    y, got = torch.func.jvp(lambda x: grad_reverse(x, 0.5), (x,), (t,))
+    torch.testing.assert_close((y, got), (x, -0.5 * t))
+    with fwAD.dual_level():
+        y = grad_reverse(fwAD.make_dual(x, t), 0.5)
+        torch.testing.assert_close(fwAD.unpack_dual(y).tangent, -0.5 * t)
+    leaf = x.clone().requires_grad_()
+    y = grad_reverse(leaf, 0.5)
+    assert y.data_ptr() != leaf.data_ptr()
+    (grad,) = torch.autograd.grad(y, leaf, t)
+    torch.testing.assert_close(grad, -0.5 * t)
 
 
 def test_nonlinear_override_refuses_forward_mode_naming_spec_and_input() -> None:
@@ -302,14 +312,15 @@ def test_tensor_formulas_amax_logsumexp_keepdim(tmp_path: Path) -> None:
 
 def test_an_elementwise_op_of_one_tensor_takes_its_tangent_from_backward() -> None:
     """Note [a diagonal Jacobian] in opgen.plan.backward: `jvp` calls backward where the Jacobian is its own
-    transpose, and only there (two Tensor inputs, a residual, a reduction or halves, a refused input: its own)."""
+    transpose, and only there (two Tensor inputs, a residual, a reduction or halves, a refused input: its own;
+    an override that scales an output that is its input as-is, `grad_reverse`, is diagonal too)."""
     ops = ROOT / "generated" / "ops"
 
     def calls_backward(name: str) -> bool:
         return "Function.backward(ctx, tangent_" in (ops / f"{name}.py").read_text(encoding="utf-8")
 
-    assert all(calls_backward(n) for n in ("swish", "sigmoid", "mish", "round_ste", "sign_ste"))
-    assert not any(calls_backward(n) for n in ("huber", "tanhshrink", "softmax", "glu", "clip_grad", "grad_reverse"))
+    assert all(calls_backward(n) for n in ("swish", "sigmoid", "mish", "round_ste", "sign_ste", "grad_reverse"))
+    assert not any(calls_backward(n) for n in ("huber", "tanhshrink", "softmax", "glu", "clip_grad"))
     golden = _golden()
     x = torch.linspace(-4, 4, 9, dtype=DTYPE)
     t = torch.rand(9, generator=torch.Generator().manual_seed(0), dtype=DTYPE)

@@ -21,7 +21,7 @@ from conftest import GENERATED, ROOT, SPECS, import_package
 
 SPEC_NAMES = sorted(p.stem for p in SPECS.glob("*.yaml"))
 # Forward mode along these inputs is refused (tests/test_forward_mode.py checks the message).
-REFUSED = {"clip_grad": {"x"}, "grad_reverse": {"x"}}
+REFUSED = {"clip_grad": {"x"}}
 
 
 def _golden():
@@ -82,7 +82,7 @@ def _forward(op, present, name):
     return [k for k in present if op.inputs[k] not in REFUSED.get(name, set())]
 
 
-# Specs with an input along which forward mode is not refused (every spec but clip_grad and grad_reverse).
+# Specs with an input along which forward mode is not refused (every spec but clip_grad).
 FORWARD = [name for name in SPEC_NAMES if _forward(_case(name)[1], _case(name)[3], name)]
 
 

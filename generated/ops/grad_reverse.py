@@ -14,15 +14,13 @@ class GradReverseFunction(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, alpha: float) -> torch.Tensor:
-        y = x.view_as(x)
+        y = x.clone()
         return y
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         _, alpha = inputs
-        y = output
         ctx.alpha = alpha
-        ctx.save_for_forward(y)
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
@@ -31,18 +29,9 @@ class GradReverseFunction(Function):
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_alpha: None) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        if tangent_x is not None:
-            raise NotImplementedError(
-                "grad_reverse (specs/grad_reverse.yaml): forward-mode AD along 'x' is not available: output 'y' "
-                "is 'x' itself (a view of it), and torch wants its tangent to be a view of the tangent of 'x', "
-                "which its JVP is not"
-            )
-        tangent_y = None
-        if tangent_y is None:
-            tangent_y = torch.zeros_like(y)
-        return tangent_y
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_alpha: None) -> torch.Tensor | None:
+        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
+        return GradReverseFunction.backward(ctx, tangent_x)[0]
 
 
 _GradReverseFunctionNoJvp = without_jvp(GradReverseFunction)

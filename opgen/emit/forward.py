@@ -74,7 +74,12 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             continue
         if name in aliases:  # Note [outputs that alias]
             text = printer.doprint_expr(expr)
-            lines.append(f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()")
+            if plan.forward is not None and name in plan.forward.copies:
+                lines.append(f"{name} = {text}.clone()")
+            else:
+                lines.append(
+                    f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()"
+                )
         else:
             lines += assign_block([name], plan.block(raw[name]), printer, indent, read)
         if name in expand:  # a fresh tensor, as PyTorch's ops return: an expanded view fails in-place ops

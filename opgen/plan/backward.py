@@ -46,7 +46,10 @@ formula has its own `requires_grad` and gradient path. An output whose value is 
 or the tensor an earlier output already returns (`b: a`, `o: l1` with `l1: l0`, `l0: x`),
 is returned as a new view of it: `src.view_as(src)` when differentiable (autograd then
 records this Function for it, and saving the input stays legal), `src.detach()` when not
-(`mark_non_differentiable` of a view of an input would leave it requiring grad).
+(`mark_non_differentiable` of a view of an input would leave it requiring grad). One whose
+tangent is not the input's tangent (a gradient override that scales it, `-alpha * grad`) is
+returned as a copy, `src.clone()`: torch wants the tangent of a view to be a view of the
+input's tangent, so forward mode could not give it (`opgen.plan.forward._copies`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ class ForwardPlan:
     zeros: frozenset[str]  # outputs whose tangent may have no term at run time: zeros of the output
     widen: frozenset[str] = frozenset()  # outputs whose tangent may be smaller (broadcast): expanded to them
     views: frozenset[str] = frozenset()  # outputs that are an input as-is: their tangent is a view of its tangent
+    copies: frozenset[str] = frozenset()  # outputs that are an input as-is, returned as a copy (`_copies`)
 
 
 def _plan_variant(variant: VariantTangents) -> ForwardVariant:
@@ -110,25 +111,15 @@ def _views(derived: Derived, variant: Variant) -> frozenset[str]:
     return frozenset(name for name, expr in variant.inlined if expr in inputs)
 
 
-def _refuse_aliases(variant: VariantTangents, aliases: frozenset[str]) -> VariantTangents:
-    """An output that is an input as-is (Note [outputs that alias]) is a view of it, and torch wants its
-    tangent to be a view of that input's tangent: an override that scales it (`-alpha * grad`) cannot be one."""
-    bare = set(variant.refused)
-    for out in variant.outputs:
-        if out is None or out.output not in aliases:
-            continue
-        for term in out.terms:
-            if term.value != tangent_symbol(term.input) and term.input not in {n for n, _ in bare}:
-                why = (
-                    f"output '{out.output}' is '{term.input}' itself (a view of it), and torch wants its tangent to"
-                    f" be a view of the tangent of '{term.input}', which its JVP is not"
-                )
-                bare.add((term.input, why))
-    outputs = tuple(
-        None if out is None else replace(out, terms=tuple(t for t in out.terms if t.input not in {n for n, _ in bare}))
+def _copies(variant: VariantTangents, aliases: frozenset[str]) -> frozenset[str]:
+    """The outputs that are an input as-is whose tangent is not that input's tangent (an override that
+    scales it: `-alpha * grad`): forward returns a copy (Note [outputs that alias]), since torch wants
+    the tangent of a view to be a view of the input's tangent."""
+    return frozenset(
+        out.output
         for out in variant.outputs
+        if out is not None and out.output in aliases and any(t.value != tangent_symbol(t.input) for t in out.terms)
     )
-    return replace(variant, outputs=outputs, refused=tuple(sorted(bare)))
 
 
 def plan_forward(
@@ -137,7 +128,9 @@ def plan_forward(
     """What `jvp` computes; `aliases`: per variant, the outputs forward returns as a view (`Plan.aliases`)."""
     spec, symbols = derived.spec, derived.symbols
     views = [_views(derived, v) for v in derived.variants]
-    checked = tuple(_refuse_aliases(v, a) for v, a in zip(tangents.variants, views, strict=True))
+    copies = frozenset().union(*(_copies(v, a) for v, a in zip(tangents.variants, views, strict=True)))
+    views = [v - copies for v in views]
+    checked = tangents.variants
     variants = tuple(_plan_variant(v) for v in checked)
     full = variants[-1]
     varies = any(
@@ -153,7 +146,7 @@ def plan_forward(
     # One the forward expands to its shape as written (`where(c, x, x)` over x and z) widens as any other.
     expanded = {name for v in derived.variants for name, pieces in v.expand if pieces}
     # Only an output that is an input as-is in every variant: `x + 2 * p` is `x` when p is None, and wider when not.
-    aliased = frozenset.intersection(*aliases) - expanded if aliases else frozenset()
+    aliased = frozenset.intersection(*aliases) - expanded - copies if aliases else frozenset()
     viewed = frozenset().union(*views)
     widen = frozenset(
         out.output
@@ -171,7 +164,9 @@ def plan_forward(
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
     dim_sizes = tuple(sorted(s.name.split(":", 1)[1] for s in used if is_dim_size(s)))
     temps = frozenset(t.symbol for v in variants for g in v.groups for t in g.temps)
-    return ForwardPlan(tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed)
+    return ForwardPlan(
+        tangents, chosen, tuple(saved), ctx_values, dim_sizes, varies, temps, zeros, widen, viewed, copies
+    )
 
 
 def _narrower(derived: Derived, output: str, term: Term) -> bool:
