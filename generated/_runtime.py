@@ -6,7 +6,6 @@
 - `capture`: a functional called while `torch.fx.symbolic_trace` traces records itself as one
   node, so the captured graph keeps the op's own backward (a gradient override, a guarded
   `where`), which inlining the forward would lose.
-- `refuse_export`: torch.export would lose such an op's backward while training; it says so.
 - `outputs_only`, `recorded`: an ONNX export or `torch.jit.trace` records the op's forward as torch
   ops, its outputs alone (Note [outputs only]); the TorchScript-based ONNX exporter gets a
   translation of the few PyTorch ops it lacks (`xlogy`, `sinc`, `huber_loss`, `smooth_l1_loss`).
@@ -196,18 +195,6 @@ def autocast_apply(run: Callable[..., Any], *args: Any, cast: str = "lower") -> 
         args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
     with torch.autocast(device, enabled=False):
         return run(*args)
-
-
-def refuse_export(op: str, loss: str) -> None:
-    """While torch.export records with grad mode on, a RuntimeError: export inlines an op's forward and
-    has no leaf functions, so a trained exported graph would differentiate the forward formula and lose
-    `loss` (a gradient override, a guarded branch's finite gradient). An ONNX export is an inference
-    graph: it loses nothing."""
-    if torch.compiler.is_exporting() and torch.is_grad_enabled() and not torch.onnx.is_in_onnx_export():
-        raise RuntimeError(
-            f"{op}(): torch.export inlines this op's forward and would drop {loss}; export under torch.no_grad()"
-            " for inference, or capture with torch.fx.symbolic_trace (the op stays one node) to train"
-        )
 
 
 def not_scriptable(functional: C) -> C:

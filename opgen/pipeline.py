@@ -347,11 +347,9 @@ def build(
     as each spec the cache lacked is generated, in the order they finish.
     """
     result = Result()
-    custom_ops = False  # some op uses the package's `_custom_ops.py`
     entries: list[Entry | None] = []
     todo: list[_Job] = []
     for spec, where, seconds in _parsed(args, result, policy, fuse, form, namespace):
-        custom_ops |= spec.custom_op
         key = cache.key(spec) if cache is not None else ""
         entry = cache.get(key, {f"ops/{spec.name}.py", f"tests/test_{spec.name}.py"}) if cache is not None else None
         if entry is None:
@@ -370,7 +368,7 @@ def build(
             shape_checked |= entry.shape_checks
     if not result.problems:
         with result.problems.collect():  # a user's template fails at its own line (opgen.emit.render)
-            result.files.update(package_files(result.specs, renderer, shape_checked, custom_ops))
+            result.files.update(package_files(result.specs, renderer, shape_checked))
     return result
 
 
@@ -406,11 +404,8 @@ def _with_form(spec: Spec, form: str | None, namespace: str) -> Spec | None:
     return replace(spec, namespace=namespace)
 
 
-def package_files(
-    specs: list[Spec], renderer: Renderer, shape_checked: bool, custom_ops: bool = False
-) -> dict[str, str]:
-    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`;
-    `custom_ops`: some op registers itself with the shared `_custom_ops.py`."""
+def package_files(specs: list[Spec], renderer: Renderer, shape_checked: bool) -> dict[str, str]:
+    """The package's own files; `shape_checked`: some op calls the shared `_shape_checks.py`."""
     specs = sorted(specs, key=lambda s: s.name)
     imports = []
     exported: list[str] = []
@@ -445,6 +440,6 @@ def package_files(
     if shape_checked:
         # Beside `ops/`, not in it: no op module can have its name.
         files["_shape_checks.py"] = renderer.runtime("shape_checks")
-    if custom_ops:
-        files["_custom_ops.py"] = renderer.runtime("custom_ops")
+    # Every package: a function-form op with a gradient override defines its custom op for torch.export.
+    files["_custom_ops.py"] = renderer.runtime("custom_ops")
     return files

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class ClipGradFunction(Function):
@@ -61,9 +62,9 @@ def clip_grad(x: torch.Tensor, bound: float = 1.0) -> torch.Tensor:
     """
     if (proxy := capture(clip_grad, x, bound)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("clip_grad", "the gradient override of x")
     x = floating("clip_grad", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return ClipGradFunction.forward(x, bound)
     function = _ClipGradFunctionNoJvp if torch.compiler.is_compiling() else ClipGradFunction
+    function = exported(function, "clip_grad")  # torch.export, training: a custom op
     return function.apply(x, bound)

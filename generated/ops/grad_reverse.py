@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class GradReverseFunction(Function):
@@ -50,9 +51,9 @@ def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """
     if (proxy := capture(grad_reverse, x, alpha)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("grad_reverse", "the gradient override of x")
     x = floating("grad_reverse", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GradReverseFunction.forward(x, alpha)
     function = _GradReverseFunctionNoJvp if torch.compiler.is_compiling() else GradReverseFunction
+    function = exported(function, "grad_reverse")  # torch.export, training: a custom op
     return function.apply(x, alpha)

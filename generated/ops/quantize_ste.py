@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class QuantizeSteFunction(Function):
@@ -65,9 +66,9 @@ def quantize_ste(x: torch.Tensor, scale: float = 0.5) -> tuple[torch.Tensor, tor
     """
     if (proxy := capture(quantize_ste, x, scale)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("quantize_ste", "the gradient override of x")
     x = floating("quantize_ste", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return QuantizeSteFunction.forward(x, scale)
     function = _QuantizeSteFunctionNoJvp if torch.compiler.is_compiling() else QuantizeSteFunction
+    function = exported(function, "quantize_ste")  # torch.export, training: a custom op
     return function.apply(x, scale)

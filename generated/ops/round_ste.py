@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class RoundSteFunction(Function):
@@ -48,9 +49,9 @@ def round_ste(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(round_ste, x)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("round_ste", "the gradient override of x")
     x = floating("round_ste", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return RoundSteFunction.forward(x)
     function = _RoundSteFunctionNoJvp if torch.compiler.is_compiling() else RoundSteFunction
+    function = exported(function, "round_ste")  # torch.export, training: a custom op
     return function.apply(x)

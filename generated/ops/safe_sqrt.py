@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SafeSqrtFunction(Function):
@@ -52,9 +53,9 @@ def safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(safe_sqrt, x)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("safe_sqrt", "its guarded `where` branches")
     x = floating("safe_sqrt", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SafeSqrtFunction.forward(x)
     function = _SafeSqrtFunctionNoJvp if torch.compiler.is_compiling() else SafeSqrtFunction
+    function = exported(function, "safe_sqrt")  # torch.export, training: a custom op
     return function.apply(x)

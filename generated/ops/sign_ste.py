@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SignSteFunction(Function):
@@ -50,9 +51,9 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(sign_ste, x)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("sign_ste", "the gradient override of x")
     x = floating("sign_ste", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SignSteFunction.forward(x)
     function = _SignSteFunctionNoJvp if torch.compiler.is_compiling() else SignSteFunction
+    function = exported(function, "sign_ste")  # torch.export, training: a custom op
     return function.apply(x)

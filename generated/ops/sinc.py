@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SincFunction(Function):
@@ -56,9 +57,9 @@ def sinc(x: torch.Tensor) -> torch.Tensor:
     """
     if (proxy := capture(sinc, x)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("sinc", "its guarded `where` branches")
     x = floating("sinc", {"x": x})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SincFunction.forward(x)
     function = _SincFunctionNoJvp if torch.compiler.is_compiling() else SincFunction
+    function = exported(function, "sinc")  # torch.export, training: a custom op
     return function.apply(x)

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, refuse_export, without_jvp
+from .._custom_ops import exported
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 
 
 class SpikeFunction(Function):
@@ -55,9 +56,9 @@ def spike(v: torch.Tensor, threshold: float = 1.0, slope: float = 10.0) -> torch
     """
     if (proxy := capture(spike, v, threshold, slope)) is not None:  # torch.fx: one node
         return proxy
-    refuse_export("spike", "the gradient override of v")
     v = floating("spike", {"v": v})
     if outputs_only(onnx_only=True):  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SpikeFunction.forward(v, threshold, slope)
     function = _SpikeFunctionNoJvp if torch.compiler.is_compiling() else SpikeFunction
+    function = exported(function, "spike")  # torch.export, training: a custom op
     return function.apply(v, threshold, slope)

@@ -110,6 +110,18 @@ def custom_op_context(plan: Plan, namespace: str, function_ref: str, chosen: str
     }
 
 
+def exported_context(plan: Plan, chosen: str, taken: set[str]) -> dict[str, str]:
+    """What `op.py.j2` writes for a `function`-form op whose backward its forward formula would lose:
+    the import of the package's `exported` and the line that swaps `chosen` (what the functional
+    applies) for the op's custom op while torch.export records for training (Note [custom_op form])."""
+    name = Namer(taken).fresh("exported")
+    return {
+        "imports": from_imports(".._custom_ops", [("exported", name)]),
+        "line": layout.assign_call(chosen, name, [chosen, quote.string(plan.derived.spec.name)], 4)
+        + "  # torch.export, training: a custom op",
+    }
+
+
 def with_fingerprint(text: str) -> str:
     """`text` with its fingerprint: the SHA-256 of the text as rendered, before it is filled in."""
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]

@@ -73,13 +73,7 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             lines.append(f"{name} = {_expanded(printer.doprint_expr(expr), expand[name], printer)}.contiguous()")
             continue
         if name in aliases:  # Note [outputs that alias]
-            text = printer.doprint_expr(expr)
-            if plan.forward is not None and name in plan.forward.copies:
-                lines.append(f"{name} = {text}.clone()")
-            else:
-                lines.append(
-                    f"{name} = {text}.view_as({text})" if name in differentiable else f"{name} = {text}.detach()"
-                )
+            lines.append(_alias_line(plan, name, printer.doprint_expr(expr), name in differentiable))
         else:
             lines += assign_block([name], plan.block(raw[name]), printer, indent, read)
         if name in expand:  # a fresh tensor, as PyTorch's ops return: an expanded view fails in-place ops
@@ -89,6 +83,14 @@ def _forward_variant(plan: Plan, variant: Variant, printer: TorchPrinter, aliase
             # A view of an input is rebased by autograd whatever setup_context marks: detach it.
             lines.append(f"{name} = {name}.detach()")
     return lines
+
+
+def _alias_line(plan: Plan, name: str, source: str, differentiable: bool) -> str:
+    """An output that is the input `source` as-is: a copy where its tangent is not the input's, else a new
+    view of it, detached when not differentiable (Note [outputs that alias] in opgen.plan.backward)."""
+    if plan.forward is not None and name in plan.forward.copies:
+        return f"{name} = {source}.clone()"
+    return f"{name} = {source}.view_as({source})" if differentiable else f"{name} = {source}.detach()"
 
 
 def _read_back(expr: sympy.Basic, computed: dict[sympy.Basic, sympy.Symbol]) -> sympy.Basic:

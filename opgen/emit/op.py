@@ -13,7 +13,7 @@ from opgen.emit import annotations as typed
 from opgen.emit import layout
 from opgen.emit.backward import backward_body
 from opgen.emit.capture import capture_lines, float_checks
-from opgen.emit.custom_op import custom_op_context, with_fingerprint
+from opgen.emit.custom_op import custom_op_context, exported_context, with_fingerprint
 from opgen.emit.docstring import formulas_doc
 from opgen.emit.forward import forward_body, setup_body, shape_checks, size_inputs, size_sources, size_text
 from opgen.emit.forward_mode import JvpNames, JvpSetup, backward_jvp, jvp_body, jvp_names, jvp_setup
@@ -145,8 +145,6 @@ def _runtime_import(plan: Plan, names: OpNames) -> str:
         _ = rt.without_jvp
     if autocast_policy(plan):
         _ = rt.autocast_apply
-    if capture_loss(plan) and not plan.derived.spec.custom_op:
-        _ = rt.refuse_export
     return rt.import_line()
 
 
@@ -194,6 +192,16 @@ def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
     return custom_op_context(plan, spec.namespace, names.function_ref, jnames.chosen, taken)
 
 
+def _exported(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str] | None:
+    """What the template writes for a function-form op whose backward the forward formula would lose."""
+    spec = plan.derived.spec
+    if spec.custom_op or not capture_loss(plan):
+        return None
+    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
+    taken |= {names.function_ref, names.functional_ref, names.proxy, jnames.compiled, jnames.chosen}
+    return exported_context(plan, jnames.chosen, taken)
+
+
 def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
     """What the functional does under graph capture, autocast and with wrong dtypes (opgen.emit.capture),
     and the custom op it calls in the custom_op form (opgen.emit.custom_op)."""
@@ -206,7 +214,7 @@ def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, 
         "outputs_only": _applied(plan, names, jnames, f"{names.function_ref}.forward", 8),
         "outputs_only_args": "onnx_only=True" if spec.custom_op or loss else "",
         "float_checks": float_checks(spec.name, float_inputs(plan), promotes(plan), names.runtime),
-        "export_refusal": loss if loss and not spec.custom_op else None,
+        "exported": _exported(plan, names, jnames),
     }
 
 

@@ -21,7 +21,6 @@ RUNTIME_NAMES = (
     "not_scriptable",
     "outputs_only",
     "recorded",
-    "refuse_export",
     "transforms_active",
     "without_jvp",
 )

@@ -1,9 +1,11 @@
-"""Registration of the package's ops as `torch.library` custom ops (the `custom_op` form).
+"""Registration of the package's ops as `torch.library` custom ops.
 
-Each op module of that form calls `define` once, at import, with its autograd Function: the
-custom op's kernel and fake (meta) implementation are the Function's `forward`, its autograd
-formula the Function's `setup_context` and `backward`, its vmap rule below. Note [custom_op
-form] in opgen's `opgen/emit/custom_op.py` says why.
+Each op module of the `custom_op` form calls `define` once, at import, with its autograd Function:
+the custom op's kernel and fake (meta) implementation are the Function's `forward`, its autograd
+formula the Function's `setup_context` and `backward`, its vmap rule below. Note [custom_op form]
+in opgen's `opgen/emit/custom_op.py` says why. A `function`-form op whose backward the forward
+formula would lose (a gradient override, a guarded branch) calls `exported`, which defines its
+custom op when torch.export first records it for training.
 """
 
 import torch
@@ -40,6 +42,40 @@ def define(qualname, schema, function, fingerprint, broadcasts):
     op.register_autograd(function.backward, setup_context=setup_context)
     op.register_vmap(_broadcast_rule(op) if broadcasts else _loop_rule(op))
     return op
+
+
+_EXPORTED: dict[type, object] = {}  # Function -> its custom op, defined by `exported`
+
+
+def exported(function, name):
+    """`function` (an op's autograd Function, or its twin without jvp), or while torch.export records for
+    training (grad mode on) a stand-in whose `apply` is the custom op `PACKAGE::name` built from it.
+    Export inlines a Function's forward, and training the graph would differentiate the forward formula
+    and lose the op's backward (a gradient override, a guarded branch's finite gradient); a custom op
+    stays one node with its registered backward. It is defined when non-strict export (torch's default)
+    first records the op; strict export (Dynamo) cannot define one while it traces, and raises."""
+    if not (torch.compiler.is_exporting() and torch.is_grad_enabled()) or torch.onnx.is_in_onnx_export():
+        return function
+    if torch.compiler.is_dynamo_compiling():
+        raise RuntimeError(
+            f"{name}(): strict torch.export inlines this op's forward and would drop its backward (a gradient"
+            " override or a guarded branch); export with strict=False (torch's default) to train, or under"
+            " torch.no_grad() for inference, or generate the op with `form: custom_op`"
+        )
+    op = _EXPORTED.get(function)
+    if op is None:
+        package = function.__module__.rsplit(".ops.", 1)[0].replace(".", "_")
+        schema = torch.library.infer_schema(function.forward, mutates_args=())
+        qualname = f"{package}::{name}"
+        op = _EXPORTED[function] = define(qualname, schema, function, f"{function.__module__}:export", False)
+    return _Applied(op)
+
+
+class _Applied:
+    """A custom op called as an autograd Function is: `.apply(*args)`."""
+
+    def __init__(self, op):
+        self.apply = op
 
 
 def op_or_function(op, function, *args):
