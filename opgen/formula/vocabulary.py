@@ -97,8 +97,9 @@ SHAPE_FUNCTIONS = (
     "unsqueeze",
     "chunk",
     "cat",
+    "stack",
     *DIAGONALS,
-)  # cat: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
+)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))
