@@ -15,15 +15,27 @@ import torch._library.custom_ops
 FINGERPRINT = "_opgen_fingerprint"  # the CustomOpDef attribute naming the generated module's text
 
 
-def define(qualname, schema, function, fingerprint, broadcasts):
+TRAINING = "_opgen_training"  # the CustomOpDef attribute holding its companion that returns residuals
+PADDED = "_opgen_padded"  # ... and the op called as the Function is, its residuals None
+
+
+def define(qualname, schema, function, fingerprint, broadcasts, saving=None):
     """The custom op `qualname` computing `function.forward`, with its backward and a vmap rule.
 
     `broadcasts`: the op only broadcasts its tensor inputs elementwise, so a batched call is one
     call with the batch dimension in front; otherwise the vmap rule calls the op per sample.
+    `saving`: where the Function also returns tensors its backward reads (residuals), the schema of
+    the companion op `qualname_for_backward`, which returns them after the outputs. `qualname` itself
+    returns the outputs alone, as the spec declares them: the functional calls it where no gradient
+    will be needed, so an inference graph holds the op with its own schema, and the companion where
+    one will be. Called directly with inputs that require grad, `qualname` computes the residuals
+    again for its backward.
     Defining an op twice from the same generated text (a re-import, the package imported under
     two names) replaces the first definition; an op of that name from other text is refused.
     """
     _refuse_other(qualname, fingerprint)
+    if saving is not None:
+        _refuse_other(f"{qualname}_for_backward", fingerprint)
 
     def kernel(*args):
         return _fresh(function.forward(*args), args)
@@ -31,6 +43,60 @@ def define(qualname, schema, function, fingerprint, broadcasts):
     def setup_context(ctx, inputs, output):
         function.setup_context(ctx, inputs, output)
 
+    if saving is None:
+        return _define(qualname, schema, fingerprint, kernel, function.backward, setup_context, broadcasts)
+    shown = schema.rsplit("->", 1)[1].count("Tensor")
+    hidden = (None,) * (saving.rsplit("->", 1)[1].count("Tensor") - shown)
+
+    def outputs(*args):
+        full = kernel(*args)
+        return full[0] if shown == 1 else full[:shown]
+
+    def setup_again(ctx, inputs, output):
+        ctx.save_for_backward(*(a for a in inputs if isinstance(a, torch.Tensor)))
+        ctx.inputs = tuple(_SAVED if isinstance(a, torch.Tensor) else a for a in inputs)
+
+    def backward(ctx, *grads):
+        # The residuals again, from the saved inputs and recorded where backward is (double backward)
+        saved = iter(ctx.saved_tensors)
+        inputs = tuple(next(saved) if a is _SAVED else a for a in ctx.inputs)
+        again = _Context(ctx.needs_input_grad)
+        function.setup_context(again, inputs, function.forward(*inputs))
+        return function.backward(again, *grads, *hidden)
+
+    companion = f"{qualname}_for_backward"
+    training = _define(companion, saving, fingerprint, kernel, function.backward, setup_context, broadcasts)
+    op = _define(qualname, schema, fingerprint, outputs, backward, setup_again, broadcasts)
+    setattr(op, TRAINING, training)
+    setattr(op, PADDED, lambda *args: (op(*args), *hidden) if shown == 1 else (*op(*args), *hidden))
+    return op
+
+
+_SAVED = object()  # in `ctx.inputs`: a tensor input, saved with `save_for_backward`
+
+
+class _Context:
+    """What a Function's `setup_context` and `backward` use of `ctx`, for a backward that calls them
+    outside autograd's own (`define`'s op called directly where it has residuals)."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _define(qualname, schema, fingerprint, kernel, backward, setup_context, broadcasts):
     try:
         op = torch.library.custom_op(qualname, kernel, mutates_args=(), schema=schema)
     except RuntimeError as error:
@@ -40,7 +106,7 @@ def define(qualname, schema, function, fingerprint, broadcasts):
         ) from None
     setattr(op, FINGERPRINT, fingerprint)
     op.register_fake(kernel)
-    op.register_autograd(function.backward, setup_context=setup_context)
+    op.register_autograd(backward, setup_context=setup_context)
     op.register_vmap(_broadcast_rule(op) if broadcasts else _loop_rule(op))
     return op
 
@@ -80,18 +146,23 @@ class _Applied:
 
 
 def op_or_function(op, function, *args):
-    """What the functional calls: the custom op, or the autograd Function it was built from under a
-    torch.func transform or where an argument carries a forward-mode tangent (torch has no
-    forward-mode rule for a custom op, and its registered autograd refuses torch.func's `grad`).
-    Compiled, always the custom op: torch.compile keeps it as one node."""
-    if torch.compiler.is_compiling():
+    """What the functional calls, returning what the Function returns: the custom op, or the autograd
+    Function it was built from under a torch.func transform or where an argument carries a
+    forward-mode tangent (torch has no forward-mode rule for a custom op, and its registered autograd
+    refuses torch.func's `grad`). Compiled, always a custom op: torch.compile keeps it as one node.
+    An op with residuals (`define`'s `saving`) is its companion where a gradient will be needed."""
+    if not torch.compiler.is_compiling():
+        active = torch._C._are_functorch_transforms_active
+        if active() or any(
+            torch.is_tensor(a) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None for a in args
+        ):
+            return function.apply
+    training = getattr(op, TRAINING, None)
+    if training is None:
         return op
-    active = torch._C._are_functorch_transforms_active
-    if active() or any(
-        torch.is_tensor(a) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None for a in args
-    ):
-        return function.apply  # noqa: E501
-    return op
+    if torch.is_grad_enabled() and any(torch.is_tensor(a) and a.requires_grad for a in args):
+        return training
+    return getattr(op, PADDED)
 
 
 def _refuse_other(qualname, fingerprint):

@@ -73,7 +73,58 @@ def test_opcheck_of_every_spec(cops, name):
     args = t.sample_inputs()
     out = t.OP(*args)[t.OP.differentiable[0]] if t.OP.differentiable else None
     if out is not None and out.grad_fn is not None:
-        assert f"GeneratedBackwardFor_{PACKAGE}_{name}_default" in type(out.grad_fn).__name__
+        node = type(out.grad_fn).__name__
+        assert f"GeneratedBackwardFor_{PACKAGE}_{name}_default" in node or (
+            hasattr(torch.ops.cops, f"{name}_for_backward") and f"{PACKAGE}_{name}_for_backward_default" in node
+        )
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_the_schema_lists_the_spec_outputs_and_the_raw_op_trains(cops, golden, name):
+    """`cops::name` returns the spec's outputs alone (residuals come from `cops::name_for_backward`, which
+    the functional calls where a gradient will be needed, and only then); called directly with inputs
+    that require grad it computes them again, with the Function form's gradients of every order."""
+    t = _tests(cops, name)
+    op = getattr(torch.ops.cops, name)
+    returns = op.default._schema.returns
+    assert len(returns) == len(t.OP.outputs), f"{name}: {op.default._schema}"
+    args = [a.detach() if isinstance(a, torch.Tensor) else a for a in t.sample_inputs()]
+    with torch.no_grad():
+        graph = torch.export.export(_Call(t.OP.functional, args), _tensors(args)).graph
+    called = {str(n.target) for n in graph.nodes if n.op == "call_function"}
+    assert not any("_for_backward" in c for c in called), called
+    positions = [k for k in getattr(t, "GRADCHECKED", t.OP.checked) if args[k] is not None]
+    if not positions or not t.OP.differentiable:
+        return
+    call, inputs = t.harness.only(_Raw(op, t.OP.differentiable), args, positions)
+    assert torch.autograd.gradcheck(call, [x.requires_grad_() for x in inputs])
+    if hasattr(_tests(golden, name), "test_gradgradcheck"):
+        assert torch.autograd.gradgradcheck(call, inputs)
+
+
+class _Raw:
+    """The raw op called as the functional is, for `harness.only`: its outputs a tuple."""
+
+    def __init__(self, op, differentiable):
+        self.op, self.differentiable = op, differentiable
+
+    def __call__(self, *args):
+        out = self.op(*args)
+        return out if isinstance(out, tuple) else (out,)
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, functional, args):
+        super().__init__()
+        self.functional, self.args = functional, args
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        return self.functional(*(next(it) if isinstance(a, torch.Tensor) else a for a in self.args))
+
+
+def _tensors(args):
+    return tuple(a for a in args if isinstance(a, torch.Tensor))
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)

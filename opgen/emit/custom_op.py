@@ -15,6 +15,13 @@ only broadcasts elementwise, one call per sample otherwise, so that a transform 
 sees the op and its gradient). The functional calls the custom op, so torch.compile, export and
 FX keep it as one node with its own backward (Note [captured graphs keep the gradient]).
 
+The op's schema lists the spec's outputs alone. Where the Function also returns residuals (what
+its backward reads: tanhshrink's `tanh(x)`, layer_norm's mean and rstd), those come from a
+companion op `NAMESPACE::name_for_backward`, the one the functional calls when a gradient will be
+needed (grad mode on and an input requiring grad); an inference graph (ONNX, torch.export under
+`no_grad`) holds `NAMESPACE::name` as the spec declares it, as PyTorch's `layer_norm` sits above
+`native_layer_norm`.
+
 torch 2.13 has no forward-mode rule for a custom op (under `torch.func.jvp` or `forward_ad` it
 gives a zero or no tangent), and a custom op's registered autograd refuses torch.func's `grad`,
 `jacrev`, `hessian` ("it must override the setup_context staticmethod"). The functional
@@ -64,15 +71,16 @@ def _schema_type(kind: str, optional: bool) -> str:
     return {"Tensor": "Tensor?" if optional else "Tensor", "float": "float", "int": "SymInt", "bool": "bool"}[kind]
 
 
-def schema(plan: Plan) -> str:
-    """The op's schema: `(Tensor x, float beta) -> Tensor`; several outputs (or residuals) a tuple."""
+def schema(plan: Plan, residuals: bool = False) -> str:
+    """The op's schema: `(Tensor x, float beta) -> Tensor`, several outputs a tuple; with `residuals`, the
+    schema of its companion that also returns the residuals (`_custom_ops.define`'s `saving`)."""
     spec = plan.derived.spec
     namer = Namer({i.name for i in spec.inputs})
     params = []
     for k, inp in enumerate(spec.inputs):
         name = inp.name if _ASCII_IDENTIFIER.match(inp.name) else namer.fresh(f"arg{k}")
         params.append(f"{_schema_type(inp.type.kind, inp.type.optional)} {name}")
-    returned = len(plan.returned)
+    returned = len(plan.returned) if residuals else len(spec.outputs)
     outputs = "Tensor" if returned == 1 else "(" + ", ".join(["Tensor"] * returned) + ")"
     return f"({', '.join(params)}) -> {outputs}"
 
@@ -104,6 +112,7 @@ def custom_op_context(plan: Plan, namespace: str, function_ref: str, chosen: str
         "chosen": layout.assign_call(chosen, choose, [ref, function_ref, *(i.name for i in spec.inputs)], 4),
         "qualname": quote.string(f"{namespace}::{spec.name}"),
         "schema": quote.string(schema(plan)),
+        "saving": quote.string(schema(plan, residuals=True)) if plan.residuals else "",
         "fingerprint": quote.string(FINGERPRINT),
         "broadcasts": str(broadcasts(plan)),
         "function": function_ref,
