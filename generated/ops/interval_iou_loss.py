@@ -2,7 +2,6 @@
 # mypy: disable-error-code="no-any-return"
 """interval_iou_loss: a custom autograd op generated from specs/interval_iou_loss.yaml."""
 
-import math
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ class IntervalIouLossFunction(Function):
         overlap_t1 = t[..., 0]
         overlap_t3 = torch.minimum(overlap_t0 + b[..., 1], overlap_t1 + t[..., 1])
         overlap_t2 = overlap_t3 - torch.maximum(overlap_t0, overlap_t1)
-        overlap = torch.clamp(overlap_t2, 0, math.inf)
+        overlap = torch.clamp(overlap_t2, min=0)
         loss_t0 = eps + b[..., 1] + t[..., 1]
         loss = (loss_t0 - 2 * overlap) / (loss_t0 - overlap)
         return loss
@@ -46,7 +45,7 @@ class IntervalIouLossFunction(Function):
             tmp4 = t[..., 1]
             tmp5 = tmp1 + tmp4
             tmp6 = torch.minimum(tmp3, tmp5) - torch.maximum(tmp0, tmp1)
-            overlap = torch.clamp(tmp6, 0, math.inf)
+            overlap = torch.clamp(tmp6, min=0)
             tmp8 = eps + tmp2 + tmp4
             tmp9 = tmp8 - overlap
             tmp10 = 1 / tmp9
@@ -92,7 +91,7 @@ class IntervalIouLossFunction(Function):
             jvp4 = t[..., 1]
             jvp5 = jvp1 + jvp4
             jvp6 = torch.minimum(jvp3, jvp5) - torch.maximum(jvp0, jvp1)
-            overlap = torch.clamp(jvp6, 0, math.inf)
+            overlap = torch.clamp(jvp6, min=0)
             jvp8 = eps + jvp2 + jvp4
             jvp9 = jvp8 - overlap
             jvp10 = 1 / jvp9

@@ -382,6 +382,9 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
             px, plo, phi = (self._print(a) for a in expr.args)
             return f"({phi} if {px} > {phi} or {plo} > {phi} else {plo} if {px} < {plo} else {px})"
         if not self.is_tensor(lo) and not self.is_tensor(hi):
+            if hi == sympy.oo or lo == -sympy.oo:  # one bound: what ONNX's dynamo exporter decomposes
+                side, bound = ("min", lo) if hi == sympy.oo else ("max", hi)
+                return f"{self.torch}.clamp({self._print(x)}, {side}={self._print(bound)})"
             return self._call(f"{self.torch}.clamp", x, lo, hi)
         # torch.clamp takes its bounds both as numbers or both as tensors.
         args = [self._print(a) if self.is_tensor(a) else self._as_tensor(a, expr) for a in expr.args]
