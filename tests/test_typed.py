@@ -91,11 +91,22 @@ def _mypy(*paths: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache), "--no-error-summary", *paths]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
 
+# The custom_op form, with a residual (`tanh(x)`, from its companion op): the package's
+# `_custom_ops.py` and the generated tests' opcheck are typed too.
+CUSTOM = """
+name: shrink
+form: custom_op
+inputs:
+  x: Tensor
+outputs:
+  y: x - tanh(x)
+"""
+
 
 @pytest.fixture(scope="module")
 def typed_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, typing.Any]:
     root = tmp_path_factory.mktemp("typed")
-    return root, build_ops(root, "typed_ops", {"gate": GATE, "tuple": TUPLE})
+    return root, build_ops(root, "typed_ops", {"gate": GATE, "tuple": TUPLE, "shrink": CUSTOM})
 
 
 def test_mypy_strict_passes_on_generated_code_and_flags_wrong_calls(typed_ops: tuple[Path, typing.Any]) -> None:

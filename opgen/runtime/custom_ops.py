@@ -8,6 +8,9 @@ formula would lose (a gradient override, a guarded branch) calls `exported`, whi
 custom op when torch.export first records it for training.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch._library.custom_ops
 
@@ -18,7 +21,9 @@ TRAINING = "_opgen_training"  # the CustomOpDef attribute holding its companion 
 PADDED = "_opgen_padded"  # ... and the op called as the Function is, its residuals None
 
 
-def define(qualname, schema, function, fingerprint, broadcasts, saving=None):
+def define(
+    qualname: str, schema: str, function: Any, fingerprint: str, broadcasts: bool, saving: str | None = None
+) -> Any:
     """The custom op `qualname` computing `function.forward`, with its backward and a vmap rule.
 
     `broadcasts`: the op only broadcasts its tensor inputs elementwise, so a batched call is one
@@ -36,10 +41,10 @@ def define(qualname, schema, function, fingerprint, broadcasts, saving=None):
     if saving is not None:
         _refuse_other(f"{qualname}_for_backward", fingerprint)
 
-    def kernel(*args):
+    def kernel(*args: Any) -> Any:
         return _fresh(function.forward(*args), args)
 
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         function.setup_context(ctx, inputs, output)
 
     if saving is None:
@@ -47,15 +52,15 @@ def define(qualname, schema, function, fingerprint, broadcasts, saving=None):
     shown = schema.rsplit("->", 1)[1].count("Tensor")
     hidden = (None,) * (saving.rsplit("->", 1)[1].count("Tensor") - shown)
 
-    def outputs(*args):
+    def outputs(*args: Any) -> Any:
         full = kernel(*args)
         return full[0] if shown == 1 else full[:shown]
 
-    def setup_again(ctx, inputs, output):
+    def setup_again(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*(a for a in inputs if isinstance(a, torch.Tensor)))
         ctx.inputs = tuple(_SAVED if isinstance(a, torch.Tensor) else a for a in inputs)
 
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: Any) -> Any:
         # The residuals again, from the saved inputs and recorded where backward is (double backward)
         saved = iter(ctx.saved_tensors)
         inputs = tuple(next(saved) if a is _SAVED else a for a in ctx.inputs)
@@ -67,7 +72,11 @@ def define(qualname, schema, function, fingerprint, broadcasts, saving=None):
     training = _define(companion, saving, fingerprint, kernel, function.backward, setup_context, broadcasts)
     op = _define(qualname, schema, fingerprint, outputs, backward, setup_again, broadcasts)
     setattr(op, TRAINING, training)
-    setattr(op, PADDED, lambda *args: (op(*args), *hidden) if shown == 1 else (*op(*args), *hidden))
+
+    def padded(*args: Any) -> tuple[Any, ...]:
+        return (op(*args), *hidden) if shown == 1 else (*op(*args), *hidden)
+
+    setattr(op, PADDED, padded)
     return op
 
 
@@ -78,24 +87,32 @@ class _Context:
     """What a Function's `setup_context` and `backward` use of `ctx`, for a backward that calls them
     outside autograd's own (`define`'s op called directly where it has residuals)."""
 
-    def __init__(self, needs_input_grad):
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
         self.needs_input_grad = needs_input_grad
-        self.saved_tensors = ()
+        self.saved_tensors: tuple[Any, ...] = ()
 
-    def save_for_backward(self, *tensors):
+    def save_for_backward(self, *tensors: Any) -> None:
         self.saved_tensors = tensors
 
-    def save_for_forward(self, *tensors):
+    def save_for_forward(self, *tensors: Any) -> None:
         pass
 
-    def mark_non_differentiable(self, *tensors):
+    def mark_non_differentiable(self, *tensors: Any) -> None:
         pass
 
-    def set_materialize_grads(self, value):
+    def set_materialize_grads(self, value: bool) -> None:
         pass
 
 
-def _define(qualname, schema, fingerprint, kernel, backward, setup_context, broadcasts):
+def _define(
+    qualname: str,
+    schema: str,
+    fingerprint: str,
+    kernel: Callable[..., Any],
+    backward: Callable[..., Any],
+    setup_context: Callable[..., None],
+    broadcasts: bool,
+) -> Any:
     try:
         op = torch.library.custom_op(qualname, kernel, mutates_args=(), schema=schema)
     except RuntimeError as error:
@@ -110,10 +127,10 @@ def _define(qualname, schema, fingerprint, kernel, backward, setup_context, broa
     return op
 
 
-_EXPORTED: dict[type, object] = {}  # Function -> its custom op, defined by `exported`
+_EXPORTED: dict[type, Any] = {}  # Function -> its custom op, defined by `exported`
 
 
-def exported(function, name):
+def exported(function: Any, name: str) -> Any:
     """`function` (an op's autograd Function, or its twin without jvp), or while torch.export records for
     training (grad mode on) a stand-in whose `apply` is the custom op `PACKAGE::name` built from it.
     Export inlines a Function's forward, and training the graph would differentiate the forward formula
@@ -140,11 +157,11 @@ def exported(function, name):
 class _Applied:
     """A custom op called as an autograd Function is: `.apply(*args)`."""
 
-    def __init__(self, op):
+    def __init__(self, op: Any) -> None:
         self.apply = op
 
 
-def op_or_function(op, function, *args):
+def op_or_function(op: Any, function: Any, *args: Any) -> Any:
     """What the functional calls, returning what the Function returns: the custom op, or the autograd
     Function it was built from under a torch.func transform or where an argument carries a
     forward-mode tangent (torch has no forward-mode rule for a custom op, and its registered autograd
@@ -152,9 +169,7 @@ def op_or_function(op, function, *args):
     An op with residuals (`define`'s `saving`) is its companion where a gradient will be needed."""
     if not torch.compiler.is_compiling():
         active = torch._C._are_functorch_transforms_active
-        if active() or any(
-            torch.is_tensor(a) and torch.autograd.forward_ad.unpack_dual(a).tangent is not None for a in args
-        ):
+        if active() or any(torch.is_tensor(a) and _tangent(a) is not None for a in args):
             return function.apply
     training = getattr(op, TRAINING, None)
     if training is None:
@@ -164,7 +179,7 @@ def op_or_function(op, function, *args):
     return getattr(op, PADDED)
 
 
-def _refuse_other(qualname, fingerprint):
+def _refuse_other(qualname: str, fingerprint: str) -> None:
     existing = torch._library.custom_ops.OPDEFS.get(qualname)
     if existing is None or getattr(existing, FINGERPRINT, None) == fingerprint:
         return
@@ -176,7 +191,7 @@ def _refuse_other(qualname, fingerprint):
     )
 
 
-def _fresh(result, args):
+def _fresh(result: Any, args: tuple[Any, ...]) -> Any:
     """`result` with no output aliasing an input or another output (a custom op's outputs are new
     tensors): an output sharing storage with an input or an earlier output (an input as it is, a
     view: `x.view_as(x)`, `x.T`) is copied. Storage, not `_is_view`: below autograd no view is
@@ -192,17 +207,17 @@ def _fresh(result, args):
     return tuple(fresh) if isinstance(result, tuple) else fresh[0]
 
 
-def _out_dims(result):
+def _out_dims(result: Any) -> Any:
     return tuple(0 for _ in result) if isinstance(result, tuple) else 0
 
 
-def _broadcast_rule(op):
+def _broadcast_rule(op: Any) -> Callable[..., Any]:
     """vmap of an elementwise op: one call with the batch dimension first, every batched input
     padded to the rank of the others so that it broadcasts in front of all of them. An output has
     the shape of one call on a single sample (found on the meta device): the padding taken out,
     or the batch put in front where the output does not depend on a batched input."""
 
-    def rule(info, in_dims, *args):
+    def rule(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> Any:
         pairs = list(zip(args, in_dims, strict=True))
         rank = max(a.dim() - (d is not None) for a, d in pairs if isinstance(a, torch.Tensor))
         moved = []
@@ -226,10 +241,10 @@ def _broadcast_rule(op):
     return rule
 
 
-def _loop_rule(op):
+def _loop_rule(op: Any) -> Callable[..., Any]:
     """vmap of any op: one call per sample, stacked (a shape-changing op is not batch-agnostic)."""
 
-    def rule(info, in_dims, *args):
+    def rule(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> Any:
         results = []
         for b in range(info.batch_size):
             sample = [a.select(d, b) if d is not None else a for a, d in zip(args, in_dims, strict=True)]
@@ -239,3 +254,7 @@ def _loop_rule(op):
         return (stacked if len(stacked) > 1 or isinstance(result, tuple) else stacked[0]), _out_dims(result)
 
     return rule
+
+
+def _tangent(tensor: torch.Tensor) -> Any:
+    return torch.autograd.forward_ad.unpack_dual(tensor).tangent  # type: ignore[no-untyped-call, unused-ignore]
