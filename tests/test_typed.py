@@ -91,6 +91,7 @@ def _mypy(*paths: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache), "--no-error-summary", *paths]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
 
+
 # The custom_op form, with a residual (`tanh(x)`, from its companion op): the package's
 # `_custom_ops.py` and the generated tests' opcheck are typed too.
 CUSTOM = """
