@@ -32,7 +32,7 @@ def test_generate_exits_with_its_status_output_and_exit_handlers(tmp_path, verbo
     (tmp_path / "specs" / "swish.yaml").write_text((ROOT / "specs" / "swish.yaml").read_text("utf-8"), "utf-8")
     done = _opgen(tmp_path, "generate", "specs/swish.yaml", "-o", "out", *(["-v"] if verbose else []))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.endswith("out: 1 ops, 10 files changed\n"), done.stdout
+    assert done.stdout.endswith("out: 1 ops, 11 files changed\n"), done.stdout
     if verbose:
         assert "out/ops/swish.py: written" in done.stdout
     assert "exit handler ran" in done.stderr
