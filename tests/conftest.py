@@ -88,7 +88,7 @@ def generated_tests(tmp_path: Path, name: str, text: str):
     from opgen.cli import main
 
     specs = tmp_path / "specs"
-    specs.mkdir(exist_ok=True)
+    specs.mkdir(parents=True, exist_ok=True)
     (specs / f"{name}.yaml").write_text(text)
     package = f"pkg_{name}"
     assert main(["generate", str(specs / f"{name}.yaml"), "-o", str(tmp_path / package)]) == 0

@@ -75,6 +75,33 @@ def uniform(generator: torch.Generator, shape: Sequence[int], low: float, high: 
     return (low + (high - low) * values).requires_grad_()
 
 
+# Samplers of the `tests: domain` kinds (Note [domain kinds] in opgen's spec model): each takes the
+# interval the spec's kind gives, draws float64 values, and requires grad.
+def binary(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """0/1 masks, each entry 0 or 1 with even odds."""
+    values = torch.rand(shape, generator=generator, dtype=DTYPE) < 0.5
+    return torch.where(values, high, low).to(DTYPE).requires_grad_()
+
+
+def integer(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Whole numbers from low to high, both included."""
+    values = torch.randint(int(low), int(high) + 1, tuple(shape), generator=generator)
+    return values.to(DTYPE).requires_grad_()
+
+
+def probability(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Rows on the simplex along the last dimension, every entry at least a twentieth of the row's mean."""
+    values = torch.rand(shape, generator=generator, dtype=DTYPE) + 0.05
+    return (values / values.sum(-1, keepdim=True)).requires_grad_()
+
+
+def spd(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Symmetric positive-definite matrices over the last two dimensions: `A @ A.mT / n + I`."""
+    a = torch.rand(shape, generator=generator, dtype=DTYPE) * 2 - 1
+    n = shape[-1]
+    return (a @ a.mT / n + torch.eye(n, dtype=DTYPE)).requires_grad_()
+
+
 @dataclass(frozen=True)
 class OpUnderTest:
     """A generated op as its spec declares it; positions index `inputs` and `outputs`."""
@@ -88,6 +115,7 @@ class OpUnderTest:
     scope: Sequence[str] = ()  # the spec's input, let and output names: the first parameters of an override
     # input position -> its override, evaluated independently
     overrides: dict[int, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    symmetric: Sequence[int] = ()  # spd inputs: gradcheck perturbs them symmetrically
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         return counted(self.functional(*args), len(self.outputs), "the functional")
@@ -170,7 +198,7 @@ def only(
     def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
         for k, tensor in zip(positions, tensors, strict=True):
-            full[k] = tensor
+            full[k] = (tensor + tensor.mT) / 2 if k in op.symmetric else tensor
         outs = op(*full)
         return tuple(outs[k] for k in op.differentiable)
 
