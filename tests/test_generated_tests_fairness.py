@@ -241,3 +241,37 @@ def test_a_bad_domain_declaration_is_a_located_error(tmp_path: Path, capsys, dom
     err = capsys.readouterr().err
     assert re.search(message, err), err
     assert "Traceback" not in err
+
+
+FOCAL_AS_WRITTEN = """\
+name: focal
+inputs:
+  logit: Tensor
+  target: Tensor
+  gamma: float = 2.0
+let:
+  p: sigmoid(logit)
+  pt: target * p + (1 - target) * (1 - p)
+outputs:
+  loss: -(1 - pt) ** gamma * log(pt)
+tests:
+  domain: {target: binary}
+"""
+
+
+def test_a_test_bound_to_fail_is_told_at_generate_time_without_blaming_float32_for_float64s_nan(tmp_path, capsys):
+    """Focal loss as written is log(0) at logit = -1e4 in float64 as in float32: the warning says so, with
+    the ways out; `log(1 + exp(x) + exp(-x))` at ±100 overflows float32 alone, and is told so."""
+    spec = tmp_path / "focal.yaml"
+    spec.write_text(FOCAL_AS_WRITTEN)
+    assert main(["generate", str(spec), "-o", str(tmp_path / "pkg")]) == 0
+    err = capsys.readouterr().err
+    assert f"{spec}:10:9: warning: `loss` is not a finite number in float32 nor in float64 as written" in err, err
+    assert "at logit = -10000" in err and "`tests: extremes: false`" in err and "tests: domain: {logit:" in err
+    cosh = tmp_path / "cosh.yaml"
+    text = "name: lcosh\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x) + exp(-x))\n"
+    cosh.write_text(text + "tests:\n  domain: {x: [-100, 100]}\n")
+    assert main(["generate", str(cosh), "-o", str(tmp_path / "pkg2")]) == 0
+    err = capsys.readouterr().err
+    assert f"{cosh}:5:6: warning: `y` overflows float32 inside the formula, where" in err, err
+    assert "float64" not in err

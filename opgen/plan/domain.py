@@ -133,8 +133,9 @@ def extreme_warnings(
 def _not_finite(what: str, name: str, point: float) -> str:
     return (
         f"{what} at {name} = {point:g}, a row of the generated float32 test at extreme inputs, and opgen knows"
-        " no exact form of the formula that is finite there: write it without the overflow, or set"
-        " `tests: extremes: false`"
+        " no exact form of the formula that is finite there: that test will fail; write the formula without the"
+        f" overflow, declare where `{name}` is meant to be (`tests: domain: {{{name}: [LOW, HIGH]}}`, or a kind such"
+        " as `positive` or `binary`): the test keeps inside it, or set `tests: extremes: false`"
     )
 
 
