@@ -275,3 +275,21 @@ def test_a_test_bound_to_fail_is_told_at_generate_time_without_blaming_float32_f
     err = capsys.readouterr().err
     assert f"{cosh}:5:6: warning: `y` overflows float32 inside the formula, where" in err, err
     assert "float64" not in err
+
+
+CANCELLING = """\
+name: half_root_sum
+inputs:
+  x: Tensor
+outputs:
+  y: (x + sqrt(x * x + 1)) / 2
+"""
+
+
+def test_a_formula_as_written_that_keeps_no_digit_is_no_excuse_for_the_op(tmp_path: Path):
+    """`(x + sqrt(x * x + 1)) / 2` at x = -1e4 is 0 in float32 as written, for an exact 5e-5: an op
+    computing it so fails the accuracy test however inaccurate the written form is."""
+    tests = generated_tests(tmp_path, "half_root_sum", CANCELLING)
+    written = type(tests.OP)(**{**vars(tests.OP), "functional": lambda x: (x + torch.sqrt(x * x + 1)) / 2})
+    with pytest.raises(AssertionError, match="output 0 at x = -10000.0"):
+        tests.harness.check_extremes(written, tests.sample_inputs(), tests.EXTREMES, tests.PLACES, tests.reference)
