@@ -293,3 +293,10 @@ def test_a_formula_as_written_that_keeps_no_digit_is_no_excuse_for_the_op(tmp_pa
     written = type(tests.OP)(**{**vars(tests.OP), "functional": lambda x: (x + torch.sqrt(x * x + 1)) / 2})
     with pytest.raises(AssertionError, match="output 0 at x = -10000.0"):
         tests.harness.check_extremes(written, tests.sample_inputs(), tests.EXTREMES, tests.PLACES, tests.reference)
+
+
+def test_every_domain_kind_prints_back_as_written():
+    from test_spec_yaml import assert_round_trip
+
+    for text in PAPER_OPS.values():
+        assert_round_trip(text)
