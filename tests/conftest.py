@@ -81,6 +81,30 @@ def import_package(path: Path, name: str):
         sys.path.remove(str(path))
 
 
+def generated_tests(tmp_path: Path, name: str, text: str):
+    """The generated test module of the spec `text` (op `name`), in a package `pkg_<name>` under `tmp_path`."""
+    import importlib
+
+    from opgen.cli import main
+
+    specs = tmp_path / "specs"
+    specs.mkdir(parents=True, exist_ok=True)
+    (specs / f"{name}.yaml").write_text(text)
+    package = f"pkg_{name}"
+    assert main(["generate", str(specs / f"{name}.yaml"), "-o", str(tmp_path / package)]) == 0
+    import_package(tmp_path, package)
+    return importlib.import_module(f"{package}.tests.test_{name}")
+
+
+def run_generated_tests(tests) -> list[str]:
+    """Run every `test_*` function of a generated test module; their names."""
+    names = sorted(n for n in vars(tests) if n.startswith("test_"))
+    assert names
+    for name in names:
+        getattr(tests, name)()
+    return names
+
+
 def generate_op(folder: Path, text: str) -> str:
     """The source opgen writes for the spec `text` (named `op`), generated in memory."""
     from opgen.emit.render import Renderer

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, import_package
-
-from opgen.cli import main
+from conftest import ROOT, generated_tests, import_package, run_generated_tests
 
 RMS_NORM = """\
 name: rms_norm
@@ -73,43 +71,24 @@ tests:
 """
 
 
-def _generated_tests(tmp_path: Path, name: str, text: str):
-    """The generated test module of the spec `text` (op `name`), in a package `pkg_<name>`."""
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / f"{name}.yaml").write_text(text)
-    package = f"pkg_{name}"
-    assert main(["generate", str(specs), "-o", str(tmp_path / package)]) == 0
-    import_package(tmp_path, package)
-    return importlib.import_module(f"{package}.tests.test_{name}")
-
-
-def _run_all(tests) -> list[str]:
-    names = sorted(n for n in vars(tests) if n.startswith("test_"))
-    assert names
-    for name in names:
-        getattr(tests, name)()
-    return names
-
-
 def test_module_is_built_with_the_sampled_sizes(tmp_path: Path):
     """`RMSNorm(dim=...)`: `dim` sizes the parameter `weight: Tensor[D]`, so it takes D's sample size."""
-    tests = _generated_tests(tmp_path, "rms_norm", RMS_NORM)
+    tests = generated_tests(tmp_path, "rms_norm", RMS_NORM)
     source = Path(tests.__file__).read_text()
     assert f"RMSNorm(dim={tests.SHAPES['weight'][0]})" in source
-    assert "test_module_matches_functional" in _run_all(tests)
+    assert "test_module_matches_functional" in run_generated_tests(tests)
 
 
 def test_non_tensor_inputs_are_tested_away_from_their_defaults(tmp_path: Path):
-    tests = _generated_tests(tmp_path, "kinds", KINDS)
+    tests = generated_tests(tmp_path, "kinds", KINDS)
     assert tests.VALUES == {"k": 2, "flip": False, "scale": 1.0}
     assert tests.OTHER_VALUES == {"k": 3, "flip": True, "scale": 0.7}  # both bools, another int, not 1.0
-    assert "test_non_tensor_inputs_away_from_their_defaults" in _run_all(tests)
+    assert "test_non_tensor_inputs_away_from_their_defaults" in run_generated_tests(tests)
 
 
 def test_the_other_values_reach_the_op(tmp_path: Path):
     """An op that ignores `scale` passes the tests at the default and fails the one away from it."""
-    tests = _generated_tests(tmp_path, "kinds", KINDS)
+    tests = generated_tests(tmp_path, "kinds", KINDS)
     real = tests.OP.functional
     ignoring = type(tests.OP)(**{**vars(tests.OP), "functional": lambda x, k, flip, scale: real(x, k, flip, 1.0)})
     tests.harness.check_against_reference(ignoring, tests.sample_inputs(), tests.reference)
@@ -121,7 +100,7 @@ def test_the_other_values_reach_the_op(tmp_path: Path):
 def test_float32_extremes_ask_what_float32_can_give(tmp_path: Path, name: str, text: str):
     """Snake at |x| = 1e4 (float32 rounding of `a * x` alone moves the slope by 1e-4) and logit at
     its clamp bounds (`1 - eps` is no float32 number) pass with a correct op."""
-    tests = _generated_tests(tmp_path, name, text)
+    tests = generated_tests(tmp_path, name, text)
     assert tests.EXTREMES
     tests.test_float32_at_extreme_inputs()
 
@@ -129,10 +108,10 @@ def test_float32_extremes_ask_what_float32_can_give(tmp_path: Path, name: str, t
 def test_logit_rows_use_the_float32_bound(tmp_path: Path):
     """Beyond the clamp the exact value is the one at float32(1 - eps); at p = float32(eps) = eps
     the formula has a kink, so that row checks no slope."""
-    tests = _generated_tests(tmp_path, "logit", LOGIT)
+    tests = generated_tests(tmp_path, "logit", LOGIT)
     rows = {point: (values, slope) for _, point, values, slope, _ in tests.EXTREMES}
     q = float(torch.tensor(1 - 1e-6, dtype=torch.float32))
-    (value,), _ = rows[1e4]
+    (value,), _ = rows[1.0]  # the domain's edge, beyond the clamp
     assert abs(value - torch.log(torch.tensor(q / (1 - q), dtype=torch.float64)).item()) < 1e-9
     assert rows[float(torch.tensor(1e-6, dtype=torch.float32))][1] is None
 

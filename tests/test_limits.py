@@ -455,3 +455,79 @@ def test_variance_of_one_entry_without_correction_is_zero(tmp_path):
     want = n.std(correction=0) + n.var(0, correction=0) + x * n
     torch.testing.assert_close(op(x), want)
     torch.testing.assert_close(*(torch.autograd.grad(y.sum(), x)[0] for y in (op(x), want)))
+
+
+# Note: each of these once took time doubling with each level of nesting (a call's arguments walked
+# twice), or recursed as deep as the formula (a long sum as written is as deep as it has terms).
+UNARY = ("sin", "cos", "tanh", "atan", "sigmoid", "erf")
+TORCH_UNARY = (torch.sin, torch.cos, torch.tanh, torch.atan, torch.sigmoid, torch.erf)
+LINEAR_SECONDS = 20  # generous: the machine is shared; each takes a few seconds alone
+
+
+def generate_in_linear_time(tmp_path: Path, text: str, package: str) -> object:
+    spec = tmp_path / "op.yaml"
+    spec.write_text(text, encoding="utf-8")
+    status, _, err, seconds = run(["generate", str(spec), "-o", str(tmp_path / package), "--no-cache"])
+    assert status == 0, err
+    assert seconds < LINEAR_SECONDS, f"took {seconds:.1f} s"
+    return import_package(tmp_path, package).op
+
+
+def chained(x: torch.Tensor, count: int) -> torch.Tensor:
+    for k in range(count):
+        x = TORCH_UNARY[k % len(UNARY)](x)
+    return x
+
+
+def test_a_60_deep_nest_of_unary_functions_generates_in_seconds(tmp_path):
+    formula = "x"
+    for k in range(60):
+        formula = f"{UNARY[k % len(UNARY)]}({formula})"
+    op = generate_in_linear_time(tmp_path, spec_with(formula), "nest_pkg")
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)
+    plain = x.detach().clone().requires_grad_()
+    torch.testing.assert_close(op(x), chained(plain, 60))
+    torch.testing.assert_close(
+        torch.autograd.grad(op(x).sum(), x), torch.autograd.grad(chained(plain, 60).sum(), plain)
+    )
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_a_60_long_let_chain_generates_in_seconds(tmp_path, summed):
+    """Each let a function of the one before (`l59` is 60 calls deep), or the one before plus a term."""
+    step = (lambda k: f"l{k - 1} + sin({k} * x)") if summed else (lambda k: f"{UNARY[k % len(UNARY)]}(l{k - 1})")
+    lets = "  l0: sin(x)\n" + "".join(f"  l{k}: {step(k)}\n" for k in range(1, 60))
+    op = generate_in_linear_time(tmp_path, spec_with("l59", lets=lets), f"lets_pkg_{summed}")
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)
+    plain = x.detach().clone().requires_grad_()
+    if summed:
+        want = sum((torch.sin(k * plain) for k in range(1, 60)), torch.sin(plain))
+    else:
+        want = plain.sin()
+        for k in range(1, 60):
+            want = TORCH_UNARY[k % len(UNARY)](want)
+    torch.testing.assert_close(op(x), want)
+    torch.testing.assert_close(torch.autograd.grad(op(x).sum(), x), torch.autograd.grad(want.sum(), plain))
+
+
+def test_a_200_term_sum_generates_in_seconds(tmp_path):
+    """200 terms as written (the 'formula depth' counts a run of `+` and `-` as one level)."""
+    names = ("x", "y", "z", "w")
+    signs = ["-" if k % 3 == 1 else "+" for k in range(200)]
+    formula = " ".join(f"{s} {names[k % 4]}" for k, s in enumerate(signs))[2:]  # the first term is +
+    inputs = "".join(f"  {n}: Tensor\n" for n in names)
+    op = generate_in_linear_time(tmp_path, f"name: op\ninputs:\n{inputs}outputs:\n  out: {formula}\n", "sum_pkg")
+    args = [torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in names]
+    weights = [sum((1.0 if s == "+" else -1.0) for k, s in enumerate(signs) if k % 4 == j) for j in range(4)]
+    torch.testing.assert_close(op(*args), sum(w * a for w, a in zip(weights, args, strict=True)))
+    for grad, weight in zip(torch.autograd.grad(op(*args).sum(), args), weights, strict=True):
+        torch.testing.assert_close(grad, torch.full((3,), weight, dtype=torch.float64))
+
+
+def test_a_50_term_sum_of_calls_generates_in_seconds(tmp_path):
+    op = generate_in_linear_time(tmp_path, spec_with(" + ".join(f"sin({k} * x)" for k in range(1, 51))), "sines_pkg")
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)
+    want = sum(torch.sin(k * x) for k in range(1, 51))
+    torch.testing.assert_close(op(x), want)
+    (got,) = torch.autograd.grad(op(x).sum(), x)
+    torch.testing.assert_close(got, sum(k * torch.cos(k * x) for k in range(1, 51)))

@@ -43,7 +43,7 @@ OP = harness.OpUnderTest(
 
 
 def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
-    """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
+    """Inputs in spec order; tensors drawn from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -5.0, 5.0),
@@ -128,17 +128,11 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (0.0,), 0.0, "middle"),
-    ("x", -100.0, (0.0,), 0.0, "middle"),
-    ("x", -30.0, (0.0,), 0.0, "middle"),
     ("x", -5.0, (0.0,), 0.0, "middle"),
     ("x", -9.999999974752427e-07, (-4.999998469721117e-07,), 0.49999968156781877, "middle"),
     ("x", 0.0, (0.0,), 0.5000000149011612, "middle"),
     ("x", 9.999999974752427e-07, (5.000001803054533e-07,), 0.5000003482345036, "middle"),
     ("x", 5.0, (5.000000149011612,), 1.0000000298023224, "middle"),
-    ("x", 30.0, (30.00000089406967,), 1.0000000298023224, "middle"),
-    ("x", 100.0, (100.00000298023224,), 1.0000000298023224, "middle"),
-    ("x", 10000.0, (10000.000298023224,), 1.0000000298023224, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

@@ -37,7 +37,7 @@ OP = harness.OpUnderTest(
 
 
 def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
-    """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
+    """Inputs in spec order; tensors drawn from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -6.0, 6.0),
@@ -112,17 +112,11 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-0.0,), 0.0, "middle"),
-    ("x", -100.0, (-3.720075976020836e-42,), -3.682875216260628e-42, "middle"),
-    ("x", -30.0, (-2.807286890651921e-12,), -2.713710660963392e-12, "middle"),
     ("x", -6.0, (-0.014854080479424993,), -0.01235996793178131, "middle"),
     ("x", -9.999999974752427e-07, (-5.999996784851312e-07,), 0.5999993599999536, "middle"),
     ("x", 0.0, (0.0,), 0.6, "middle"),
     ("x", 9.999999974752427e-07, (6.00000318485128e-07,), 0.6000006399999503, "middle"),
     ("x", 6.0, (5.999926634065253,), 1.0001341405062099, "middle"),
-    ("x", 30.0, (30.0,), 1.0, "middle"),
-    ("x", 100.0, (100.0,), 1.0, "middle"),
-    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

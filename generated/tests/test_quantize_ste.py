@@ -58,7 +58,7 @@ OP = harness.OpUnderTest(
 
 
 def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0, values: dict[str, float] = VALUES) -> list[Any]:
-    """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
+    """Inputs in spec order; tensors drawn from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["x"], -5.0, 5.0),
@@ -107,17 +107,11 @@ def test_non_tensor_inputs_away_from_their_defaults() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
-    ("x", -10000.0, (-4.0, -8.0, 0.0), None, "middle"),
-    ("x", -100.0, (-4.0, -8.0, 0.0), None, "middle"),
-    ("x", -30.0, (-4.0, -8.0, 0.0), None, "middle"),
     ("x", -5.0, (-4.0, -8.0, 0.0), None, "middle"),
     ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 0.0, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 5.0, (3.5, 7.0, 0.0), None, "middle"),
-    ("x", 30.0, (3.5, 7.0, 0.0), None, "middle"),
-    ("x", 100.0, (3.5, 7.0, 0.0), None, "middle"),
-    ("x", 10000.0, (3.5, 7.0, 0.0), None, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

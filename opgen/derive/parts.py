@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sympy
 from sympy import Expr
+from sympy.core.function import ArgumentIndexError
 
 from opgen.derive.vjp import tensor_gradient
 from opgen.formula.kinds import is_tensor_valued
@@ -69,10 +70,34 @@ def derive_parts(
             for call in expr.atoms(sympy.Function)
             if call != expr and is_tensor_valued(call, symbols.tensors) and not call.free_symbols & lets
         }
+        known: dict[tuple[Expr, sympy.Symbol], Expr] = {}
+        for call in sorted(calls, key=lambda c: (sympy.count_ops(c, visual=False), sympy.default_sort_key(c))):
+            for _, x in inputs:
+                known[call, x] = _chained(call, x, known)
         for call in sorted(calls, key=sympy.default_sort_key):
-            derivatives = tuple((name, sympy.diff(call, x)) for name, x in inputs)
+            derivatives = tuple((name, known[call, x]) for name, x in inputs)
             found.append(Part(call, _stand_in(len(found)), derivatives, tensor_op=False))
     return tuple(found)
+
+
+def _chained(call: Expr, x: sympy.Symbol, known: dict[tuple[Expr, sympy.Symbol], Expr]) -> Expr:
+    """`sympy.diff(call, x)`, reading the derivatives of `call`'s arguments from `known` where they are
+    there: the chain rule as SymPy's `Function._eval_derivative` applies it, without deriving a nested
+    call again for each call around it (which made the parts of a nest of calls cubic in its depth)."""
+    cheap = [sympy.diff(arg, x) if arg.is_Symbol or not arg.has(x) else None for arg in call.args]
+    slopes = [known.get((arg, x), slope) for arg, slope in zip(call.args, cheap, strict=True)]
+    if type(call)._eval_derivative is not sympy.Function._eval_derivative or any(d is None for d in slopes):
+        return sympy.diff(call, x)
+    terms = []
+    for i, slope in enumerate(slopes, start=1):
+        if slope is None or slope.is_zero:  # (None was sent to sympy.diff above)
+            continue
+        try:
+            terms.append(call.fdiff(i) * slope)
+        except ArgumentIndexError:
+            return sympy.diff(call, x)
+    derivative = sympy.Add(*terms)
+    return sympy.diff(call, x) if derivative.has(sympy.Derivative) else derivative
 
 
 def _stand_in(k: int) -> sympy.Symbol:

@@ -14,6 +14,7 @@ Anything else that is a number (`log(2)`, `erf(1)`) prints as its float64 value.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -203,7 +204,10 @@ def common_factor(expr: sympy.Add, is_tensor: Callable[[sympy.Basic], bool]) -> 
         return None
     common = abs(coefficients[0])
     for c in coefficients[1:]:
-        common = sympy.gcd(common, abs(c))
+        if common == 1:
+            return None
+        # the gcd of two fractions, as sympy.gcd gives it, without its polynomial machinery (slow in a long sum)
+        common = sympy.Rational(math.gcd(common.p, c.p), math.lcm(common.q, c.q))
     if common == 1 or any(not (c / common).is_Integer or abs(c / common) > MULTIPLE for c in coefficients):
         return None
     if sum(1 for t, c in zip(expr.args, coefficients, strict=True) if is_tensor(t) and abs(c) != 1) < 2:

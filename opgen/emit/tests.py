@@ -35,7 +35,7 @@ from opgen.plan.backward import Plan
 from opgen.plan.capture import autocast_policy
 from opgen.plan.extremes import Row, applies, places
 from opgen.spec import quote
-from opgen.spec.model import SAMPLE_VALUES, Formula, Scalar, Spec
+from opgen.spec.model import DISCRETE_KINDS, SAMPLE_VALUES, Formula, Scalar, Spec
 from opgen.spec.names import Namer
 from opgen.spec.native import NATIVE_OPS
 
@@ -214,7 +214,10 @@ def _numbers(spec: Spec, math: str, rows: Sequence[Row]) -> tuple[dict[str, obje
     for inp in spec.inputs:
         if inp.is_tensor:
             low, high = spec.tests.domain_of(inp.name)
-            samples.append({"name": inp.name, "tensor": True, "low": quote.number(low), "high": quote.number(high)})
+            kind = spec.tests.kind_of(inp.name)
+            sampler = "uniform" if kind in ("interval", "positive") else kind  # harness.py's function of that name
+            bounds = {"low": quote.number(low), "high": quote.number(high)}
+            samples.append({"name": inp.name, "tensor": True, "sampler": sampler, **bounds})
         else:
             samples.append({"name": inp.name, "tensor": False})
     extremes = []
@@ -298,8 +301,10 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math, namer))
     overrides = _override_references(spec, names, grads_in, t, torch, math, namer)
     stopped = stopped_inputs(spec)  # gradcheck's finite differences see through a stop-gradient
+    # ... and leave the whole numbers of a discrete input (Note [domain kinds] in opgen/spec/model.py)
     tensor_inputs = [i.name for i in spec.tensor_inputs]
     checked = [n for n in tensor_inputs if spec.override(n) is None]
+    discrete = {n for n in checked if spec.tests.kind_of(n) in DISCRETE_KINDS}
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
@@ -326,7 +331,11 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         shape_error=shape_error(spec),
         tensor_index=[index[n] for n in tensor_inputs],
         checked_index=[index[n] for n in checked],
-        gradchecked=[index[n] for n in checked if n not in stopped] if stopped else None,
+        gradchecked=[index[n] for n in checked if n not in stopped and n not in discrete]
+        if stopped or discrete
+        else None,
+        gradchecked_why=[why for why, names in (("stopped", stopped), ("discrete", discrete)) if names],
+        symmetric=[index[n] for n in tensor_inputs if spec.tests.kind_of(n) == "spd"],
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],

@@ -9,7 +9,6 @@ numbers), every function is PyTorch's own op, and autograd differentiates it.
 from __future__ import annotations
 
 import ast
-import copy
 
 from opgen.formula.syntax import parse_ast
 from opgen.spec.model import Formula
@@ -173,7 +172,11 @@ class _Translate(ast.NodeTransformer):
             size = ast.parse(self.sizes[ast.unparse(node.args[0])], mode="eval").body
             return ast.Call(self._attr("torch.eye"), [size], [ast.keyword("dtype", self._attr("torch.float64"))])
         holds = [self._holds_tensor(a) for a in node.args]
-        visited = [self._condition(a) if name == "where" and k == 0 else self.visit(a) for k, a in enumerate(node.args)]
+        # A condition as a function's argument is a number (`mean(x > 0)`: torch.mean refuses a bool tensor),
+        # but for `where`'s first argument.
+        visited = [
+            self._condition(a) if name == "where" and k == 0 else self._number(a, True) for k, a in enumerate(node.args)
+        ]
         args = [self._tensor(a) for a in visited]
         if name == "where" and args[0] is not visited[0]:
             # A condition of plain numbers (`0 > 1`): a bool tensor, not a float one.
@@ -267,6 +270,29 @@ def drop_names(node: ast.expr, absent: set[str]) -> ast.expr | None:
     return Swap().visit(node)
 
 
+def _copied(tree: ast.expr) -> ast.expr:
+    """A copy of a syntax tree, made without recursion: a long sum as written is as deep as it has
+    terms, deeper than `copy.deepcopy` can go."""
+    copies: dict[int, ast.AST] = {}
+    order: list[ast.AST] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    for node in reversed(order):  # children before their parents
+
+        def fresh(value: object) -> object:
+            if isinstance(value, ast.AST):
+                return copies[id(value)]
+            return [fresh(v) for v in value] if isinstance(value, list) else value
+
+        fields = {name: fresh(value) for name, value in ast.iter_fields(node)}
+        attributes = {name: getattr(node, name) for name in node._attributes if hasattr(node, name)}
+        copies[id(node)] = type(node)(**fields, **attributes)
+    return copies[id(tree)]  # type: ignore[return-value]
+
+
 def reference_tree(
     formula: Formula,
     names: dict[str, str],
@@ -284,7 +310,7 @@ def reference_tree(
     `tensors` the names that hold tensors (`opgen.formula.syntax.holds_tensors`), which decide the tie rule of
     `max` and `min`. `opgen.formula.python_source` prints it.
     """
-    tree = copy.deepcopy(parse_ast(formula))  # the translators below change it in place
+    tree = _copied(parse_ast(formula))  # the translators below change it in place
     if absent:
         dropped = drop_names(tree, absent)
         if dropped is None:

@@ -85,11 +85,16 @@ def _check_size(tree: ast.expr, formula: Formula) -> None:
             if depth > limits.FORMULA_DEPTH.value:
                 hint = "name parts of it with `let`"
                 raise limits.FORMULA_DEPTH.refuse(node_loc(formula, node), f"`{short(formula.text)}` here", depth, hint)
-            depth += 1
-        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+        for child in ast.iter_child_nodes(node):
+            # A run of `+` and `-` is one sum, one level (SymPy's Add is flat): `a + b + c` is 2 levels.
+            stack.append((child, depth if _additive(node) and _additive(child) else depth + 1))
     if count > limits.FORMULA_NODES.value:
         hint = "split it into several `let`s, or the op into several ops"
         raise limits.FORMULA_NODES.refuse(formula.loc, f"`{short(formula.text)}`", count, hint)
+
+
+def _additive(node: ast.AST) -> bool:
+    return isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
 
 
 def short(text: str) -> str:

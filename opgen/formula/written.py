@@ -97,9 +97,9 @@ class Walk:
             return frozenset([Piece(None, (name, name))])
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SHAPED:
             return self.operation(node, node.args[:1])
-        parts = [self.pieces(child) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
-        if isinstance(node, ast.Call):
-            parts = [self.pieces(child) for child in node.args]
+        # A call's pieces are its arguments' (each walked once: a walk of the name too doubles the work per level)
+        children = node.args if isinstance(node, ast.Call) else ast.iter_child_nodes(node)
+        parts = [self.pieces(child) for child in children if isinstance(child, ast.expr)]
         if any(p is None for p in parts):
             return None
         return frozenset().union(*parts)  # type: ignore[arg-type]

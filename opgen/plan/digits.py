@@ -60,6 +60,12 @@ FLOAT32_DIGITS = 7  # float32 holds 7.2 significant decimal digits
 
 # Whether a function's value in the formula went past float32's range (Note [float32 digits]).
 _OVERFLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("overflowed", default=False)
+# The floating-point format modelled: significand bits, largest and half the smallest number. float32,
+# but for the check that a NaN or overflow happens in float64 too (`Digits.not_finite`).
+Format = tuple[int, float, float]
+FLOAT32: Format = (PRECISION, FLOAT32_MAX, FLOAT32_TINY)
+FLOAT64: Format = (53, 1.7976931348623157e308, 2.0**-1074)  # (half of 2**-1074 is no float)
+_FORMAT: contextvars.ContextVar[Format] = contextvars.ContextVar("format", default=FLOAT32)
 
 
 def _single(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,12 +76,13 @@ def _single(function: Callable[..., Any]) -> Callable[..., Any]:
             value = function(*args)
         if not isinstance(value, mpmath.mpf) or not mpmath.isfinite(value):
             return value
-        with mpmath.workprec(PRECISION):
+        precision, largest, tiny = _FORMAT.get()
+        with mpmath.workprec(precision):
             value = +value  # rounded to the working precision
-        if abs(value) > FLOAT32_MAX:  # IEEE: ±inf, which later calls may take back (exp(-inf) = 0)
+        if abs(value) > largest:  # IEEE: ±inf, which later calls may take back (exp(-inf) = 0)
             _OVERFLOWED.set(True)
             return mpmath.inf if value > 0 else -mpmath.inf
-        return value if abs(value) >= FLOAT32_TINY else mpmath.mpf(0)
+        return value if abs(value) >= tiny else mpmath.mpf(0)
 
     return call
 
@@ -138,21 +145,24 @@ def float32_value(function: Callable[..., Any], args: list[Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _in_float32(function: Callable[..., Any], args: list[Any]) -> Any:
-    """`function` in float32 at `args`: its value, or what keeps it from being a finite float32 number."""
+def _in_float32(function: Callable[..., Any], args: list[Any], form: Format = FLOAT32) -> Any:
+    """`function` in float32 (or `form`) at `args`: its value, or what keeps it from being a finite number."""
     token = _OVERFLOWED.set(False)
+    format_token = _FORMAT.set(form)
+    name = "float32" if form == FLOAT32 else "float64"
     try:
-        with mpmath.workprec(PRECISION):
+        with mpmath.workprec(form[0]):
             value = function(*args)
     except MPMATH_ERRORS:
         value = mpmath.nan
     finally:
         overflowed = _OVERFLOWED.get()
         _OVERFLOWED.reset(token)
+        _FORMAT.reset(format_token)
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
-        return "overflows float32 inside the formula" if overflowed else "is not a finite number in float32"
-    if abs(value) > FLOAT32_MAX:
-        return "overflows float32"
+        return f"overflows {name} inside the formula" if overflowed else f"is not a finite number in {name}"
+    if abs(value) > form[1]:
+        return f"overflows {name}"
     return value
 
 
@@ -257,4 +267,6 @@ class Digits:
         computed = self.computed
         if computed is not None and not isinstance(_in_float32(computed[k], args), str):
             return None
+        if isinstance(_in_float32(self.written[k], args, FLOAT64), str):  # no fault of float32's
+            written = "is not a finite number in float32 nor in float64 as written"
         return f"{written}, where its exact value is {float(exact):.6g},"

@@ -34,7 +34,7 @@ from opgen.plan.extremes import (
     places,
 )
 from opgen.plan.slopes import Slopes, finite_at, quick_model
-from opgen.spec.model import Spec
+from opgen.spec.model import DISCRETE_KINDS, Spec
 
 GRID = 9  # interior points per Tensor input: low + (high - low) * (j + 1/2) / GRID
 
@@ -56,9 +56,12 @@ def domain_warnings(
         if not inp.is_tensor:
             continue
         low, high = spec.tests.domain_of(inp.name)
-        given = any(n == inp.name for n, _, _ in spec.tests.domain)
-        domain = f"[{low:g}, {high:g}]" + ("" if given else ", the default")
+        kind = spec.tests.kind_of(inp.name)
+        domain = f"[{low:g}, {high:g}]" + ("" if spec.tests.declared(inp.name) else ", the default")
+        domain = domain if kind == "interval" else f"{kind}, {domain}"
         grid = [float32(low + (high - low) * (j + 0.5) / GRID) for j in range(GRID)]
+        if kind in DISCRETE_KINDS:  # the whole numbers the samples take
+            grid = sorted({float(round(point)) for point in grid})
         base = input_arguments(spec, middle)
         for o, (output, function) in enumerate(zip(spec.outputs, compiled.outputs, strict=True)):
             undefined = lost = False
@@ -130,8 +133,9 @@ def extreme_warnings(
 def _not_finite(what: str, name: str, point: float) -> str:
     return (
         f"{what} at {name} = {point:g}, a row of the generated float32 test at extreme inputs, and opgen knows"
-        " no exact form of the formula that is finite there: write it without the overflow, or set"
-        " `tests: extremes: false`"
+        " no exact form of the formula that is finite there: that test will fail; write the formula without the"
+        f" overflow, declare where `{name}` is meant to be (`tests: domain: {{{name}: [LOW, HIGH]}}`, or a kind such"
+        " as `positive` or `binary`): the test keeps inside it, or set `tests: extremes: false`"
     )
 
 

@@ -9,7 +9,8 @@ the inputs where naive float formulas fail: ±1e4, ±100, ±30, ±1e-6, 0 and th
 the input's test domain. One Tensor input moves at a time; the others sit in the middle
 of their domains, and (with several Tensor inputs) all at the low and all at the high edge
 too, where a loss meets its saturated cases (a target of 0 or 1 with logits of ±100):
-`place` names which (`places`). Points are rounded to float32 first, so a row is exact for
+`place` names which (`places`). An input whose `tests: domain` is declared is swept only
+inside it (`swept`). Points are rounded to float32 first, so a row is exact for
 the input the test really passes. A row is kept only where every exact value is a real
 number float32 can hold; `slope` (the derivative of the sum of the differentiable outputs)
 is None where it is not, or where the gradient is an override.
@@ -30,7 +31,7 @@ from sympy.printing.pycode import MpmathPrinter
 from opgen.derive.gradients import Derived
 from opgen.formula import functions as fn
 from opgen.formula.syntax import is_elementwise, stopped_inputs
-from opgen.spec.model import Spec
+from opgen.spec.model import DISCRETE_KINDS, Spec
 
 POINTS = (-1e4, -100.0, -30.0, -1e-6, 0.0, 1e-6, 30.0, 100.0, 1e4)
 DIGITS = 50
@@ -56,7 +57,7 @@ def places(spec: Spec) -> dict[str, dict[str, float]]:
     """Where the Tensor inputs that do not move sit: mid-domain, and with several Tensor
     inputs also all at the low or all at the high edge of their domains."""
     domains = {i.name: spec.tests.domain_of(i.name) for i in spec.tensor_inputs}
-    found = {"middle": {n: float32((low + high) / 2) for n, (low, high) in domains.items()}}
+    found = {"middle": {n: float32(spec.tests.middle_of(n)) for n in domains}}
     if len(domains) > 1:
         found["low"] = {n: float32(low) for n, (low, _) in domains.items()}
         found["high"] = {n: float32(high) for n, (_, high) in domains.items()}
@@ -74,13 +75,24 @@ def extreme_rows(spec: Spec, written: Derived | None, oracle: Oracle | None = No
     for k, inp in enumerate(spec.inputs):
         if not inp.is_tensor:
             continue
-        low, high = spec.tests.domain_of(inp.name)
         for place, values in arguments.items():
-            for point in sorted({float32(p) for p in (*POINTS, low, high)}):
+            for point in swept(spec, inp.name):
                 row = _row(compiled, inp.name, point, [*values[:k], mpf(point), *values[k + 1 :]])
                 if row is not None:
                     rows.append((*row, place))
     return rows
+
+
+def swept(spec: Spec, name: str) -> list[float]:
+    """The points input `name` takes in the rows: POINTS and its domain's edges, inside the domain the
+    spec declares (a target declared in [0, 1] is never tested at -1e4), whole numbers alone for a
+    discrete kind (Note [domain kinds] in opgen/spec/model.py)."""
+    low, high = spec.tests.domain_of(name)
+    meant_low, meant_high = spec.tests.meant_range(name)
+    points = {float32(p) for p in (*POINTS, low, high) if meant_low <= p <= meant_high}
+    if spec.tests.kind_of(name) in DISCRETE_KINDS:
+        points = {p for p in points if p == int(p)}
+    return sorted(points)
 
 
 # Note [runaway magnitudes]

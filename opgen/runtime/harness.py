@@ -39,6 +39,16 @@ def fit_to(value: torch.Tensor | float, shape: torch.Size) -> torch.Tensor:
     return value.expand(shape_of_both).sum_to_size(shape)
 
 
+# Note [NaN alike]
+# A NaN where the reference (or the loop, or PyTorch's op) has NaN too is agreement: every
+# check compares through `close`, so no check fails on a NaN another accepts. Where the
+# gradient of the plain formula is NaN only because a `where` branch not taken is undefined,
+# the op must be finite instead (`check_gradient`).
+def close(actual: torch.Tensor, expected: torch.Tensor, **options: Any) -> None:
+    """`torch.testing.assert_close` with NaN equal to NaN (Note [NaN alike])."""
+    torch.testing.assert_close(actual, expected, equal_nan=True, **options)
+
+
 def as_tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
 
@@ -64,6 +74,33 @@ def uniform(generator: torch.Generator, shape: Sequence[int], low: float, high: 
     return (low + (high - low) * values).requires_grad_()
 
 
+# Samplers of the `tests: domain` kinds (Note [domain kinds] in opgen's spec model): each takes the
+# interval the spec's kind gives, draws float64 values, and requires grad.
+def binary(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """0/1 masks, each entry 0 or 1 with even odds."""
+    values = torch.rand(shape, generator=generator, dtype=DTYPE) < 0.5
+    return torch.where(values, high, low).to(DTYPE).requires_grad_()
+
+
+def integer(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Whole numbers from low to high, both included."""
+    values = torch.randint(int(low), int(high) + 1, tuple(shape), generator=generator)
+    return values.to(DTYPE).requires_grad_()
+
+
+def probability(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Rows on the simplex along the last dimension, every entry at least a twentieth of the row's mean."""
+    values = torch.rand(shape, generator=generator, dtype=DTYPE) + 0.05
+    return (values / values.sum(-1, keepdim=True)).requires_grad_()
+
+
+def spd(generator: torch.Generator, shape: Sequence[int], low: float, high: float) -> torch.Tensor:
+    """Symmetric positive-definite matrices over the last two dimensions: `A @ A.mT / n + I`."""
+    a = torch.rand(shape, generator=generator, dtype=DTYPE) * 2 - 1
+    n = shape[-1]
+    return (a @ a.mT / n + torch.eye(n, dtype=DTYPE)).requires_grad_()
+
+
 @dataclass(frozen=True)
 class OpUnderTest:
     """A generated op as its spec declares it; positions index `inputs` and `outputs`."""
@@ -77,6 +114,7 @@ class OpUnderTest:
     scope: Sequence[str] = ()  # the spec's input, let and output names: the first parameters of an override
     # input position -> its override, evaluated independently
     overrides: dict[int, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    symmetric: Sequence[int] = ()  # spd inputs: gradcheck perturbs them symmetrically
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         return counted(self.functional(*args), len(self.outputs), "the functional")
@@ -124,7 +162,7 @@ def check_against_reference(op: OpUnderTest, args: Args, reference: Reference) -
     outs = op(*args)
     values = reference(*args)
     for name, out in zip(op.outputs, outs, strict=True):
-        torch.testing.assert_close(out, values[name].to(out.dtype).expand_as(out), msg=prefixed(name))
+        close(out, values[name].to(out.dtype).expand_as(out), msg=prefixed(name))
     grads_out = incoming_gradients(op, outs)
     present = op.present(args)
     expected = expected_gradients(op, args, reference, grads_out)
@@ -148,7 +186,7 @@ def check_gradient(name: str, grad: torch.Tensor, expected: torch.Tensor, shape:
     # the op must stay finite there (gradcheck checks its value).
     naive = ~torch.isfinite(expected)
     assert torch.isfinite(grad[naive]).all(), f"gradient of {name} is not finite"
-    torch.testing.assert_close(grad[~naive], expected[~naive], msg=prefixed(f"gradient of {name}"))
+    close(grad[~naive], expected[~naive], msg=prefixed(f"gradient of {name}"))
 
 
 def only(
@@ -159,7 +197,7 @@ def only(
     def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         full = list(args)
         for k, tensor in zip(positions, tensors, strict=True):
-            full[k] = tensor
+            full[k] = (tensor + tensor.mT) / 2 if k in op.symmetric else tensor
         outs = op(*full)
         return tuple(outs[k] for k in op.differentiable)
 
@@ -216,7 +254,7 @@ def check_jvp(op: OpUnderTest, args: Args, reference: Reference) -> None:
         name, expected = op.outputs[k], wanted.to(tangent.dtype).expand_as(tangent)
         naive = ~torch.isfinite(expected)  # as in check_gradient
         assert torch.isfinite(tangent[naive]).all(), f"tangent of {name} is not finite"
-        torch.testing.assert_close(tangent[~naive], expected[~naive], msg=prefixed(f"tangent of {name}"))
+        close(tangent[~naive], expected[~naive], msg=prefixed(f"tangent of {name}"))
 
 
 def check_function_apply(op: OpUnderTest, function: Applied, args: Args, residuals: int = 0) -> None:
@@ -224,7 +262,7 @@ def check_function_apply(op: OpUnderTest, function: Applied, args: Args, residua
     functional returns the outputs alone, equal to apply's."""
     got = counted(function.apply(*args), len(op.outputs) + residuals, "Function.apply")
     for name, a, b in zip(op.outputs, got[: len(op.outputs)], op(*args), strict=True):
-        torch.testing.assert_close(a, b, msg=prefixed(name))
+        close(a, b, msg=prefixed(name))
 
 
 def check_autocast(op: OpUnderTest, args: Args, policy: str | None, native: Callable[..., Any] | None = None) -> None:
@@ -245,7 +283,7 @@ def check_autocast(op: OpUnderTest, args: Args, policy: str | None, native: Call
         dtype = low if policy == "lower" else torch.float32
         for k in op.differentiable:
             assert outs[k].dtype == dtype, f"{op.outputs[k]}: {outs[k].dtype} under {device} autocast, not {dtype}"
-            torch.testing.assert_close(outs[k].float(), want[k].float(), rtol=0.05, atol=0.05)
+            close(outs[k].float(), want[k].float(), rtol=0.05, atol=0.05)
         if theirs is not None and op.differentiable:
             assert outs[op.differentiable[0]].dtype == theirs.dtype, "PyTorch's own op has another dtype"
 
@@ -287,7 +325,7 @@ def check_against_native(op: OpUnderTest, args: Args, native: Callable[..., torc
     """The first output and its derived gradients equal PyTorch's own op's."""
     out = op(*args)[0]
     expected = native(*args)
-    torch.testing.assert_close(out, expected)
+    close(out, expected)
     checked = [args[k] for k in op.checked]
     if not checked:
         return  # every gradient is an override, meant to differ from the op's
@@ -295,7 +333,7 @@ def check_against_native(op: OpUnderTest, args: Args, native: Callable[..., torc
     got = torch.autograd.grad(out, checked, grad_out, allow_unused=True, materialize_grads=True)
     want = torch.autograd.grad(expected, checked, grad_out, allow_unused=True, materialize_grads=True)
     for k, a, b in zip(op.checked, got, want, strict=True):
-        torch.testing.assert_close(a, b, msg=prefixed(f"gradient of {op.inputs[k]}"))
+        close(a, b, msg=prefixed(f"gradient of {op.inputs[k]}"))
 
 
 def check_saved(
@@ -328,7 +366,7 @@ def check_module(module: torch.nn.Module, op: OpUnderTest, forward_args: Args, f
     """The module equals the functional on its parameters, and every parameter gets a gradient."""
     got = counted(module(*forward_args), len(op.outputs), "the module")
     for a, b in zip(got, op(*full_args), strict=True):
-        torch.testing.assert_close(a, b)
+        close(a, b)
     torch.autograd.backward(torch.stack([got[k].sum() for k in op.differentiable]).sum())
     for name, param in module.named_parameters():
         assert param.grad is not None and param.grad.shape == param.shape, name
@@ -351,4 +389,4 @@ def check_vmap(op: OpUnderTest, samples: Sequence[Args]) -> None:
     rows = [call(*(s[k] for k in present)) for s in samples]
     for j, name in enumerate(op.outputs):
         want = torch.stack([row[j] for row in rows])
-        torch.testing.assert_close(got[j], want, msg=prefixed(f"vmap of {name}"))
+        close(got[j], want, msg=prefixed(f"vmap of {name}"))

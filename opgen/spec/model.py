@@ -153,8 +153,51 @@ class TestConfig:
     extremes: bool = True  # the float32 accuracy test at extreme inputs (`opgen.plan.extremes`)
     native_loc: Loc | None = field(default=None, compare=False)  # where `tests.native` is written
 
+    # input -> its domain kind (Note [domain kinds]); an input not named here is drawn from its interval
+    kinds: tuple[tuple[str, str], ...] = ()
+
     def domain_of(self, name: str) -> tuple[float, float]:
+        """Where the samples of `name` are drawn: its interval, or its kind's (Note [domain kinds])."""
         return next(((lo, hi) for n, lo, hi in self.domain if n == name), (-3.0, 3.0))
+
+    def kind_of(self, name: str) -> str:
+        return dict(self.kinds).get(name, "interval")
+
+    def declared(self, name: str) -> bool:
+        return any(n == name for n, _, _ in self.domain)
+
+    def meant_range(self, name: str) -> tuple[float, float]:
+        """Where the op is meant to be evaluated at `name`, which the tests at extreme inputs keep to:
+        the declared interval (or the kind's), everywhere when no domain is declared."""
+        if not self.declared(name):
+            return (-math.inf, math.inf)
+        kind = self.kind_of(name)
+        return (0.0, math.inf) if kind == "positive" else self.domain_of(name)
+
+    def middle_of(self, name: str) -> float:
+        """A typical value of `name`: mid-domain, a whole number for a discrete kind."""
+        low, high = self.domain_of(name)
+        middle = (low + high) / 2
+        return float(math.ceil(middle)) if self.kind_of(name) in DISCRETE_KINDS else middle
+
+
+# Note [domain kinds]
+# ~~~~~~~~~~~~~~~~~~~
+# An extension of `tests: domain` (docs/spec-format.md): besides `[low, high]`, an input may be
+# `binary` (0/1 masks), `integer` or `{integer: [low, high]}` (whole numbers, 0 to 10 by default),
+# `positive` (drawn from [0.1, 3]; the tests at extreme inputs sweep every positive point),
+# `probability` (rows on the simplex along the last dimension) or `spd` (symmetric
+# positive-definite matrices over the last two dimensions). A discrete input (binary, integer) is
+# checked against the reference's autograd but not by gradcheck, whose finite differences would
+# leave the whole numbers; gradcheck perturbs an spd input symmetrically (it sees `(A + A.mT) / 2`).
+DOMAIN_KINDS: dict[str, tuple[float, float]] = {
+    "binary": (0.0, 1.0),
+    "integer": (0.0, 10.0),
+    "positive": (0.1, 3.0),
+    "probability": (0.0, 1.0),
+    "spd": (-3.0, 3.0),
+}
+DISCRETE_KINDS = ("binary", "integer")
 
 
 FORMS = ("function", "custom_op")  # Note [custom_op form] in opgen/emit/custom_op.py

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from opgen.errors import Loc, Problems, SpecError
 from opgen.spec.load import Raw, RawList, RawMap, RawScalar
-from opgen.spec.model import Input, Scalar, TestConfig
+from opgen.spec.model import DOMAIN_KINDS, Input, Scalar, TestConfig
 from opgen.spec.native import NATIVE_OPS
 from opgen.spec.parse_common import check_keys, int_list, need_map, number, scalar_default, suggest
 
@@ -24,7 +24,9 @@ def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -
     check_keys(mapping, TEST_KEYS, "tests", problems)
     by_name = {i.name: i for i in spec_inputs}
     dims = {d for i in spec_inputs if i.type.dims for d in i.type.dims}
-    domain = _each(mapping.get("domain"), "tests.domain", problems, lambda *entry: _domain(by_name, *entry))
+    declared = _each(mapping.get("domain"), "tests.domain", problems, lambda *entry: _domain(by_name, *entry))
+    domain = tuple((name, low, high) for name, low, high, _ in declared)
+    kinds = tuple((name, kind) for name, _, _, kind in declared if kind != "interval")
     shapes = _each(mapping.get("shapes"), "tests.shapes", problems, lambda *entry: _shape(by_name, dims, *entry))
     with problems.collect():
         _one_size_each(mapping.get("shapes"), dict(shapes), by_name)
@@ -35,7 +37,7 @@ def parse_tests(node: Raw, spec_inputs: tuple[Input, ...], problems: Problems) -
     extremes = _flag(mapping.get("extremes"), "tests.extremes", problems)
     written = mapping.get("native")
     native_loc = written.loc if written is not None else None
-    return TestConfig(domain, shapes, values, gradgrad, points, native, extremes, native_loc)
+    return TestConfig(domain, shapes, values, gradgrad, points, native, extremes, native_loc, kinds)
 
 
 def _flag(node: Raw | None, what: str, problems: Problems) -> bool:
@@ -62,15 +64,50 @@ def _each(node: Raw | None, what: str, problems: Problems, read: Callable[[str, 
     return tuple(found)
 
 
-def _domain(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple[str, float, float]:
+def _domain(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple[str, float, float, str]:
+    """`[low, high]`, or a kind (Note [domain kinds] in opgen/spec/model.py): (name, low, high, kind)."""
     if name not in by_name or not by_name[name].is_tensor:
         raise SpecError(loc, f"tests.domain: '{name}' is not a Tensor input")
+    if isinstance(value, RawScalar) and isinstance(value.value, str):
+        return (name, *_kind(by_name[name], value.value, value.loc))
+    if isinstance(value, RawMap) and [key for key, _, _ in value.entries] == ["integer"]:
+        (_, _, bounds), *_ = value.entries
+        low, high = _interval(name, bounds)
+        if low != int(low) or high != int(high):
+            raise SpecError(bounds.loc, f"tests.domain.{name}: integer bounds must be whole numbers, e.g. [0, 10]")
+        return (name, low, high, "integer")
+    return (name, *_interval(name, value), "interval")
+
+
+def _interval(name: str, value: Raw) -> tuple[float, float]:
     if not isinstance(value, RawList) or len(value.items) != 2:
-        raise SpecError(value.loc, f"tests.domain.{name} must be [low, high]")
+        kinds = ", ".join(DOMAIN_KINDS)
+        raise SpecError(
+            value.loc, f"tests.domain.{name} must be [low, high], or one of {kinds}, or {{integer: [low, high]}}"
+        )
     low, high = (number(v, f"tests.domain.{name}", finite=True) for v in value.items)
     if not low < high:
         raise SpecError(value.loc, f"tests.domain.{name}: low ({low}) must be below high ({high})")
-    return (name, low, high)
+    return low, high
+
+
+def _kind(inp: Input, kind: str, loc: Loc) -> tuple[float, float, str]:
+    """The sampling interval of a named domain kind, checked against the input's declared dimensions."""
+    if kind not in DOMAIN_KINDS:
+        hint = suggest(kind, tuple(DOMAIN_KINDS))
+        raise SpecError(loc, f"tests.domain.{inp.name}: unknown domain kind '{kind}'{hint}, or an interval [low, high]")
+    dims = [d for d in inp.type.dims or () if d != "..."]
+    if kind == "spd" and (len(dims) < 2 or dims[-1] != dims[-2]):
+        raise SpecError(
+            loc,
+            f"tests.domain.{inp.name}: spd matrices are square over the last two dimensions, but '{inp.name}' is"
+            f" `{inp.type}`; declare it as `Tensor[..., N, N]`",
+        )
+    if kind == "probability" and inp.type.dims is not None and not dims:
+        raise SpecError(
+            loc, f"tests.domain.{inp.name}: probability rows run along the last dimension, but '{inp.name}' has none"
+        )
+    return (*DOMAIN_KINDS[kind], kind)
 
 
 def _shape(by_name: dict[str, Input], dims: set[str], name: str, loc: Loc, value: Raw) -> tuple[str, tuple[int, ...]]:

@@ -94,6 +94,14 @@ def _module(module: Module) -> list[str]:
     return lines
 
 
+def _domain(kind: str, low: float, high: float) -> str:
+    """A `tests.domain` entry as written: an interval, a kind, or an integer range (Note [domain kinds])."""
+    interval = f"[{number(low)}, {number(high)}]"
+    if kind == "integer":
+        return f"{{integer: {interval}}}"
+    return interval if kind == "interval" else kind
+
+
 def _tests(spec: Spec) -> list[tuple[str, str]]:
     """The `tests:` entries, each a one-line flow mapping."""
     tests = spec.tests
@@ -102,7 +110,7 @@ def _tests(spec: Spec) -> list[tuple[str, str]]:
     dims = {d for i in spec.inputs if i.type.dims for d in i.type.dims}
     entries: list[tuple[str, str]] = []
     parts = {
-        "domain": [(n, f"[{number(low)}, {number(high)}]") for n, low, high in tests.domain],
+        "domain": [(n, _domain(tests.kind_of(n), low, high)) for n, low, high in tests.domain],
         "shapes": [(n, str(s[0]) if n in dims else _list(s)) for n, s in tests.shapes],
         "values": [(n, number(v)) for n, v in tests.values],
         "points": [(n, _list(row)) for n, row in tests.points],
