@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._library.custom_ops
 
 FINGERPRINT = "_opgen_fingerprint"  # the CustomOpDef attribute naming the generated module's text
 
