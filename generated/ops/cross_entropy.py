@@ -23,7 +23,7 @@ class CrossEntropyFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target = inputs
         loss, saved_log_softmax = output
-        ctx.save_for_backward(target, saved_log_softmax)
+        ctx.save_for_backward(target if ctx.needs_input_grad[0] else None, saved_log_softmax)
         ctx.N = input.shape[-2]
         ctx.loss_shape = loss.shape
         ctx.save_for_forward(input, target, loss, saved_log_softmax)

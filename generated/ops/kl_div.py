@@ -23,7 +23,7 @@ class KlDivFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target = inputs
         loss = output
-        ctx.save_for_backward(input, target)
+        ctx.save_for_backward(input if ctx.needs_input_grad[1] else None, target)
         ctx.N = input.shape[-2]
         ctx.save_for_forward(input, target, loss)
 

@@ -25,7 +25,7 @@ class LabelSmoothingCeFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target, smoothing = inputs
         loss, saved_log_softmax = output
-        ctx.save_for_backward(target, saved_log_softmax)
+        ctx.save_for_backward(target if ctx.needs_input_grad[0] else None, saved_log_softmax)
         ctx.smoothing = smoothing
         ctx.C = input.shape[-1]
         ctx.N = input.shape[-2]

@@ -111,6 +111,9 @@ class Plan:
     # The statements of backward and jvp that one backward kernel computes, with its node (opgen.plan.kernel_calls).
     kernels: tuple[tuple[Expr, Expr], ...] = ()
     jvp_is_backward: bool = False  # Note [a diagonal Jacobian]
+    # Saved tensors only some gradients read, with the inputs whose gradients read them (Note [saved for
+    # the gradients that read it]).
+    saved_for: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def block(self, key: Expr) -> Block:
         """The block of a forward statement's value, a kernel node or a primitive's derivative."""
@@ -434,9 +437,16 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
     saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
     saved += [r.name for r in residuals if r.symbol in used]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
+    saved_for = () if varies or spec.optimize.fuse else _saved_for(derived, backward[-1], tuple(saved), residuals)
+    unsure = {name for name, _ in saved_for}  # saved or not by needs_input_grad: the shape kept on ctx
     shapes = tuple(
         sorted(
-            {g.input for bp in backward for g in bp.grads if (g.reduce or g.expand) and g.input not in saved},
+            {
+                g.input
+                for bp in backward
+                for g in bp.grads
+                if (g.reduce or g.expand) and g.input not in set(saved) - unsure
+            },
             key=index_of.__getitem__,
         )
     )
@@ -465,6 +475,43 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         blocks=blocks,
         jvp_is_backward=_jvp_is_backward(derived, backward, residuals, forward),
         kernels=kernel_calls(_statements(derived, residuals, backward, forward)) if spec.optimize.lower else (),
+        saved_for=saved_for,
+    )
+
+
+def _saved_for(
+    derived: Derived, bp: BackwardPlan, saved: tuple[str, ...], residuals: tuple[Residual, ...]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Note [saved for the gradients that read it]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Each gradient runs under `ctx.needs_input_grad` (`GradPlan.index`), and so do the temporaries
+    of the gradients that read them (`TempGroup.users`). A saved input or output that only some
+    gradients read is saved only when one of them is needed, `ctx.needs_input_grad` being known in
+    `setup_context` already: `kl_div(input, target)` with a target that needs no gradient keeps
+    `target` alone, `input` being read by the target's gradient only -- half the bytes plain
+    autograd of `x * w` keeps for a `w` without a gradient too. A gradient summed or expanded to its
+    input's shape reads that shape from `ctx` (`Plan.shapes`), not from the input. Residuals, what a
+    residual is recomputed from, and specs whose backward branches on its variants or is compiled
+    (`fuse`) save unconditionally."""
+    symbols = derived.symbols
+    tensors = {n: s for n, s in (*symbols.inputs.items(), *symbols.outputs.items()) if n in saved}
+    fixed = {r.name for r in residuals} | {str(s) for r in residuals for s in r.expr.free_symbols}
+    fixed |= {n for n, s in tensors.items() if any(s in r.expr.free_symbols for r in residuals)}
+    readers: dict[str, set[str]] = {n: set() for n in tensors}
+    for grad in bp.grads:
+        used = set().union(*(c.factor.free_symbols for c in grad.contributions))
+        used |= {s for g in bp.groups if grad.input in g.users for t in g.temps for s in t.expr.free_symbols}
+        for name, symbol in tensors.items():
+            if symbol in used:
+                readers[name].add(grad.input)
+        if grad.input in readers and (grad.separate or not grad.contributions):
+            readers[grad.input].add(grad.input)  # its shape fits these (Note [gradient shapes])
+    every = {g.input for g in bp.grads}
+    order = [g.input for g in bp.grads]
+    return tuple(
+        (name, tuple(sorted(readers[name], key=order.index)))
+        for name in saved
+        if name in readers and name not in fixed and readers[name] and readers[name] != every
     )
 
 
