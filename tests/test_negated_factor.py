@@ -1,0 +1,78 @@
+"""A negated product negates its smallest factor, not the product (Note [negating the smallest factor]
+in opgen/emit/printer.py): `-(alpha * grad)` was a product and a negation, two passes over the
+tensor; counted with the work benchmark's counter, and checked against plain autograd of the same
+formula in float64 (gradcheck, gradgradcheck)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import import_package
+
+from benchmarks import work
+from opgen.cli import main
+
+OPS = {
+    # name: (inputs, formula, plain torch, Tensor input shapes)
+    "neg_scaled": ("x: Tensor\n  alpha: float = 0.5", "-(alpha * x)", lambda x, a: -(a * x), [(64, 300)]),
+    "neg_mean_product": (
+        "input: Tensor[N, C]\n  target: Tensor[N, C]",
+        "-sum(target * input) / N",
+        lambda i, t: -(t * i).sum() / i.shape[0],
+        [(64, 300), (64, 300)],
+    ),
+    "neg_rowwise": (
+        "x: Tensor[N, C]\n  w: Tensor[N, C]",
+        "-sum(w * x, dim=-1)",
+        lambda x, w: -(w * x).sum(-1),
+        [(64, 300), (64, 300)],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    root = tmp_path_factory.mktemp("negated")
+    (root / "specs").mkdir()
+    for name, (inputs, formula, _, _) in OPS.items():
+        text = f"name: {name}\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n"
+        (root / "specs" / f"{name}.yaml").write_text(text, encoding="utf-8")
+    assert main(["generate", str(root / "specs"), "-o", str(root / "neg_ops"), "--no-cache"]) == 0
+    return import_package(root, "neg_ops")
+
+
+def _args(name: str, dtype: torch.dtype) -> list[object]:
+    generator = torch.Generator().manual_seed(0)
+    shapes = OPS[name][3]
+    tensors = [torch.randn(s, generator=generator, dtype=dtype).requires_grad_() for s in shapes]
+    return [*tensors, 0.5] if name == "neg_scaled" else tensors
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_one_pass_per_gradient_and_no_negation_of_a_full_tensor(ops, name):
+    op = getattr(ops, name)
+    args = _args(name, torch.float32)
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    counted = work.count_work(getattr(ops.ops, name).__dict__[_function(name)].apply, args)
+    # one multiplication sweeping the data per gradient; negations only of numbers or one-element tensors
+    assert counted.passes == len(inputs), counted.names
+    assert work.count_work(op, args).passes == len(inputs)
+
+
+def _function(name: str) -> str:
+    return "".join(part.title() for part in name.split("_")) + "Function"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_gradients_are_plain_autograds(ops, name):
+    op, plain = getattr(ops, name), OPS[name][2]
+    args = _args(name, torch.float64)
+    small = [a[:3, :4].detach().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+    inputs = [a for a in small if isinstance(a, torch.Tensor)]
+    y, want = op(*small), plain(*small)
+    torch.testing.assert_close(y, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(y, inputs, g), torch.autograd.grad(want, inputs, g))
+    rest = small[len(inputs) :]
+    assert torch.autograd.gradcheck(lambda *ts: op(*ts, *rest), inputs)
+    assert torch.autograd.gradgradcheck(lambda *ts: op(*ts, *rest), inputs)
