@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import import_package
+from conftest import generate_specs
 
 from benchmarks import work
-from opgen.cli import main
 
 OPS = {
     # name: (inputs, formula, plain torch, Tensor input shapes)
@@ -32,13 +31,11 @@ OPS = {
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    root = tmp_path_factory.mktemp("negated")
-    (root / "specs").mkdir()
-    for name, (inputs, formula, _, _) in OPS.items():
-        text = f"name: {name}\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n"
-        (root / "specs" / f"{name}.yaml").write_text(text, encoding="utf-8")
-    assert main(["generate", str(root / "specs"), "-o", str(root / "neg_ops"), "--no-cache"]) == 0
-    return import_package(root, "neg_ops")
+    texts = {
+        name: f"name: {name}\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n"
+        for name, (inputs, formula, _, _) in OPS.items()
+    }
+    return generate_specs(tmp_path_factory.mktemp("negated"), texts, "neg_ops")
 
 
 def _args(name: str, dtype: torch.dtype) -> list[object]:

@@ -9,9 +9,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import import_package
-
-from opgen.cli import main
+from conftest import generate_specs
 
 OPS = {
     # name: (inputs, formula, the same in plain torch)
@@ -32,13 +30,11 @@ OPS = {
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory):
-    root = tmp_path_factory.mktemp("saved_for")
-    (root / "specs").mkdir()
-    for name, (inputs, formula, _) in OPS.items():
-        text = f"name: {name}\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n"
-        (root / "specs" / f"{name}.yaml").write_text(text, encoding="utf-8")
-    assert main(["generate", str(root / "specs"), "-o", str(root / "saved_ops"), "--no-cache"]) == 0
-    return import_package(root, "saved_ops")
+    texts = {
+        name: f"name: {name}\ninputs:\n  {inputs}\noutputs:\n  y: {formula}\n"
+        for name, (inputs, formula, _) in OPS.items()
+    }
+    return generate_specs(tmp_path_factory.mktemp("saved_for"), texts, "saved_ops")
 
 
 def _saved_bytes(call, args) -> int:

@@ -93,6 +93,17 @@ class Primitive(Spelled, sympy.Function):
         """The formula fused mode compiles (opgen.emit.fuse): the same function, cheap to fuse."""
         return self.elementary()
 
+    def mask(self) -> Expr | None:
+        """Note [saved masks]
+        ~~~~~~~~~~~~~~~~~~~~
+        A piecewise-linear primitive whose derivative is one number where a condition on its tensor
+        argument holds and another elsewhere (leaky_relu: 1 where `u > 0`, the slope elsewhere) needs
+        only that condition in backward, and its backward kernel takes the condition as a bool tensor
+        in the argument's place (`leaky_relu_backward(g, u > 0, slope, False)` computes `g` where it
+        is true, `g * slope` elsewhere). The condition, or None where the derivative needs more. Its
+        derivative is 0 almost everywhere, so double backward needs the condition only as well."""
+        return None
+
     def prime_form(self) -> Expr | None:
         """The derivative alone as one call, where backward shares it between gradients; None: its formula."""
         return None
@@ -136,8 +147,13 @@ class Prime(Spelled, sympy.Function):
         return PRIMITIVES[str(self.args[0])]
 
     def elementary(self) -> Expr:
-        """The derivative as a formula: of the primitive's `elementary()`."""
-        return prime_formula(str(self.args[0]), "elementary", tuple(self.args[2:])).xreplace({TENSOR_ARG: self.args[1]})
+        """The derivative as a formula: of the primitive's `elementary()`; of its condition where a saved
+        mask's condition stands in the tensor argument's place (Note [saved masks])."""
+        formula = prime_formula(str(self.args[0]), "elementary", tuple(self.args[2:]))
+        if isinstance(self.args[1], sympy.core.relational.Relational):
+            condition = self.primitive(TENSOR_ARG, *self.args[2:]).mask()
+            return formula.xreplace({condition: self.args[1]})
+        return formula.xreplace({TENSOR_ARG: self.args[1]})
 
     def fused_form(self) -> Expr:
         """The derivative of the primitive's `fused_form()`, the formula fused mode compiles."""
