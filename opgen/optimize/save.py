@@ -44,7 +44,7 @@ from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import ReduceAmax, shape_of
-from opgen.nodes.kernels import Prime
+from opgen.nodes.kernels import TENSOR_ARG, Prime, SavedMask
 from opgen.optimize import cancellation, norms, save_tensors
 from opgen.records import Residual
 from opgen.spec.model import POLICIES
@@ -359,11 +359,12 @@ def _save_masks(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual,
     residuals, swap = [], {}
     for prime, condition in zip(primes, conditions, strict=True):
         name = _untaken("saved_mask", taken)
-        symbol = sympy.Symbol(name, real=True)
-        residuals.append(
-            Residual(name, condition, symbol, sympy.Symbol("grad:" + name, real=True), differentiable=False)
-        )
+        symbol = SavedMask(name, real=True)
+        grad = sympy.Symbol("grad:" + name, real=True)
+        residuals.append(Residual(name, condition, symbol, grad, differentiable=False))
         swap[prime] = Prime(prime.args[0], symbol, *prime.args[2:])
+        if TENSOR_ARG in Prime(prime.args[0], condition, *prime.args[2:]).elementary().free_symbols:
+            return None  # the derivative reads more than the condition: the primitive's `mask` is wrong
     read = set(derived.symbols.tensor_inputs) | set(derived.symbols.outputs.values())
     if any(f.xreplace(swap).free_symbols & read for f in factors):
         return None  # backward reads an input or output anyway: the mask would be saved beside it
