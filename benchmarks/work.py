@@ -1,7 +1,7 @@
 """Backward work and memory of every op in `specs/`, counted, not timed: aten calls, full passes and
 bytes saved for backward, for the generated op, plain autograd of its formula and PyTorch's op.
 
-    .venv/bin/python -m benchmarks.work [--ops mish layer_norm ...] [--scale 8]
+    .venv/bin/python -m benchmarks.work [--ops mish layer_norm ...] [--scale 8] [--specs DIR]
 
 Each op runs three ways on the same inputs, in one process, in float32:
 
@@ -35,12 +35,13 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.run import ROOT, geomean, load_specs, machine, ratio, saved_storages
+from benchmarks.run import ROOT, generated_package, geomean, load_specs, machine, ratio, saved_storages
 from opgen.spec.model import Spec
 
 
@@ -234,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="*", help="only these ops (default: every spec)")
     parser.add_argument("--scale", type=int, default=8, help="how much larger than the test's shapes (default 8)")
     parser.add_argument("--calls", action="store_true", help="list each op's backward aten calls, per variant")
+    parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
     args = parser.parse_args(argv)
-    specs = load_specs(ROOT / "specs", lambda s: not args.ops or s.name in args.ops)
+    specs = load_specs(Path(args.specs), lambda s: not args.ops or s.name in args.ops)
+    package = generated_package(args.specs)  # the committed `generated` for specs/, else generated afresh
     ordered = sorted(specs, key=lambda s: s.name)
-    works = {spec.name: measure(spec.name, args.scale, fixed=literal_sizes(spec)) for spec in ordered}
+    works = {spec.name: measure(spec.name, args.scale, package, literal_sizes(spec)) for spec in ordered}
     print(f"backward work, counted (the test's shapes x{args.scale}, float32); {machine()}")
     print("native columns: the generated op's own count in brackets where only the first output's gradient differs.\n")
     print(markdown(works))

@@ -1,7 +1,8 @@
 """A negated product negates its smallest factor, not the product (Note [negating the smallest factor]
 in opgen/emit/printer.py): `-(alpha * grad)` was a product and a negation, two passes over the
-tensor; counted with the work benchmark's counter, and checked against plain autograd of the same
-formula in float64 (gradcheck, gradgradcheck)."""
+tensor; a gradient that is another's negated branch by branch is written as its negation (Note
+[gradients that negate another] in opgen/plan/backward.py); counted with the work benchmark's
+counter, and checked against plain autograd of the same formula in float64 (gradcheck, gradgradcheck)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ OPS = {
         lambda x, w: -(w * x).sum(-1),
         [(64, 300), (64, 300)],
     ),
+    "neg_branches": (
+        "x: Tensor\n  t: Tensor",
+        "where(x - t > 0, 2 * (x - t), -(x - t) / 2)",
+        lambda x, t: torch.where(x - t > 0, 2 * (x - t), -(x - t) / 2),
+        [(64, 300), (64, 300)],
+    ),
 }
+
+
+PASSES = {"neg_scaled": 1, "neg_mean_product": 2, "neg_rowwise": 2, "neg_branches": 5}
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +59,12 @@ def _args(name: str, dtype: torch.dtype) -> list[object]:
 def test_one_pass_per_gradient_and_no_negation_of_a_full_tensor(ops, name):
     op = getattr(ops, name)
     args = _args(name, torch.float32)
-    inputs = [a for a in args if isinstance(a, torch.Tensor)]
     counted = work.count_work(getattr(ops.ops, name).__dict__[_function(name)].apply, args)
-    # one multiplication sweeping the data per gradient; negations only of numbers or one-element tensors
-    assert counted.passes == len(inputs), counted.names
-    assert work.count_work(op, args).passes == len(inputs)
+    # one multiplication sweeping the data per gradient; negations only of numbers or one-element tensors;
+    # the branches: the condition (sub, gt), one select and product for both gradients, and a negation
+    assert counted.passes == PASSES[name], counted.names
+    assert counted.names.count("where") <= 1
+    assert work.count_work(op, args).passes == counted.passes
 
 
 def _function(name: str) -> str:

@@ -62,6 +62,7 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
+from opgen.formula import functions as fn
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
@@ -297,8 +298,11 @@ def _shared_negations(
 
 
 def _negated(a: Expr, b: Expr) -> bool:
-    """Whether `b` is `-a`: as written, or once products of sums are multiplied out (`2*(t - x)` is
-    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing."""
+    """Whether `b` is `-a`: as written, once products of sums are multiplied out (`2*(t - x)` is
+    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing, or branch by branch
+    of a `where` on the same condition (`where(d > 0, 2, -1/2)` and `where(d > 0, -2, 1/2)`)."""
+    if isinstance(a, fn.where) and isinstance(b, fn.where):
+        return a.args[0] == b.args[0] and _negated(a.args[1], b.args[1]) and _negated(a.args[2], b.args[2])
     return b == -a or (sympy.count_ops(a) + sympy.count_ops(b) <= 40 and sympy.expand(a + b) == 0)
 
 
