@@ -138,13 +138,22 @@ def scaled_inputs(tests: Any, scale: int, fixed: dict[str, tuple[int | None, ...
 
 
 def measure(
-    name: str, scale: int = 8, package: str = "generated", fixed: dict[str, tuple[int | None, ...]] | None = None
+    name: str,
+    scale: int = 8,
+    package: str = "generated",
+    fixed: dict[str, tuple[int | None, ...]] | None = None,
+    first_only: bool = False,
 ) -> dict[str, Work]:
-    """The work of op `name` as generated, as naive autograd of its formula, and as PyTorch's op."""
+    """The work of op `name` as generated, as naive autograd of its formula, and as PyTorch's op;
+    `first_only`: with only the first Tensor input requiring a gradient (a loss's target does not)."""
     tests = importlib.import_module(f"{package}.tests.test_{name}")
     importlib.import_module(f"{package}.tests.harness").DTYPE = torch.float32
     op = tests.OP
     args = scaled_inputs(tests, scale, fixed)
+    if first_only:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for later in tensors[1:]:
+            later.requires_grad_(False)
 
     def naive(*values: object) -> tuple[torch.Tensor, ...]:
         result = tests.reference(*values)
@@ -236,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=int, default=8, help="how much larger than the test's shapes (default 8)")
     parser.add_argument("--calls", action="store_true", help="list each op's backward aten calls, per variant")
     parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
+    parser.add_argument("--first-only", action="store_true", help="only the first Tensor input requires a gradient")
     args = parser.parse_args(argv)
     specs = load_specs(Path(args.specs), lambda s: not args.ops or s.name in args.ops)
     package = generated_package(args.specs)  # the committed `generated` for specs/, else generated afresh
     ordered = sorted(specs, key=lambda s: s.name)
-    works = {spec.name: measure(spec.name, args.scale, package, literal_sizes(spec)) for spec in ordered}
+    works = {
+        spec.name: measure(spec.name, args.scale, package, literal_sizes(spec), args.first_only) for spec in ordered
+    }
     print(f"backward work, counted (the test's shapes x{args.scale}, float32); {machine()}")
     print("native columns: the generated op's own count in brackets where only the first output's gradient differs.\n")
     print(markdown(works))
