@@ -64,6 +64,7 @@ from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
 from opgen.formula import functions as fn
 from opgen.formula.kinds import with_definitions
+from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
 from opgen.plan.blocks import Block, blocks_of
@@ -200,6 +201,9 @@ def _plan_variant(
         conditions = kink_of_output(derived, variant)
         factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
         shared += kinks
+        if is_elementwise(derived.spec):
+            factors, outputs, products = _shared_products(factors, outputs, owners, derived.symbols.grads)
+            shared += products
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced, masks=True)
     temps, reduced = read_multiples(temps, reduced)
@@ -295,6 +299,70 @@ def _shared_negations(
         factors[i], factors[j] = wrap_a(symbol), wrap_b(-symbol)
         outputs[i] = outputs[j] = None
     return factors, outputs, shared
+
+
+def _shared_products(
+    factors: list[Expr], outputs: list[str | None], owners: list[str], grads: dict[str, sympy.Symbol]
+) -> tuple[list[Expr], list[str | None], list[tuple[sympy.Symbol, Expr]]]:
+    """Note [gradients that share a product]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Gradients of several inputs through one output are each the incoming gradient times a factor,
+    and the factors often share a product (`-(alpha*a*b*exp(a))`: `-alpha*exp(a)*b*(a + 1)` and
+    `-alpha*exp(a)*a`). CSE shares `alpha*exp(a)` but not its product with the incoming gradient,
+    which is multiplied in as each gradient prints: one multiplication per gradient, and the
+    negation twice. The common factors of the gradients' products (each as often as every one has
+    it), with the incoming gradient, become one temporary read by each (`tmp = grad * (-alpha*exp(a))`,
+    `grad_a = b*(a + 1)*tmp`, `grad_b = a*tmp`). Only where the common part holds a call or a power
+    (a lone symbol or number shares no work) and for elementwise specs."""
+    factors, outputs = list(factors), list(outputs)
+    shared: list[tuple[sympy.Symbol, Expr]] = []
+    by_output: dict[str, list[int]] = {}
+    for k, output in enumerate(outputs):
+        if output is not None and output in grads:
+            by_output.setdefault(output, []).append(k)
+    for output, indices in by_output.items():
+        if len({owners[k] for k in indices}) != len(indices) or len(indices) < 2:
+            continue  # each gradient one term
+        cores = [_core(factors[k]) for k in indices]
+        found = _common_factors([core for core, _ in cores])
+        if found is None:
+            continue
+        common, rests = found
+        symbol = sympy.Dummy(f"product{len(shared)}", real=True)
+        shared.append((symbol, grads[output] * common))
+        for k, (_, wrap), rest in zip(indices, cores, rests, strict=True):
+            factors[k], outputs[k] = wrap(rest * symbol), None
+    return factors, outputs, shared
+
+
+def _common_factors(products: list[Expr]) -> tuple[Expr, list[Expr]] | None:
+    """The factors every product has, each as often as every one has it, and what is left of each
+    product; None where they share no call or power."""
+    pools = [_signed_factors(p) for p in products]
+    common = []
+    for factor in list(pools[0]):
+        if all(factor in pool for pool in pools):
+            common.append(factor)
+            for pool in pools:
+                pool.remove(factor)
+    if not any(not f.is_number and not f.is_Symbol for f in common):
+        return None
+    return sympy.Mul(*common), [sympy.Mul(*pool) for pool in pools]
+
+
+def _signed_factors(product: Expr) -> list[Expr]:
+    """The factors of `product`, a sum that SymPy wrote with its sign inside (`-a - 1`) as the sum
+    without it (`a + 1`) and the sign as a factor -1, so products of opposite signs share it."""
+    negative = False
+    factors = []
+    for factor in sympy.Mul.make_args(product):
+        if factor.is_Add and factor.could_extract_minus_sign():
+            factor, negative = -factor, not negative
+        elif factor.is_number and factor.is_negative:
+            factor, negative = -factor, not negative
+        if factor != 1:
+            factors.append(factor)
+    return [sympy.S.NegativeOne, *factors] if negative else factors
 
 
 def _negated(a: Expr, b: Expr) -> bool:
