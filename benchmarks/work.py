@@ -1,7 +1,7 @@
 """Backward work and memory of every op in `specs/`, counted, not timed: aten calls, full passes and
 bytes saved for backward, for the generated op, plain autograd of its formula and PyTorch's op.
 
-    .venv/bin/python -m benchmarks.work [--ops mish layer_norm ...] [--scale 8]
+    .venv/bin/python -m benchmarks.work [--ops mish layer_norm ...] [--scale 8] [--specs DIR]
 
 Each op runs three ways on the same inputs, in one process, in float32:
 
@@ -35,12 +35,14 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.run import ROOT, geomean, load_specs, machine, ratio, saved_storages
+from benchmarks.run import ROOT, generated_package, geomean, load_specs, machine, ratio, saved_storages
+from opgen.spec.model import Spec
 
 
 @dataclass(frozen=True)
@@ -120,20 +122,38 @@ def through_functions(module: object) -> Iterator[None]:
             cls.native_below = below
 
 
-def scaled_inputs(tests: Any, scale: int) -> list[object]:
-    """The generated test's inputs in float32, each dimension of more than one entry `scale` times larger."""
+def scaled_inputs(tests: Any, scale: int, fixed: dict[str, tuple[int | None, ...]] | None = None) -> list[object]:
+    """The generated test's inputs in float32, each dimension of more than one entry `scale` times larger,
+    except those of a literal size in the spec (`fixed`: per input, its trailing dimensions' sizes or None)."""
     shapes = getattr(tests, "BATCHED_SHAPES", None) or tests.SHAPES
-    shapes = {name: [n * scale if n > 1 else n for n in shape] for name, shape in shapes.items()}
+
+    def scaled(name: str, shape: list[int]) -> list[int]:
+        literal = (fixed or {}).get(name, ())
+        literal = (None,) * (len(shape) - len(literal)) + literal[-len(shape) :] if shape else ()
+        return [n if size is not None or n <= 1 else n * scale for n, size in zip(shape, literal, strict=True)]
+
+    shapes = {name: scaled(name, shape) for name, shape in shapes.items()}
     args = tests.sample_inputs(shapes)
     return [a.detach().float().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def measure(name: str, scale: int = 8, package: str = "generated") -> dict[str, Work]:
-    """The work of op `name` as generated, as naive autograd of its formula, and as PyTorch's op."""
+def measure(
+    name: str,
+    scale: int = 8,
+    package: str = "generated",
+    fixed: dict[str, tuple[int | None, ...]] | None = None,
+    first_only: bool = False,
+) -> dict[str, Work]:
+    """The work of op `name` as generated, as naive autograd of its formula, and as PyTorch's op;
+    `first_only`: with only the first Tensor input requiring a gradient (a loss's target does not)."""
     tests = importlib.import_module(f"{package}.tests.test_{name}")
     importlib.import_module(f"{package}.tests.harness").DTYPE = torch.float32
     op = tests.OP
-    args = scaled_inputs(tests, scale)
+    args = scaled_inputs(tests, scale, fixed)
+    if first_only:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        for later in tensors[1:]:
+            later.requires_grad_(False)
 
     def naive(*values: object) -> tuple[torch.Tensor, ...]:
         result = tests.reference(*values)
@@ -148,6 +168,11 @@ def measure(name: str, scale: int = 8, package: str = "generated") -> dict[str, 
             work["native"] = count_work(native, args)
             work["generated, first output"] = count_work(op.functional, args, outputs=1)
     return work
+
+
+def literal_sizes(spec: Spec) -> dict[str, tuple[int | None, ...]]:
+    """Per Tensor input of `spec`, the sizes of its declared dimensions that are literal numbers (None else)."""
+    return {i.name: tuple(int(d) if str(d).isdigit() else None for d in i.type.dims or ()) for i in spec.tensor_inputs}
 
 
 HEADERS = (
@@ -219,9 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="*", help="only these ops (default: every spec)")
     parser.add_argument("--scale", type=int, default=8, help="how much larger than the test's shapes (default 8)")
     parser.add_argument("--calls", action="store_true", help="list each op's backward aten calls, per variant")
+    parser.add_argument("--specs", default=str(ROOT / "specs"), help="the spec folder (default specs/)")
+    parser.add_argument("--first-only", action="store_true", help="only the first Tensor input requires a gradient")
     args = parser.parse_args(argv)
-    specs = load_specs(ROOT / "specs", lambda s: not args.ops or s.name in args.ops)
-    works = {spec.name: measure(spec.name, args.scale) for spec in sorted(specs, key=lambda s: s.name)}
+    specs = load_specs(Path(args.specs), lambda s: not args.ops or s.name in args.ops)
+    package = generated_package(args.specs)  # the committed `generated` for specs/, else generated afresh
+    ordered = sorted(specs, key=lambda s: s.name)
+    works = {
+        spec.name: measure(spec.name, args.scale, package, literal_sizes(spec), args.first_only) for spec in ordered
+    }
     print(f"backward work, counted (the test's shapes x{args.scale}, float32); {machine()}")
     print("native columns: the generated op's own count in brackets where only the first output's gradient differs.\n")
     print(markdown(works))

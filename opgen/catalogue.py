@@ -86,19 +86,30 @@ def _calls(function: ast.FunctionDef, torch: str, methods: dict[str, ast.Functio
     return tuple(found)
 
 
-def _setup(function: ast.FunctionDef) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _setup(function: ast.FunctionDef, inputs: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(saved for backward, kept on ctx) of `setup_context`."""
     ctx = function.args.args[0].arg
     saved: list[str] = []
     kept: list[str] = []
     for node in ast.walk(function):
         if isinstance(node, ast.Call) and _dotted(node.func) == f"{ctx}.save_for_backward":
-            saved += [ast.unparse(a) for a in node.args]
+            saved += [_saved_text(a, inputs) for a in node.args]
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and _dotted(target.value) == ctx:
                     kept.append(target.attr)
     return tuple(saved), tuple(kept)
+
+
+def _saved_text(arg: ast.expr, inputs: tuple[str, ...]) -> str:
+    """`x`, or `x` (for w's gradient) where setup_context saves it only when that gradient is needed
+    (Note [saved for the gradients that read it] in opgen.plan.backward)."""
+    if not isinstance(arg, ast.IfExp):
+        return ast.unparse(arg)
+    tests = arg.test.values if isinstance(arg.test, ast.BoolOp) else [arg.test]
+    indices = [t.slice.value for t in tests if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)]
+    readers = [inputs[k] for k in indices if isinstance(k, int)]
+    return f"{ast.unparse(arg.body)} (for the gradient{'s' * (len(readers) > 1)} of {', '.join(readers)})"
 
 
 def read_op(spec: Spec, source: str) -> OpView:
@@ -111,7 +122,7 @@ def read_op(spec: Spec, source: str) -> OpView:
     methods = {n.name: n for n in classes[spec.function_class_name].body if isinstance(n, ast.FunctionDef)}
     doc = ast.get_docstring(functional) or ""
     formulas = tuple(doc[doc.index("Forward:") :].splitlines()) if "Forward:" in doc else ()
-    saved, kept = _setup(methods["setup_context"])
+    saved, kept = _setup(methods["setup_context"], tuple(i.name for i in spec.inputs))
     calls = tuple((m, _calls(methods[m], torch, methods)) for m in ("forward", "backward", "jvp") if m in methods)
     return OpView(ast.unparse(functional.args), formulas, saved, kept, calls)
 
@@ -169,7 +180,8 @@ def page(spec: Spec, view: OpView, spec_text: str, bench: tuple[list[str], list[
     lines += ["## Formulas", "", "As the generated code computes them, after the optimizer's rewrites:", ""]
     lines += ["```text", *view.formulas, "```", ""]
     lines += ["## Saved for backward", ""]
-    lines += [(", ".join(f"`{s}`" for s in view.saved) + ".") if view.saved else "No tensor."]
+    quoted = [f"`{name}`{' ' * bool(why)}{why}" for name, _, why in (s.partition(" ") for s in view.saved)]
+    lines += [(", ".join(quoted) + ".") if view.saved else "No tensor."]
     if view.kept:
         lines[-1] += " Kept on `ctx` as plain values: " + ", ".join(f"`{k}`" for k in view.kept) + "."
     lines += ["", "## PyTorch functions", "", "What the Function's methods call (besides operators):", ""]

@@ -25,7 +25,9 @@ class AffineFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weight, bias = inputs
         y = output
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None)
+        ctx.x_shape = x.shape
+        ctx.weight_shape = weight.shape
         ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_forward(x, weight, y)
 
@@ -37,10 +39,10 @@ class AffineFunction(Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_y * weight
-            grad_x = grad_x.sum_to_size(x.shape)
+            grad_x = grad_x.sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_weight = grad_y * x
-            grad_weight = grad_weight.sum_to_size(weight.shape)
+            grad_weight = grad_weight.sum_to_size(ctx.weight_shape)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_y
             grad_bias = grad_bias.sum_to_size(ctx.bias_shape)

@@ -25,7 +25,9 @@ class AttentionScoresFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         q, k = inputs
         weights = output
-        ctx.save_for_backward(q, k, weights)
+        ctx.save_for_backward(q if ctx.needs_input_grad[1] else None, k if ctx.needs_input_grad[0] else None, weights)
+        ctx.q_shape = q.shape
+        ctx.k_shape = k.shape
         ctx.D = q.shape[-1]
         ctx.save_for_forward(q, k, weights)
 
@@ -37,10 +39,10 @@ class AttentionScoresFunction(Function):
             tmp0 = torch.ops.aten._softmax_backward_data(grad_weights, weights, -1, weights.dtype) / math.sqrt(ctx.D)
         if ctx.needs_input_grad[0]:
             grad_q = tmp0 @ k
-            grad_q = grad_q.sum_to_size(q.shape)
+            grad_q = grad_q.sum_to_size(ctx.q_shape)
         if ctx.needs_input_grad[1]:
             grad_k = tmp0.transpose(-2, -1) @ q
-            grad_k = grad_k.sum_to_size(k.shape)
+            grad_k = grad_k.sum_to_size(ctx.k_shape)
         return grad_q, grad_k
 
     @staticmethod

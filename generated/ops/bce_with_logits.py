@@ -22,7 +22,8 @@ class BceWithLogitsFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         logits, target = inputs
         loss = output
-        ctx.save_for_backward(logits, target)
+        ctx.save_for_backward(logits, target if ctx.needs_input_grad[0] else None)
+        ctx.target_shape = target.shape
         ctx.save_for_forward(logits, target, loss)
 
     @staticmethod
@@ -34,7 +35,7 @@ class BceWithLogitsFunction(Function):
             grad_logits = grad_logits.sum_to_size(logits.shape)
         if ctx.needs_input_grad[1]:
             grad_target = -(grad_loss * logits)
-            grad_target = grad_target.sum_to_size(target.shape)
+            grad_target = grad_target.sum_to_size(ctx.target_shape)
         return grad_logits, grad_target
 
     @staticmethod

@@ -25,7 +25,14 @@ class BilinearFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x1, x2, weight, bias = inputs
         y = output
-        ctx.save_for_backward(x1, x2, weight)
+        ctx.save_for_backward(
+            x1 if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None,
+            x2 if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else None,
+            weight if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] else None,
+        )
+        ctx.x1_shape = x1.shape
+        ctx.x2_shape = x2.shape
+        ctx.weight_shape = weight.shape
         ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_forward(x1, x2, weight, y)
 
@@ -41,15 +48,15 @@ class BilinearFunction(Function):
             tmp1 = tmp0 * x2.unsqueeze(-3)
         if ctx.needs_input_grad[0]:
             grad_x1 = (tmp1 @ weight.transpose(-2, -1)).sum(-3)
-            grad_x1 = grad_x1.sum_to_size(x1.shape)
+            grad_x1 = grad_x1.sum_to_size(ctx.x1_shape)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             tmp2 = x1.unsqueeze(-3)
         if ctx.needs_input_grad[1]:
             grad_x2 = (tmp0 * (tmp2 @ weight)).sum(-3)
-            grad_x2 = grad_x2.sum_to_size(x2.shape)
+            grad_x2 = grad_x2.sum_to_size(ctx.x2_shape)
         if ctx.needs_input_grad[2]:
             grad_weight = tmp2.transpose(-2, -1) @ tmp1
-            grad_weight = grad_weight.sum_to_size(weight.shape)
+            grad_weight = grad_weight.sum_to_size(ctx.weight_shape)
         if ctx.needs_input_grad[3]:
             grad_bias = grad_y.sum(-2)
             grad_bias = grad_bias.sum_to_size(ctx.bias_shape)

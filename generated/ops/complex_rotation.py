@@ -24,7 +24,9 @@ class ComplexRotationFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, y, theta = inputs
         z = output
-        ctx.save_for_backward(x, y, theta)
+        ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, y if ctx.needs_input_grad[2] else None, theta)
+        ctx.x_shape = x.shape
+        ctx.y_shape = y.shape
         ctx.save_for_forward(x, y, theta, z)
 
     @staticmethod
@@ -40,10 +42,10 @@ class ComplexRotationFunction(Function):
             tmp3 = grad_z[..., 0]
         if ctx.needs_input_grad[0]:
             grad_x = sin * tmp1 + cos * tmp3
-            grad_x = grad_x.sum_to_size(x.shape)
+            grad_x = grad_x.sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_y = tmp1 * cos - sin * tmp3
-            grad_y = grad_y.sum_to_size(y.shape)
+            grad_y = grad_y.sum_to_size(ctx.y_shape)
         if ctx.needs_input_grad[2]:
             grad_theta = tmp1 * (cos * x - sin * y) + tmp3 * (-(sin * x) - cos * y)
             grad_theta = grad_theta.sum_to_size(theta.shape)

@@ -72,12 +72,12 @@ class CosineSimilarityFunction(Function):
             jvp7 = 2 * x1 * x2
         if tangent_x1 is not None:
             tangent_y_t2 = torch.where(jvp0 > eps, 1 / jvp0 / 2, 0)
-            tangent_y_t1 = -(jvp5 * jvp7 * tangent_y_t2 * (tangent_x1 * x1).sum(-1, keepdim=True) / norm1**2)
+            tangent_y_t1 = -jvp5 * jvp7 * tangent_y_t2 * (tangent_x1 * x1).sum(-1, keepdim=True) / norm1**2
             tangent_y_t0 = jvp6 * tangent_x1 * x2 + tangent_y_t1
             tangent_y = tangent_y_t0.sum(-1)
         if tangent_x2 is not None:
             step_t2 = torch.where(jvp3 > eps, 1 / jvp3 / 2, 0)
-            step_t1 = -(jvp2 * jvp7 * step_t2 * (tangent_x2 * x2).sum(-1, keepdim=True) / norm2**2)
+            step_t1 = -jvp2 * jvp7 * step_t2 * (tangent_x2 * x2).sum(-1, keepdim=True) / norm2**2
             step_t0 = jvp6 * tangent_x2 * x1 + step_t1
             step = step_t0.sum(-1)
             tangent_y = step if tangent_y is None else tangent_y + step

@@ -23,7 +23,7 @@ class CrossEntropyFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target = inputs
         loss, saved_log_softmax = output
-        ctx.save_for_backward(target, saved_log_softmax)
+        ctx.save_for_backward(target if ctx.needs_input_grad[0] else None, saved_log_softmax)
         ctx.N = input.shape[-2]
         ctx.loss_shape = loss.shape
         ctx.save_for_forward(input, target, loss, saved_log_softmax)
@@ -40,7 +40,7 @@ class CrossEntropyFunction(Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_loss / ctx.N
         if ctx.needs_input_grad[0]:
-            grad_input_t0 = -(target * tmp0)
+            grad_input_t0 = -tmp0 * target
             grad_input = torch.ops.aten._log_softmax_backward_data(
                 grad_input_t0, saved_log_softmax, -1, saved_log_softmax.dtype
             )
@@ -50,7 +50,7 @@ class CrossEntropyFunction(Function):
                 )
                 grad_input = grad_input + grad_input_saved
         if ctx.needs_input_grad[1]:
-            grad_target = -(saved_log_softmax * tmp0)
+            grad_target = -tmp0 * saved_log_softmax
         return grad_input, grad_target
 
     @staticmethod

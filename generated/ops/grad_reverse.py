@@ -26,7 +26,7 @@ class GradReverseFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         alpha = ctx.alpha
-        grad_x = -(alpha * grad_y)
+        grad_x = -alpha * grad_y
         return grad_x, None
 
     @staticmethod

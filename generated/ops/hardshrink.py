@@ -15,28 +15,32 @@ class HardshrinkFunction(Function):
     native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
-    def forward(x: torch.Tensor, lambd: float) -> torch.Tensor:
+    def forward(x: torch.Tensor, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
+        saved_mask = torch.abs(x) > lambd
         y = torch.nn.functional.hardshrink(x, lambd)
-        return y
+        return y, saved_mask
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        x, lambd = inputs
-        ctx.save_for_backward(x)
-        ctx.lambd = lambd
-        ctx.save_for_forward(x)
+        _, saved_mask = output
+        ctx.save_for_backward(saved_mask)
+        ctx.save_for_forward(saved_mask)
+        ctx.mark_non_differentiable(saved_mask)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        (x,) = ctx.saved_tensors
-        lambd = ctx.lambd
-        grad_x = torch.ops.aten.threshold_backward(grad_y, torch.abs(x), lambd)
+    def backward(ctx: Any, grad_y: torch.Tensor, grad_saved_mask: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if grad_y is None:
+            return None, None
+        (saved_mask,) = ctx.saved_tensors
+        grad_x = torch.ops.aten.threshold_backward(grad_y, saved_mask, 0)
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_lambd: None) -> torch.Tensor | None:
-        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
-        return HardshrinkFunction.backward(ctx, tangent_x)[0]
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_lambd: None) -> tuple[torch.Tensor, None]:
+        (saved_mask,) = ctx.saved_tensors
+        tangent_y = torch.ops.aten.threshold_backward(tangent_x, saved_mask, 0)
+        return tangent_y, None
 
 
 _HardshrinkFunctionNoJvp = without_jvp(HardshrinkFunction)
@@ -57,8 +61,8 @@ def hardshrink(x: torch.Tensor, lambd: float = 0.5) -> torch.Tensor:
         return proxy
     x = floating("hardshrink", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
-        return HardshrinkFunction.forward(x, lambd)
+        return HardshrinkFunction.forward(x, lambd)[0]
     if not torch.compiler.is_compiling() and x.numel() < HardshrinkFunction.native_below:
         return torch.nn.functional.hardshrink(x, lambd)
     function = _HardshrinkFunctionNoJvp if torch.compiler.is_compiling() else HardshrinkFunction
-    return function.apply(x, lambd)
+    return function.apply(x, lambd)[0]

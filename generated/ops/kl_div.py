@@ -23,7 +23,7 @@ class KlDivFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target = inputs
         loss = output
-        ctx.save_for_backward(input, target)
+        ctx.save_for_backward(input if ctx.needs_input_grad[1] else None, target)
         ctx.N = input.shape[-2]
         ctx.save_for_forward(input, target, loss)
 
@@ -34,7 +34,7 @@ class KlDivFunction(Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = grad_loss / ctx.N
         if ctx.needs_input_grad[0]:
-            grad_input = -(target * tmp0)
+            grad_input = -tmp0 * target
         if ctx.needs_input_grad[1]:
             grad_target = tmp0 * (torch.where(target == 0, 0, torch.log(target)) - input + 1)
         return grad_input, grad_target
@@ -46,7 +46,7 @@ class KlDivFunction(Function):
         if tangent_input is not None or tangent_target is not None:
             jvp0 = 1 / ctx.N
         if tangent_input is not None:
-            tangent_loss = -(jvp0 * (tangent_input * target).sum((-2, -1)))
+            tangent_loss = -jvp0 * (tangent_input * target).sum((-2, -1))
         if tangent_target is not None:
             step = jvp0 * (tangent_target * (torch.where(target == 0, 0, torch.log(target)) - input + 1)).sum((-2, -1))
             tangent_loss = step if tangent_loss is None else tangent_loss + step

@@ -25,7 +25,7 @@ class LabelSmoothingCeFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, target, smoothing = inputs
         loss, saved_log_softmax = output
-        ctx.save_for_backward(target, saved_log_softmax)
+        ctx.save_for_backward(target if ctx.needs_input_grad[0] else None, saved_log_softmax)
         ctx.smoothing = smoothing
         ctx.C = input.shape[-1]
         ctx.N = input.shape[-2]
@@ -46,7 +46,7 @@ class LabelSmoothingCeFunction(Function):
             tmp0 = 1 - smoothing
             tmp1 = grad_loss / ctx.N
         if ctx.needs_input_grad[0]:
-            grad_input_t0 = -(tmp1 * (target * tmp0 + smoothing / ctx.C))
+            grad_input_t0 = -tmp1 * (target * tmp0 + smoothing / ctx.C)
             grad_input = torch.ops.aten._log_softmax_backward_data(
                 grad_input_t0, saved_log_softmax, -1, saved_log_softmax.dtype
             )
@@ -56,7 +56,7 @@ class LabelSmoothingCeFunction(Function):
                 )
                 grad_input = grad_input + grad_input_saved
         if ctx.needs_input_grad[1]:
-            grad_target = -(saved_log_softmax * tmp0 * tmp1)
+            grad_target = -tmp0 * saved_log_softmax * tmp1
         return grad_input, grad_target, None
 
     @staticmethod

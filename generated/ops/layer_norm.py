@@ -104,7 +104,7 @@ class LayerNormFunction(Function):
             rsqrt = torch.rsqrt(jvp0)
             jvp2 = x - x.mean(-1, keepdim=True)
         if tangent_x is not None:
-            tangent_y_t0 = -(jvp2 * weight * (jvp2 * tangent_x).sum(-1, keepdim=True) / (jvp0**1.5 * ctx.D))
+            tangent_y_t0 = -weight * jvp2 * (jvp2 * tangent_x).sum(-1, keepdim=True) / (jvp0**1.5 * ctx.D)
             tangent_y = rsqrt * tangent_x * weight - rsqrt * weight * tangent_x.mean(-1, keepdim=True) + tangent_y_t0
         if tangent_weight is not None:
             step = rsqrt * jvp2 * tangent_weight

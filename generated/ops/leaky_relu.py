@@ -15,28 +15,36 @@ class LeakyReluFunction(Function):
     native_below = 16384  # fewer elements: the functional runs PyTorch's ops instead
 
     @staticmethod
-    def forward(x: torch.Tensor, negative_slope: float) -> torch.Tensor:
+    def forward(x: torch.Tensor, negative_slope: float) -> tuple[torch.Tensor, torch.Tensor]:
+        saved_mask = x > 0
         y = torch.nn.functional.leaky_relu(x, negative_slope)
-        return y
+        return y, saved_mask
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        x, negative_slope = inputs
-        ctx.save_for_backward(x)
+        _, negative_slope = inputs
+        _, saved_mask = output
+        ctx.save_for_backward(saved_mask)
         ctx.negative_slope = negative_slope
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(saved_mask)
+        ctx.mark_non_differentiable(saved_mask)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        (x,) = ctx.saved_tensors
+    def backward(ctx: Any, grad_y: torch.Tensor, grad_saved_mask: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        if grad_y is None:
+            return None, None
+        (saved_mask,) = ctx.saved_tensors
         negative_slope = ctx.negative_slope
-        grad_x = torch.ops.aten.leaky_relu_backward(grad_y, x, negative_slope, False)
+        grad_x = torch.ops.aten.leaky_relu_backward(grad_y, saved_mask, negative_slope, False)
         return grad_x, None
 
     @staticmethod
-    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_negative_slope: None) -> torch.Tensor | None:
-        # elementwise in x: its Jacobian is diagonal, its own transpose, so the tangent is the gradient
-        return LeakyReluFunction.backward(ctx, tangent_x)[0]
+    def jvp(ctx: Any, tangent_x: torch.Tensor, tangent_negative_slope: None) -> tuple[torch.Tensor, None]:
+        (saved_mask,) = ctx.saved_tensors
+        negative_slope = ctx.negative_slope
+        tangent_y = torch.ops.aten.leaky_relu_backward(tangent_x, saved_mask, negative_slope, False)
+        return tangent_y, None
 
 
 _LeakyReluFunctionNoJvp = without_jvp(LeakyReluFunction)
@@ -56,8 +64,8 @@ def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
         return proxy
     x = floating("leaky_relu", {"x": x})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
-        return LeakyReluFunction.forward(x, negative_slope)
+        return LeakyReluFunction.forward(x, negative_slope)[0]
     if not torch.compiler.is_compiling() and x.numel() < LeakyReluFunction.native_below:
         return torch.nn.functional.leaky_relu(x, negative_slope)
     function = _LeakyReluFunctionNoJvp if torch.compiler.is_compiling() else LeakyReluFunction
-    return function.apply(x, negative_slope)
+    return function.apply(x, negative_slope)[0]

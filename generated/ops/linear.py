@@ -25,7 +25,8 @@ class LinearFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, weight, bias = inputs
         out = output
-        ctx.save_for_backward(input, weight)
+        ctx.save_for_backward(input if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None)
+        ctx.weight_shape = weight.shape
         ctx.bias_shape = None if bias is None else bias.shape
         ctx.save_for_forward(input, weight, out)
 
@@ -39,7 +40,7 @@ class LinearFunction(Function):
             grad_input = grad_out @ weight
         if ctx.needs_input_grad[1]:
             grad_weight = grad_out.transpose(-2, -1) @ input
-            grad_weight = grad_weight.sum_to_size(weight.shape)
+            grad_weight = grad_weight.sum_to_size(ctx.weight_shape)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_out.sum(-2)
             grad_bias = grad_bias.sum_to_size(ctx.bias_shape)

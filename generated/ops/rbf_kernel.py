@@ -17,7 +17,7 @@ class RbfKernelFunction(Function):
     def forward(x: torch.Tensor, y: torch.Tensor, gamma: float) -> torch.Tensor:
         squared_distance_t0 = (y**2).sum(-1, keepdim=True).transpose(-2, -1)
         squared_distance = squared_distance_t0 - 2 * x @ y.transpose(-2, -1) + (x**2).sum(-1, keepdim=True)
-        k = torch.exp(-(gamma * squared_distance))
+        k = torch.exp(-gamma * squared_distance)
         return k
 
     @staticmethod
@@ -53,7 +53,7 @@ class RbfKernelFunction(Function):
         if tangent_x is not None:
             tangent_k = jvp0 * (tangent_x @ y.transpose(-2, -1)) - jvp0 * (tangent_x * x).sum(-1, keepdim=True)
         if tangent_y is not None:
-            step_t0 = -(jvp0 * (tangent_y * y).sum(-1, keepdim=True).transpose(-2, -1))
+            step_t0 = -(tangent_y * y).sum(-1, keepdim=True).transpose(-2, -1) * jvp0
             step = jvp0 * (x @ tangent_y.transpose(-2, -1)) + step_t0
             tangent_k = step if tangent_k is None else tangent_k + step
         tangent_k = tangent_k.expand(k.shape)

@@ -23,8 +23,9 @@ class RmsNormFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weight, eps = inputs
         y, saved_rstd = output
-        ctx.save_for_backward(x, weight, saved_rstd)
+        ctx.save_for_backward(x, weight if ctx.needs_input_grad[0] else None, saved_rstd)
         ctx.eps = eps
+        ctx.weight_shape = weight.shape
         ctx.D = weight.shape[-1]
         ctx.save_for_forward(x, weight, y)
         ctx.mark_non_differentiable(saved_rstd)
@@ -47,7 +48,7 @@ class RmsNormFunction(Function):
             grad_x = tmp0 * weight - x * (grad_y * saved_rstd**3 * weight * x).sum(-1, keepdim=True) / ctx.D
         if ctx.needs_input_grad[1]:
             grad_weight = tmp0 * x
-            grad_weight = grad_weight.sum_to_size(weight.shape)
+            grad_weight = grad_weight.sum_to_size(ctx.weight_shape)
         return grad_x, grad_weight, None
 
     @staticmethod

@@ -25,7 +25,14 @@ class RotaryEmbeddingFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, cos_theta, sin_theta = inputs
         y = output
-        ctx.save_for_backward(x, cos_theta, sin_theta)
+        ctx.save_for_backward(
+            x if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None,
+            cos_theta if ctx.needs_input_grad[0] else None,
+            sin_theta if ctx.needs_input_grad[0] else None,
+        )
+        ctx.x_shape = x.shape
+        ctx.cos_theta_shape = cos_theta.shape
+        ctx.sin_theta_shape = sin_theta.shape
         ctx.D = x.shape[-1]
         ctx.save_for_forward(x, cos_theta, sin_theta, y)
 
@@ -40,14 +47,14 @@ class RotaryEmbeddingFunction(Function):
             grad_x_t0 = torch.nn.functional.pad(tmp0.narrow(-1, ctx.D // 2, ctx.D // 2), (0, ctx.D // 2))
             grad_x_t1 = -torch.nn.functional.pad(tmp0.narrow(-1, 0, ctx.D // 2), (ctx.D // 2, 0))
             grad_x = cos_theta * grad_y + grad_x_t0 + grad_x_t1
-            grad_x = grad_x.sum_to_size(x.shape)
+            grad_x = grad_x.sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_cos_theta = grad_y * x
-            grad_cos_theta = grad_cos_theta.sum_to_size(cos_theta.shape)
+            grad_cos_theta = grad_cos_theta.sum_to_size(ctx.cos_theta_shape)
         if ctx.needs_input_grad[2]:
             grad_sin_theta_t0 = torch.cat([-x.narrow(-1, ctx.D // 2, ctx.D // 2), x.narrow(-1, 0, ctx.D // 2)], dim=-1)
             grad_sin_theta = grad_y * grad_sin_theta_t0
-            grad_sin_theta = grad_sin_theta.sum_to_size(sin_theta.shape)
+            grad_sin_theta = grad_sin_theta.sum_to_size(ctx.sin_theta_shape)
         return grad_x, grad_cos_theta, grad_sin_theta
 
     @staticmethod

@@ -22,7 +22,9 @@ class ScaledWeightFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weights = inputs
         y = output
-        ctx.save_for_backward(x, weights)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weights if ctx.needs_input_grad[0] else None)
+        ctx.x_shape = x.shape
+        ctx.weights_shape = weights.shape
         ctx.save_for_forward(x, weights, y)
 
     @staticmethod
@@ -31,10 +33,10 @@ class ScaledWeightFunction(Function):
         grad_x = grad_weights = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_y * weights
-            grad_x = grad_x.sum_to_size(x.shape)
+            grad_x = grad_x.sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_weights = grad_y * x
-            grad_weights = grad_weights.sum_to_size(weights.shape)
+            grad_weights = grad_weights.sum_to_size(ctx.weights_shape)
         return grad_x, grad_weights
 
     @staticmethod

@@ -17,7 +17,8 @@ from . import harness
 DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"x": [3, 4]}
-SAVED: list[str] = ["x"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["saved_mask"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+RESIDUALS: list[str] = ["saved_mask"]  # what Function.apply returns after the outputs, for backward alone
 VALUES: dict[str, float] = {"negative_slope": 0.01}  # the non-tensor inputs in most tests
 OTHER_VALUES: dict[str, float] = {"negative_slope": 0.007}  # away from their defaults and VALUES
 POINTS = {"x": [0.0, -1.0, 1.0]}  # kinks and edges of the formulas, read row by row
@@ -69,7 +70,7 @@ def test_forward_and_backward_match_reference() -> None:
 
 
 def test_function_apply_equals_functional() -> None:
-    harness.check_function_apply(OP, LeakyReluFunction, sample_inputs())
+    harness.check_function_apply(OP, LeakyReluFunction, sample_inputs(), len(RESIDUALS))
 
 
 def test_autocast_dtypes() -> None:
@@ -119,7 +120,7 @@ def test_gradgradcheck() -> None:
 
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
-    harness.check_saved(OP, LeakyReluFunction, sample_inputs(), SAVED)
+    harness.check_saved(OP, LeakyReluFunction, sample_inputs(), SAVED, RESIDUALS)
 
 
 def test_non_tensor_inputs_away_from_their_defaults() -> None:

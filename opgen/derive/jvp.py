@@ -281,8 +281,9 @@ def _output_terms(
 
 
 def _detached(expr: Expr) -> bool:
-    """A statistic autograd does not differentiate (Note [layer norm statistics] in opgen.nodes.layer_norm)."""
-    return isinstance(expr, Node) and expr.detached
+    """A statistic autograd does not differentiate (Note [layer norm statistics] in opgen.nodes.layer_norm), or a
+    condition, which has no tangent (Note [saved masks] in opgen.nodes.kernels)."""
+    return isinstance(expr, Node) and expr.detached or isinstance(expr, sympy.core.relational.Relational)
 
 
 def _variant_tangents(derived: Derived, variant: Variant, residuals: tuple[tuple[str, Expr], ...]) -> VariantTangents:

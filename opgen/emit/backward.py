@@ -31,7 +31,10 @@ def _grad_lines(plan: Plan, grad: GradPlan, names: OpNames, printer: TorchPrinte
     var = names.grads_out[grad.input]
     first_grad = names.grads_in[next(iter(plan.incoming))]
     lines: Lines = []
-    shape = f"{grad.input}.shape" if grad.input in plan.saved else f"{names.ctx}.{names.shape_attrs.get(grad.input)}"
+    on_ctx = (
+        grad.input not in plan.saved or grad.input in names.shape_attrs
+    )  # Note [saved for the gradients that read it]
+    shape = f"{names.ctx}.{names.shape_attrs.get(grad.input)}" if on_ctx else f"{grad.input}.shape"
     if not grad.contributions:
         if plan.gate_none or plan.derived.has_tensor_ops:
             return [f"{var} = None  # {grad.input} has a zero gradient"]

@@ -191,7 +191,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         else:
             lines.append(f"{', '.join(o if o in needed_outputs else '_' for o in outputs)} = {names.output}")
     if plan.saved:
-        lines += layout.body_lines(layout.call(f"{ctx}.save_for_backward", list(plan.saved), 8), 8)
+        lines += layout.body_lines(layout.call(f"{ctx}.save_for_backward", _saved_args(plan, names), 8), 8)
     for name in plan.ctx_values:
         lines.append(f"{ctx}.{names.ctx_attrs[name]} = {name}")
     optional = {i.name for i in spec.tensor_inputs if i.type.optional}
@@ -218,6 +218,21 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
     if not lines:
         lines.append("pass")
     return lines
+
+
+def _saved_args(plan: Plan, names: OpNames) -> list[str]:
+    """What `setup_context` saves, each tensor only some gradients read under their `needs_input_grad`
+    (Note [saved for the gradients that read it] in opgen.plan.backward)."""
+    index = {i.name: k for k, i in enumerate(plan.derived.spec.inputs)}
+    readers = dict(plan.saved_for)
+    args = []
+    for name in plan.saved:
+        if name in readers:
+            needs = " or ".join(f"{names.ctx}.needs_input_grad[{index[r]}]" for r in readers[name])
+            args.append(f"{name} if {needs} else None")
+        else:
+            args.append(name)
+    return args
 
 
 def size_sources(spec: Spec, dims: tuple[str, ...]) -> dict[str, tuple[str, int]]:

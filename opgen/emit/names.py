@@ -256,4 +256,13 @@ def variant_printer(printer: TorchPrinter, bp: BackwardPlan, names: OpNames) -> 
     temps = [(t.symbol, t.expr) for t in variant_temps(bp)]
     variant.tensors = with_definitions(printer.tensors - frozenset(names.temps), temps)
     variant.masks = printer.masks | {symbol: expr for symbol, expr in temps if isinstance(symbol, Mask)}
+    shapes = dict(printer.tensor_shapes)
+    for symbol, expr in temps:  # a temporary's shape, where its formula tells it (Note [negating the smallest factor])
+        try:
+            shape = shape_of(expr, shapes)
+        except ShapeError:
+            continue
+        if shape is not None:
+            shapes[symbol] = shape
+    variant.tensor_shapes = shapes
     return variant

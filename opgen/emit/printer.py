@@ -25,6 +25,7 @@ from opgen.emit.runtime_names import RuntimeNames
 from opgen.emit.tensor_print import TensorPrinting
 from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
+from opgen.formula.tensor import ShapeError, shape_of
 from opgen.spec.names import Namer
 from opgen.spec.quote import float_literal
 
@@ -184,6 +185,9 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
             coeff = -coeff if coeff.is_negative else coeff  # of unknown sign (`clamp(a, 0, 1)`): as it is
             # a product's precedence whatever its sign (SymPy ranks `-pi/4 * (x + y)` as a sum: unbracketed)
             body = self.parenthesize(rest, PRECEDENCE["Mul"], strict=True)
+            if coeff == 1 and sign and (small := self._small_factor(rest)) is not None:
+                others = self.parenthesize(rest / small, PRECEDENCE["Mul"], strict=True)
+                return f"{self._negate(small)} * {others}"  # Note [negating the smallest factor]
             if coeff == 1:
                 return self._negate(rest) if sign else body
             # torch takes Python ints as int64: a fraction of larger ones is its float (`1e-20 * x`)
@@ -199,6 +203,32 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
             text = self._print(coeff) if coeff.is_Rational or coeff.is_NumberSymbol else self._print_number(coeff)
             return f"{sign}{text} * {body}"
         return self._product(expr)
+
+    def _small_factor(self, product: sympy.Basic) -> sympy.Basic | None:
+        """Note [negating the smallest factor]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        `-(alpha * grad)` is a product then a negation, two passes over the tensor; `-alpha * grad`
+        negates the number and makes one (PyTorch's own `neg` backward is the same product). A
+        factor that is no tensor, or a tensor of one element where the product has more (a loss's
+        incoming gradient over its count, `-(target * tmp0)`), or one that broadcasts along a dimension
+        of the product (a row's gradient, `grad.unsqueeze(-1)`), takes the minus sign; otherwise the
+        product is negated as before (negating either full-size factor is a pass as well)."""
+        if not product.is_Mul or not self.is_tensor(product):
+            return None
+        # a divisor prints as one (`/ n**2`): negated it would be a power, `-(n**-2) * x`
+        divisor = lambda f: f.is_Pow and f.exp.could_extract_minus_sign()  # noqa: E731
+        factors = sorted(
+            (f for f in product.args if not divisor(f)), key=lambda f: (not f.is_Atom, sympy.default_sort_key(f))
+        )
+        number = next((f for f in factors if not self.is_tensor(f)), None)
+        if number is not None:
+            return number
+        try:
+            whole = shape_of(product, self.tensor_shapes)
+            shapes = [(f, shape_of(f, self.tensor_shapes)) for f in factors]
+        except ShapeError:
+            return None
+        return next((f for f, shape in shapes if whole is not None and _smaller(shape, whole)), None)
 
     def _negate(self, expr: sympy.Basic) -> str:
         """`-expr`; a power in parentheses, `-(x**2)`, as ruff writes it (Note [spacing])."""
@@ -415,3 +445,13 @@ class TorchPrinter(NumberPrinting, FunctionPrinting, TensorPrinting, CodePrinter
         if self.is_tensor(expr):
             return f"~({self._print(expr.args[0])})"
         return f"not ({self._print(expr.args[0])})"
+
+
+def _smaller(shape: tuple[sympy.Basic, ...] | None, whole: tuple[sympy.Basic, ...]) -> bool:
+    """Whether a factor of `shape` broadcasts to `whole` along some dimension: fewer elements for certain."""
+    if shape is None or len(shape) > len(whole):
+        return False
+    aligned = (1,) * (len(whole) - len(shape)) + tuple(shape)
+    if any(d != 1 and d != w for d, w in zip(aligned, whole, strict=True)):
+        return False
+    return any(d == 1 and w != 1 for d, w in zip(aligned, whole, strict=True))

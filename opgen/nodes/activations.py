@@ -187,6 +187,9 @@ class leaky_relu(Primitive):  # noqa: N801
     def _torch(self, printer: TorchCode) -> str:
         return functional(printer, "leaky_relu", *self.args)
 
+    def mask(self) -> Expr | None:
+        return sympy.StrictGreaterThan(self.args[0], 0)  # Note [saved masks] in opgen.nodes.kernels
+
     @classmethod
     def backward_torch(cls, printer: TorchCode, g: Expr, *args: Expr) -> str:
         return aten(printer, "leaky_relu_backward", g, *args, "False")

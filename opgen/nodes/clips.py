@@ -13,7 +13,7 @@ from sympy import Expr, S
 
 from opgen.formula import functions as fn
 from opgen.nodes.base import TorchCode
-from opgen.nodes.kernels import Lowering, Primitive, aten, functional, tensors
+from opgen.nodes.kernels import Lowering, Primitive, SavedMask, aten, functional, tensors
 
 
 class hardtanh(Primitive):  # noqa: N801
@@ -95,9 +95,15 @@ class hardshrink(Primitive):  # noqa: N801
     def _torch(self, printer: TorchCode) -> str:
         return functional(printer, "hardshrink", *self.args)
 
+    def mask(self) -> Expr | None:
+        u, lambd = self.args
+        return sympy.StrictGreaterThan(sympy.Abs(u), lambd)  # Note [saved masks] in opgen.nodes.kernels
+
     @classmethod
     def backward_torch(cls, printer: TorchCode, g: Expr, *args: Expr) -> str:
         u, lambd = args
+        if isinstance(u, SavedMask):  # `g` where the mask holds: past `threshold` 0
+            return aten(printer, "threshold_backward", g, u, "0")
         return aten(printer, "threshold_backward", g, sympy.Abs(u), lambd)
 
 

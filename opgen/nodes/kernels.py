@@ -93,6 +93,18 @@ class Primitive(Spelled, sympy.Function):
         """The formula fused mode compiles (opgen.emit.fuse): the same function, cheap to fuse."""
         return self.elementary()
 
+    def mask(self) -> Expr | None:
+        """Note [saved masks]
+        ~~~~~~~~~~~~~~~~~~~~
+        A piecewise-linear primitive whose derivative is one number where a condition on its tensor
+        argument holds and another elsewhere (leaky_relu: 1 where `u > 0`, the slope elsewhere) needs
+        only that condition in backward, and its backward kernel takes the condition as a bool tensor
+        (a `SavedMask`) in the argument's place (`leaky_relu_backward(g, u > 0, slope, False)` computes
+        `g` where it is true, `g * slope` elsewhere; hardshrink's is `threshold_backward(g, |u| > lambd,
+        0)`). The condition, or None where the derivative needs more. Its
+        derivative is 0 almost everywhere, so double backward needs the condition only as well."""
+        return None
+
     def prime_form(self) -> Expr | None:
         """The derivative alone as one call, where backward shares it between gradients; None: its formula."""
         return None
@@ -122,6 +134,11 @@ class Primitive(Spelled, sympy.Function):
         raise NotImplementedError(f"{cls.__name__} has no in-place backward")
 
 
+class SavedMask(sympy.Symbol):
+    """A bool tensor forward saves for backward in a primitive's tensor argument's place: the condition
+    its derivative depends on (Note [saved masks]); its backward kernel reads it as 1 where it holds."""
+
+
 class Prime(Spelled, sympy.Function):
     """The derivative of a primitive in its tensor argument: `args` = (name, *primitive args)."""
 
@@ -136,8 +153,14 @@ class Prime(Spelled, sympy.Function):
         return PRIMITIVES[str(self.args[0])]
 
     def elementary(self) -> Expr:
-        """The derivative as a formula: of the primitive's `elementary()`."""
-        return prime_formula(str(self.args[0]), "elementary", tuple(self.args[2:])).xreplace({TENSOR_ARG: self.args[1]})
+        """The derivative as a formula: of the primitive's `elementary()`; of its condition where a saved
+        mask's condition stands in the tensor argument's place (Note [saved masks])."""
+        formula = prime_formula(str(self.args[0]), "elementary", tuple(self.args[2:]))
+        u = self.args[1]
+        if isinstance(u, (sympy.core.relational.Relational, SavedMask)):
+            condition = self.primitive(TENSOR_ARG, *self.args[2:]).mask()
+            return formula.xreplace({condition: u if isinstance(u, sympy.core.relational.Relational) else u > 0})
+        return formula.xreplace({TENSOR_ARG: u})
 
     def fused_form(self) -> Expr:
         """The derivative of the primitive's `fused_form()`, the formula fused mode compiles."""
@@ -151,6 +174,8 @@ class Prime(Spelled, sympy.Function):
 
     @property
     def free_symbols(self) -> set[sympy.Basic]:
+        if isinstance(self.args[1], SavedMask):  # the mask alone, a parameter only where the derivative reads it
+            return self.elementary().free_symbols
         return set().union(*(a.free_symbols for a in self.args[1:]))
 
     def _torch(self, printer: TorchCode) -> str:
@@ -186,6 +211,12 @@ class KernelBackward(Spelled, sympy.Function):
     def elementary(self) -> Expr:
         g, *args = self.args
         return g * Prime(self.primitive.__name__, *args).elementary()
+
+    @property
+    def free_symbols(self) -> set[sympy.Basic]:
+        if isinstance(self.args[1], SavedMask):  # Note [saved masks]: what the kernel reads
+            return self.elementary().free_symbols
+        return super().free_symbols
 
     def _eval_derivative(self, s: sympy.Symbol) -> Expr:
         return sympy.diff(self.elementary(), s)

@@ -44,6 +44,7 @@ from opgen.formula import functions as fn
 from opgen.formula.kinds import is_tensor_valued
 from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import ReduceAmax, shape_of
+from opgen.nodes.kernels import TENSOR_ARG, Prime, SavedMask
 from opgen.optimize import cancellation, norms, save_tensors
 from opgen.records import Residual
 from opgen.spec.model import POLICIES
@@ -286,6 +287,9 @@ def choose_saved(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual
             return chosen  # residuals: a one-variant op
         variants.append(chosen)
     derived = replace(derived, variants=tuple(variants))
+    masked = _save_masks(derived, policy)
+    if masked is not None:
+        return masked
     statistics = _save_statistics(derived, policy)  # a norm's own statistics first (opgen.optimize.norms)
     if not statistics[1] and save_tensors.offered(derived):
         return _hide_tensor_ops(derived, policy) or statistics
@@ -333,6 +337,42 @@ def _hide_tensor_ops(derived: Derived, policy: str) -> tuple[Derived, tuple[Resi
         shapes[r.symbol] = shapes[r.grad] = shape_of(r.expr, derived.shapes)
     variant = replace(variant, outputs=outputs, gradients=gradients)
     return replace(derived, variants=(variant,), shapes=shapes), tuple(chosen)
+
+
+def _save_masks(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]] | None:
+    """`derived` whose gradients read the condition of each piecewise-linear primitive from a bool
+    residual instead of its tensor argument (Note [saved masks] in opgen.nodes.kernels), where that
+    frees backward from every input and output: a byte an element saved instead of four (as plain
+    autograd of `where(x > 0, x, s * x)` keeps its mask), for one compare in forward. Not under
+    `speed`, in fused mode (whose backward reads inputs and outputs) or with gradient overrides."""
+    spec, variant = derived.spec, derived.full
+    if policy == "speed" or spec.optimize.fuse or spec.gradients or len(derived.variants) != 1:
+        return None
+    if not is_elementwise(spec):
+        return None
+    factors = [c.factor for g in variant.gradients for c in g.contributions]
+    primes = sorted({p for f in factors for p in f.atoms(Prime)}, key=sympy.default_sort_key)
+    conditions = [p.primitive(*p.args[1:]).mask() for p in primes]
+    if not primes or any(c is None for c in conditions):
+        return None
+    taken = {i.name for i in spec.inputs} | {let.name for let in spec.lets} | {o.name for o in spec.outputs}
+    residuals, swap = [], {}
+    for prime, condition in zip(primes, conditions, strict=True):
+        name = _untaken("saved_mask", taken)
+        symbol = SavedMask(name, real=True)
+        grad = sympy.Symbol("grad:" + name, real=True)
+        residuals.append(Residual(name, condition, symbol, grad, differentiable=False))
+        swap[prime] = Prime(prime.args[0], symbol, *prime.args[2:])
+        if TENSOR_ARG in Prime(prime.args[0], condition, *prime.args[2:]).elementary().free_symbols:
+            return None  # the derivative reads more than the condition: the primitive's `mask` is wrong
+    read = set(derived.symbols.tensor_inputs) | set(derived.symbols.outputs.values())
+    if any(f.xreplace(swap).free_symbols & read for f in factors):
+        return None  # backward reads an input or output anyway: the mask would be saved beside it
+    gradients = tuple(
+        replace(g, contributions=tuple(replace(c, factor=c.factor.xreplace(swap)) for c in g.contributions))
+        for g in variant.gradients
+    )
+    return replace(derived, variants=(replace(variant, gradients=gradients),)), tuple(residuals)
 
 
 def _save_statistics(derived: Derived, policy: str) -> tuple[Derived, tuple[Residual, ...]]:

@@ -65,7 +65,9 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
+from opgen.formula import functions as fn
 from opgen.formula.kinds import with_definitions
+from opgen.formula.syntax import is_elementwise
 from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
 from opgen.plan.blocks import Block, blocks_of
@@ -114,6 +116,9 @@ class Plan:
     # The statements of backward and jvp that one backward kernel computes, with its node (opgen.plan.kernel_calls).
     kernels: tuple[tuple[Expr, Expr], ...] = ()
     jvp_is_backward: bool = False  # Note [a diagonal Jacobian]
+    # Saved tensors only some gradients read, with the inputs whose gradients read them (Note [saved for
+    # the gradients that read it]).
+    saved_for: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def block(self, key: Expr) -> Block:
         """The block of a forward statement's value, a kernel node or a primitive's derivative."""
@@ -199,6 +204,9 @@ def _plan_variant(
         conditions = kink_of_output(derived, variant)
         factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
         shared += kinks
+        if is_elementwise(derived.spec):
+            factors, outputs, products = _shared_products(factors, outputs, owners, derived.symbols.grads)
+            shared += products
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced, masks=True)
     temps, reduced = read_multiples(temps, reduced)
@@ -296,9 +304,76 @@ def _shared_negations(
     return factors, outputs, shared
 
 
+def _shared_products(
+    factors: list[Expr], outputs: list[str | None], owners: list[str], grads: dict[str, sympy.Symbol]
+) -> tuple[list[Expr], list[str | None], list[tuple[sympy.Symbol, Expr]]]:
+    """Note [gradients that share a product]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Gradients of several inputs through one output are each the incoming gradient times a factor,
+    and the factors often share a product (`-(alpha*a*b*exp(a))`: `-alpha*exp(a)*b*(a + 1)` and
+    `-alpha*exp(a)*a`). CSE shares `alpha*exp(a)` but not its product with the incoming gradient,
+    which is multiplied in as each gradient prints: one multiplication per gradient, and the
+    negation twice. The common factors of the gradients' products (each as often as every one has
+    it), with the incoming gradient, become one temporary read by each (`tmp = grad * (-alpha*exp(a))`,
+    `grad_a = b*(a + 1)*tmp`, `grad_b = a*tmp`). Only where the common part holds a call or a power
+    (a lone symbol or number shares no work) and for elementwise specs."""
+    factors, outputs = list(factors), list(outputs)
+    shared: list[tuple[sympy.Symbol, Expr]] = []
+    by_output: dict[str, list[int]] = {}
+    for k, output in enumerate(outputs):
+        if output is not None and output in grads:
+            by_output.setdefault(output, []).append(k)
+    for output, indices in by_output.items():
+        if len({owners[k] for k in indices}) != len(indices) or len(indices) < 2:
+            continue  # each gradient one term
+        cores = [_core(factors[k]) for k in indices]
+        found = _common_factors([core for core, _ in cores])
+        if found is None:
+            continue
+        common, rests = found
+        symbol = sympy.Dummy(f"product{len(shared)}", real=True)
+        shared.append((symbol, grads[output] * common))
+        for k, (_, wrap), rest in zip(indices, cores, rests, strict=True):
+            factors[k], outputs[k] = wrap(rest * symbol), None
+    return factors, outputs, shared
+
+
+def _common_factors(products: list[Expr]) -> tuple[Expr, list[Expr]] | None:
+    """The factors every product has, each as often as every one has it, and what is left of each
+    product; None where they share no call or power."""
+    pools = [_signed_factors(p) for p in products]
+    common = []
+    for factor in list(pools[0]):
+        if all(factor in pool for pool in pools):
+            common.append(factor)
+            for pool in pools:
+                pool.remove(factor)
+    if not any(not f.is_number and not f.is_Symbol for f in common):
+        return None
+    return sympy.Mul(*common), [sympy.Mul(*pool) for pool in pools]
+
+
+def _signed_factors(product: Expr) -> list[Expr]:
+    """The factors of `product`, a sum that SymPy wrote with its sign inside (`-a - 1`) as the sum
+    without it (`a + 1`) and the sign as a factor -1, so products of opposite signs share it."""
+    negative = False
+    factors = []
+    for factor in sympy.Mul.make_args(product):
+        if factor.is_Add and factor.could_extract_minus_sign():
+            factor, negative = -factor, not negative
+        elif factor.is_number and factor.is_negative:
+            factor, negative = -factor, not negative
+        if factor != 1:
+            factors.append(factor)
+    return [sympy.S.NegativeOne, *factors] if negative else factors
+
+
 def _negated(a: Expr, b: Expr) -> bool:
-    """Whether `b` is `-a`: as written, or once products of sums are multiplied out (`2*(t - x)` is
-    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing."""
+    """Whether `b` is `-a`: as written, once products of sums are multiplied out (`2*(t - x)` is
+    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing, or branch by branch
+    of a `where` on the same condition (`where(d > 0, 2, -1/2)` and `where(d > 0, -2, 1/2)`)."""
+    if isinstance(a, fn.where) and isinstance(b, fn.where):
+        return a.args[0] == b.args[0] and _negated(a.args[1], b.args[1]) and _negated(a.args[2], b.args[2])
     return b == -a or (sympy.count_ops(a) + sympy.count_ops(b) <= 40 and sympy.expand(a + b) == 0)
 
 
@@ -437,9 +512,16 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
     saved += [o.name for o in spec.outputs if symbols.outputs[o.name] in used]
     saved += [r.name for r in residuals if r.symbol in used]
     ctx_values = tuple(i.name for i in spec.inputs if not i.is_tensor and symbols.inputs[i.name] in used)
+    saved_for = () if varies or spec.optimize.fuse else _saved_for(derived, backward[-1], tuple(saved), residuals)
+    unsure = {name for name, _ in saved_for}  # saved or not by needs_input_grad: the shape kept on ctx
     shapes = tuple(
         sorted(
-            {g.input for bp in backward for g in bp.grads if (g.reduce or g.expand) and g.input not in saved},
+            {
+                g.input
+                for bp in backward
+                for g in bp.grads
+                if (g.reduce or g.expand) and g.input not in set(saved) - unsure
+            },
             key=index_of.__getitem__,
         )
     )
@@ -468,6 +550,43 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         blocks=blocks,
         jvp_is_backward=_jvp_is_backward(derived, backward, residuals, forward),
         kernels=kernel_calls(_statements(derived, residuals, backward, forward)) if spec.optimize.lower else (),
+        saved_for=saved_for,
+    )
+
+
+def _saved_for(
+    derived: Derived, bp: BackwardPlan, saved: tuple[str, ...], residuals: tuple[Residual, ...]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Note [saved for the gradients that read it]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Each gradient runs under `ctx.needs_input_grad` (`GradPlan.index`), and so do the temporaries
+    of the gradients that read them (`TempGroup.users`). A saved input or output that only some
+    gradients read is saved only when one of them is needed, `ctx.needs_input_grad` being known in
+    `setup_context` already: `kl_div(input, target)` with a target that needs no gradient keeps
+    `target` alone, `input` being read by the target's gradient only -- half the bytes plain
+    autograd of `x * w` keeps for a `w` without a gradient too. A gradient summed or expanded to its
+    input's shape reads that shape from `ctx` (`Plan.shapes`), not from the input. Residuals, what a
+    residual is recomputed from, and specs whose backward branches on its variants or is compiled
+    (`fuse`) save unconditionally."""
+    symbols = derived.symbols
+    tensors = {n: s for n, s in (*symbols.inputs.items(), *symbols.outputs.items()) if n in saved}
+    fixed = {r.name for r in residuals} | {str(s) for r in residuals for s in r.expr.free_symbols}
+    fixed |= {n for n, s in tensors.items() if any(s in r.expr.free_symbols for r in residuals)}
+    readers: dict[str, set[str]] = {n: set() for n in tensors}
+    for grad in bp.grads:
+        used = set().union(*(c.factor.free_symbols for c in grad.contributions))
+        used |= {s for g in bp.groups if grad.input in g.users for t in g.temps for s in t.expr.free_symbols}
+        for name, symbol in tensors.items():
+            if symbol in used:
+                readers[name].add(grad.input)
+        if grad.input in readers and (grad.separate or not grad.contributions):
+            readers[grad.input].add(grad.input)  # its shape fits these (Note [gradient shapes])
+    every = {g.input for g in bp.grads}
+    order = [g.input for g in bp.grads]
+    return tuple(
+        (name, tuple(sorted(readers[name], key=order.index)))
+        for name in saved
+        if name in readers and name not in fixed and readers[name] and readers[name] != every
     )
 
 
