@@ -15,6 +15,7 @@ from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
+from .ops.gamma_fisher_logdet import GammaFisherLogdetFunction, gamma_fisher_logdet
 from .ops.geglu import GegluFunction, geglu
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
@@ -43,6 +44,7 @@ from .ops.rms_norm import RMSNorm, RmsNormFunction, rms_norm
 from .ops.rotary_embedding import RotaryEmbeddingFunction, rotary_embedding
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
+from .ops.sawtooth import SawtoothFunction, sawtooth
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
 from .ops.selu import SeluFunction, selu
 from .ops.sigmoid import SigmoidFunction, sigmoid
@@ -61,6 +63,7 @@ from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
 from .ops.von_mises_nll import VonMisesNllFunction, von_mises_nll
 from .ops.vq_straight_through import VqStraightThroughFunction, vq_straight_through
+from .ops.wrap_phase import WrapPhaseFunction, wrap_phase
 
 __opgen_version__ = "0.1.0"  # the opgen that generated this package
 __torch_requires__ = ">=2.7,<2.14"  # the torch releases it supports
@@ -79,6 +82,7 @@ __all__ = [
     "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
+    "GammaFisherLogdetFunction",
     "GegluFunction",
     "GeluFunction",
     "GeluTanhFunction",
@@ -110,6 +114,7 @@ __all__ = [
     "RotaryEmbeddingFunction",
     "RoundSteFunction",
     "SafeSqrtFunction",
+    "SawtoothFunction",
     "ScaledWeight",
     "ScaledWeightFunction",
     "SeluFunction",
@@ -130,6 +135,7 @@ __all__ = [
     "TanhshrinkFunction",
     "VonMisesNllFunction",
     "VqStraightThroughFunction",
+    "WrapPhaseFunction",
     "affine",
     "attention_scores",
     "barlow_twins",
@@ -141,6 +147,7 @@ __all__ = [
     "cross_entropy",
     "elu",
     "focal_loss",
+    "gamma_fisher_logdet",
     "geglu",
     "gelu",
     "gelu_tanh",
@@ -169,6 +176,7 @@ __all__ = [
     "rotary_embedding",
     "round_ste",
     "safe_sqrt",
+    "sawtooth",
     "scaled_weight",
     "selu",
     "sigmoid",
@@ -187,4 +195,5 @@ __all__ = [
     "tanhshrink",
     "von_mises_nll",
     "vq_straight_through",
+    "wrap_phase",
 ]
