@@ -34,7 +34,7 @@ from opgen.formula.vocabulary import (
     Value,
     polygamma_of_number,
 )
-from opgen.nodes import concat, diagonal, index
+from opgen.nodes import concat, diagonal, index, scan
 from opgen.nodes.integer_parts import REMAINDERS, remainder
 from opgen.spec.model import Formula
 from opgen.spec.parse_common import plausible
@@ -257,6 +257,8 @@ class _Reader:
             return self.read_eye(node)
         if name in diagonal.DIAGONALS:
             return self.read_diagonal(node, name)
+        if name in scan.SCANS:
+            return self.read_scan(node, name)
         if name == "chunk":
             raise self.fail(node, "chunk() gives several parts; pick one with [i], e.g. chunk(x, 2, dim=-1)[0]")
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
@@ -437,6 +439,23 @@ class _Reader:
         except tensor.ShapeError as error:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(cls(operand), NUM))
+
+    def read_scan(self, node: ast.Call, name: str) -> Value:
+        """`cumsum(x, dim)` or `cumsum(x, dim=-1)`, `dim` a whole-number literal (Note [scans] in opgen.nodes.scan)."""
+        given = [*node.args[1:], *(kw.value for kw in node.keywords if kw.arg == "dim")]
+        if len(node.args) not in (1, 2) or any(kw.arg != "dim" for kw in node.keywords) or len(given) != 1:
+            raise self.fail(node, f"{name}() takes a tensor and one dim, e.g. {name}(x, dim=-1)")
+        dim = int_literal(given[0])
+        if dim is None:
+            raise self.fail(given[0], f"the dim of {name}() must be a whole-number literal such as -1")
+        operand = self.number(node.args[0])
+        if self.scope.shapes is None:  # a first reading, only to order the formulas
+            return Value(scan.Cumsum(operand, sympy.Integer(dim), S.Zero), NUM)
+        try:
+            dim = scan.scan_dim(name, self.shape(node.args[0], operand), dim)
+        except tensor.ShapeError as error:
+            raise self.fail(given[0], str(error)) from None
+        return self.checked(node, Value(scan.Cumsum(operand, sympy.Integer(dim), S.Zero), NUM))
 
     def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802
         """`x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]`: a part of a named dimension (opgen.formula.slicing)."""

@@ -18,6 +18,7 @@ from opgen.formula.words import REDUCTIONS as REDUCTIONS
 from opgen.nodes.bessel import BESSEL
 from opgen.nodes.diagonal import DIAGONALS
 from opgen.nodes.integer_parts import REMAINDERS, trunc
+from opgen.nodes.scan import SCANS
 from opgen.nodes.stop_gradient import stop_gradient
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
@@ -114,7 +115,8 @@ SHAPE_FUNCTIONS = (
     "chunk",
     "cat",
     *DIAGONALS,
-)  # cat: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
+    *SCANS,
+)  # cat: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; cumsum: opgen.nodes.scan
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

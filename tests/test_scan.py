@@ -1,0 +1,91 @@
+"""`cumsum(x, dim)` (Note [scans] in opgen/nodes/scan.py) against torch.cumsum in float64: values,
+gradients of the first two orders (a narrower gradient expanded first), gradcheck and gradgradcheck with
+forward mode, vmap, torch.compile, the custom_op form; and its misuse as located errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from spec_ops import assert_located, build_ops
+
+DTYPE = torch.float64
+SPECS = {
+    "scan_op": (
+        "name: scan_op\ninputs: {x: 'Tensor[..., N]', w: 'Tensor[N]'}\n"
+        "outputs: {y: 'sum(cumsum(x * w, dim=-1)**2 / 2, dim=-1) + sum(cumsum(x, -1))'}\n"
+    ),
+    "scan_first": "name: scan_first\ninputs: {x: 'Tensor[M, N]'}\noutputs: {y: 'cumsum(x, 0) * cumsum(x, dim=1)'}\n",
+    "scan_custom": (
+        "name: scan_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'exp(cumsum(x, dim=-1))'}\nform: custom_op\n"
+    ),
+}
+
+
+def plain_scan(x, w):
+    return (torch.cumsum(x * w, -1) ** 2 / 2).sum(-1) + torch.cumsum(x, -1).sum()
+
+
+def plain_first(x):
+    return torch.cumsum(x, 0) * torch.cumsum(x, 1)
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    return build_ops(tmp_path_factory.mktemp("scan"), "scan_ops", SPECS)
+
+
+def _args(*shapes):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(s, generator=g, dtype=DTYPE) * 2 - 1).requires_grad_() for s in shapes]
+
+
+@pytest.mark.parametrize(
+    ("name", "plain", "shapes"), [("scan_op", plain_scan, [(3, 5), (5,)]), ("scan_first", plain_first, [(4, 3)])]
+)
+def test_values_and_two_orders_of_gradients_match_torch(ops, name, plain, shapes):
+    op, args = getattr(ops, name), _args(*shapes)
+    torch.testing.assert_close(op(*args), plain(*args))
+    got = torch.autograd.grad(op(*args).sum(), args, create_graph=True)
+    want = torch.autograd.grad(plain(*args).sum(), args, create_graph=True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    again = torch.autograd.grad(sum((g**2).sum() for g in got), args)
+    twice = torch.autograd.grad(sum((w**2).sum() for w in want), args)
+    for g, w in zip(again, twice, strict=True):
+        torch.testing.assert_close(g, w)
+    assert torch.autograd.gradcheck(op, tuple(args), check_forward_ad=True, check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(op, tuple(args), check_fwd_over_rev=True)
+
+
+def test_jvp_vmap_compile_and_custom_op(ops):
+    x, w = (a.detach() for a in _args((3, 5), (5,)))
+    t, s = torch.ones_like(x), torch.linspace(-1, 1, 5, dtype=DTYPE)
+    torch.testing.assert_close(torch.func.jvp(ops.scan_op, (x, w), (t, s)), torch.func.jvp(plain_scan, (x, w), (t, s)))
+    grad = torch.func.grad(lambda v: ops.scan_op(v, w).sum())
+    torch.testing.assert_close(
+        torch.func.vmap(grad)(x), torch.func.vmap(torch.func.grad(lambda v: plain_scan(v, w).sum()))(x)
+    )
+    xg = x.clone().requires_grad_()
+    compiled = torch.compile(ops.scan_first, fullgraph=True, backend="aot_eager")
+    (got,) = torch.autograd.grad(compiled(xg[:3]).sum(), xg)
+    (want,) = torch.autograd.grad(plain_first(xg[:3]).sum(), xg)
+    torch.testing.assert_close(got, want)
+    torch.library.opcheck(torch.ops.scan_ops.scan_custom, (x,))
+    torch.testing.assert_close(ops.scan_custom(x), torch.exp(torch.cumsum(x, -1)))
+    assert torch.autograd.gradgradcheck(ops.scan_custom, (xg,))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "formula", "expected"),
+    [
+        ("{x: 'Tensor[..., N]'}", "cumsum(x, dim=-2)", "dim=-2 is not a dimension of [..., N]; it takes -1 to -1"),
+        ("{x: 'Tensor[..., N]'}", "cumsum(x, 0)", "dim=0 is not a dimension"),
+        ("{x: 'Tensor[M, N]'}", "cumsum(x, 2)", "it takes -2 to -1 or 0 to 1"),
+        ("{x: 'Tensor'}", "cumsum(x, -1)", "needs a tensor of declared dimensions"),
+        ("{x: 'Tensor[N]'}", "cumsum(x, dim=1.5)", "must be a whole-number literal"),
+        ("{x: 'Tensor[N]'}", "cumsum(x)", "takes a tensor and one dim"),
+        ("{x: 'Tensor[N]'}", "cumsum(x, -1, dim=-1)", "takes a tensor and one dim"),
+    ],
+)
+def test_misuse_is_a_located_error(tmp_path, inputs, formula, expected):
+    assert_located(tmp_path, inputs, formula, expected)
