@@ -12,6 +12,7 @@ from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
+from .ops.cox_partial_nll import CoxPartialNllFunction, cox_partial_nll
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
@@ -79,6 +80,7 @@ __all__ = [
     "ClipGradFunction",
     "ComplexRotationFunction",
     "CosineSimilarityFunction",
+    "CoxPartialNllFunction",
     "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
@@ -144,6 +146,7 @@ __all__ = [
     "clip_grad",
     "complex_rotation",
     "cosine_similarity",
+    "cox_partial_nll",
     "cross_entropy",
     "elu",
     "focal_loss",

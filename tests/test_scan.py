@@ -1,4 +1,5 @@
-"""`cumsum(x, dim)` (Note [scans] in opgen/nodes/scan.py) against torch.cumsum in float64: values,
+"""`cumsum(x, dim)` and `logcumsumexp(x, dim)` (Notes [scans], [logcumsumexp] in opgen/nodes/scan.py) against
+torch's in float64: values,
 gradients of the first two orders (a narrower gradient expanded first), gradcheck and gradgradcheck with
 forward mode, vmap, torch.compile, the custom_op form; and its misuse as located errors."""
 
@@ -15,6 +16,10 @@ SPECS = {
         "outputs: {y: 'sum(cumsum(x * w, dim=-1)**2 / 2, dim=-1) + sum(cumsum(x, -1))'}\n"
     ),
     "scan_first": "name: scan_first\ninputs: {x: 'Tensor[M, N]'}\noutputs: {y: 'cumsum(x, 0) * cumsum(x, dim=1)'}\n",
+    "lcse_op": (
+        "name: lcse_op\ninputs: {x: 'Tensor[..., N]', w: 'Tensor[N]'}\n"
+        "outputs: {y: 'sum(w * logcumsumexp(x, dim=-1), dim=-1) + sum(logcumsumexp(x, -1))'}\n"
+    ),
     "scan_custom": (
         "name: scan_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'exp(cumsum(x, dim=-1))'}\nform: custom_op\n"
     ),
@@ -23,6 +28,10 @@ SPECS = {
 
 def plain_scan(x, w):
     return (torch.cumsum(x * w, -1) ** 2 / 2).sum(-1) + torch.cumsum(x, -1).sum()
+
+
+def plain_lcse(x, w):
+    return (w * torch.logcumsumexp(x, -1)).sum(-1) + torch.logcumsumexp(x, -1).sum()
 
 
 def plain_first(x):
@@ -40,7 +49,12 @@ def _args(*shapes):
 
 
 @pytest.mark.parametrize(
-    ("name", "plain", "shapes"), [("scan_op", plain_scan, [(3, 5), (5,)]), ("scan_first", plain_first, [(4, 3)])]
+    ("name", "plain", "shapes"),
+    [
+        ("scan_op", plain_scan, [(3, 5), (5,)]),
+        ("scan_first", plain_first, [(4, 3)]),
+        ("lcse_op", plain_lcse, [(3, 5), (5,)]),
+    ],
 )
 def test_values_and_two_orders_of_gradients_match_torch(ops, name, plain, shapes):
     op, args = getattr(ops, name), _args(*shapes)
@@ -89,3 +103,19 @@ def test_jvp_vmap_compile_and_custom_op(ops):
 )
 def test_misuse_is_a_located_error(tmp_path, inputs, formula, expected):
     assert_located(tmp_path, inputs, formula, expected)
+
+
+def test_logcumsumexp_is_finite_at_100_in_float32(ops):
+    """torch.logcumsumexp's forward and its gradient (the positive and negative parts of the incoming
+    gradient, each through a reversed logcumsumexp): no exp overflows at x = 100, with gradients of both signs."""
+    x = torch.tensor([[100.0, 99.0, 101.0, -3.0]], requires_grad=True)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    y = ops.lcse_op(x, w)
+    want = plain_lcse(x.double(), w.double())
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.double(), want)
+    (got,) = torch.autograd.grad(y.sum(), x)
+    exact = x.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(plain_lcse(exact, w.double()).sum(), exact)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)

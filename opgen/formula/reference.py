@@ -51,6 +51,7 @@ TORCH_FUNCTIONS = {
     "remainder": "torch.remainder",
     "polygamma": "torch.polygamma",
     "cumsum": "torch.cumsum",
+    "logcumsumexp": "torch.logcumsumexp",
     "where": "torch.where",
     "max": "torch.maximum",
     "min": "torch.minimum",
@@ -196,8 +197,8 @@ class _Translate(ast.NodeTransformer):
             )
         if name == "polygamma":  # the order is a Python integer, as torch.polygamma takes it
             return ast.Call(self._attr("torch.polygamma"), [node.args[0], args[1]], [])
-        if name == "cumsum":  # the dim a Python integer, positional or keyword as written
-            return ast.Call(self._attr("torch.cumsum"), [args[0], *node.args[1:]], node.keywords)
+        if name in ("cumsum", "logcumsumexp"):  # the dim a Python integer, positional or keyword as written
+            return ast.Call(self._attr(TORCH_FUNCTIONS[name]), [args[0], *node.args[1:]], node.keywords)
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
         if name == "diagonal":  # of the last two dimensions, as the language's (torch's default is the first two)
             keywords = [ast.keyword("dim1", ast.Constant(-2)), ast.keyword("dim2", ast.Constant(-1))]

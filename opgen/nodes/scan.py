@@ -1,4 +1,4 @@
-"""Scans along a named dimension: `cumsum(x, dim)`, as torch.cumsum.
+"""Scans along a named dimension: `cumsum(x, dim)` and `logcumsumexp(x, dim)`, as torch's.
 
 Note [scans]
 ~~~~~~~~~~~~
@@ -13,16 +13,29 @@ differentiable torch op, so double backward, torch.func and torch.compile take i
 gradient narrower than the node (constant along a dimension: the scalar gradient of `sum(cumsum(x,
 dim=-1))`) is expanded to the operand first: the node then carries the operand as its last argument
 (`g.expand_as(x)`).
+
+Note [logcumsumexp]
+~~~~~~~~~~~~~~~~~~~
+`logcumsumexp(x, dim)` is `torch.logcumsumexp`, `log(cumsum(exp(x), dim))` computed without overflow
+(finite at x = 100 in float32, where exp overflows). Its gradient is PyTorch's backward formula: entry
+j gets `sum over i >= j of g_i exp(x_j - y_i)`, computed as `exp(rev_lcse(log g+ - y) + x) -
+exp(rev_lcse(log g- - y) + x)` with `g+`, `g-` the positive and negative parts of the gradient (the
+dtype's lowest finite number where a part is 0, as PyTorch: with -inf there, the derivative of the
+gradient through logcumsumexp is wrong) and `rev_lcse` the reversed logcumsumexp: differentiable torch ops, so double
+backward differentiates it again. Forward mode and a gradient narrower than the node (the scalar
+gradient of `sum(logcumsumexp(x, dim=-1))`) go through `log(cumsum(exp(x)))` (Note [narrow gradients]
+in opgen.derive.vjp), exact in float64, overflowing past x = 88 in float32.
 """
 
 from __future__ import annotations
 
 import sympy
-from sympy import Expr
+from sympy import Expr, Function, S
 
+from opgen.formula import functions as fn
 from opgen.formula.dims import Shape, ShapeError, show, split
 from opgen.formula.tensor import TensorOp, pull_number, shape_of
-from opgen.nodes.base import Printer, Rearranging, Shown, Spelled, TorchCode
+from opgen.nodes.base import Lowered, Printer, Rearranging, Shown, Spelled, TorchCode
 
 
 def scan_dim(name: str, operand: Shape, dim: int) -> int:
@@ -90,4 +103,58 @@ def _fitted(value: Expr, dim: Expr, reverse: Expr, node: Cumsum, table: dict[sym
     return Cumsum(value, dim, reverse, like)
 
 
-SCANS = ("cumsum",)  # the formula language's names (opgen.formula.reader)
+class Lowest(Spelled, Shown, Function):
+    """The lowest finite number of `like`'s dtype, `torch.finfo(like.dtype).min`: where a part of a logcumsumexp's
+    gradient is 0 its log stands so, not as -inf, which spoils the derivative (Note [logcumsumexp])."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return S.Zero
+
+    def _torch(self, printer: TorchCode) -> str:
+        return f"{printer.torch}.finfo({printer._postfix(self.args[0])}.dtype).min"
+
+    def _docstring(self, printer: Printer) -> str:
+        return "lowest"
+
+
+class LogCumsumExp(Lowered, Spelled, Shown, TensorOp):
+    """`LogCumsumExp(x, dim, reverse)`: `log(cumsum(exp(x), dim))` without overflow, as torch.logcumsumexp
+    (reversed, from the end, with `reverse` 1) (Note [logcumsumexp])."""
+
+    nargs = 3
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+    def elementary(self) -> Expr:
+        x, dim, reverse = self.args
+        return sympy.log(Cumsum(sympy.exp(x), dim, reverse))
+
+    def vjp_pushes(self, grad: Expr) -> list[tuple[Expr, Expr]]:
+        """PyTorch's logcumsumexp_backward: the positive and negative parts of the gradient, each through a
+        reversed logcumsumexp of its log less the output, so that no exp overflows."""
+        x, dim, reverse = self.args
+        back = 1 - reverse
+        log_grad = sympy.log(sympy.Abs(grad))
+        parts = [
+            sympy.exp(LogCumsumExp(fn.where(side, log_grad, Lowest(grad)) - self, dim, back) + x)
+            for side in (sympy.StrictGreaterThan(grad, 0), sympy.StrictLessThan(grad, 0))
+        ]
+        return [(x, parts[0] - parts[1])]
+
+    def _torch(self, printer: TorchCode) -> str:
+        x, dim = printer._print(self.args[0]), int(self.args[1])
+        if not self.args[2]:
+            return f"{printer.torch}.logcumsumexp({x}, {dim})"
+        flip = f"{printer.torch}.flip"
+        return f"{flip}({printer.torch}.logcumsumexp({flip}({x}, ({dim},)), {dim}), ({dim},))"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "reverse_logcumsumexp" if self.args[2] else "logcumsumexp"
+        return f"{word}({printer._print(self.args[0])}, dim={int(self.args[1])})"
+
+
+SCANS = ("cumsum", "logcumsumexp")  # the formula language's names (opgen.formula.reader)
