@@ -20,6 +20,9 @@ SPECS = {
         "name: lcse_op\ninputs: {x: 'Tensor[..., N]', w: 'Tensor[N]'}\n"
         "outputs: {y: 'sum(w * logcumsumexp(x, dim=-1), dim=-1) + sum(logcumsumexp(x, -1))'}\n"
     ),
+    "lcse_written": (
+        "name: lcse_written\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'log(2 * cumsum(exp(x), dim=-1))'}\n"
+    ),
     "scan_custom": (
         "name: scan_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'exp(cumsum(x, dim=-1))'}\nform: custom_op\n"
     ),
@@ -119,3 +122,18 @@ def test_logcumsumexp_is_finite_at_100_in_float32(ops):
     (ref,) = torch.autograd.grad(plain_lcse(exact, w.double()).sum(), exact)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_log_of_cumsum_of_exp_is_read_as_logcumsumexp(ops):
+    """`log(2 * cumsum(exp(x), dim=-1))` is computed as `log(2) + logcumsumexp(x, -1)`: finite at x = 100 in
+    float32, where exp(x) overflows, and equal to the float64 value as written, gradient too."""
+    x = torch.tensor([[100.0, 99.0, 101.0, -3.0], [0.5, -1.0, 2.0, 0.25]], requires_grad=True)
+    g = torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.5, 1.0, -1.0, 2.0]])
+    y = ops.lcse_written(x)
+    exact = x.detach().double().requires_grad_()
+    want = torch.log(2 * torch.cumsum(torch.exp(exact), -1))
+    torch.testing.assert_close(y.double(), want)
+    (got,) = torch.autograd.grad(y, x, g)
+    (ref,) = torch.autograd.grad(want, exact, g.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    assert not torch.isfinite(torch.log(2 * torch.cumsum(torch.exp(x.detach()), -1))).all()  # as written, in float32
