@@ -12,9 +12,11 @@ from .ops.bilinear import Bilinear, BilinearFunction, bilinear
 from .ops.clip_grad import ClipGradFunction, clip_grad
 from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
+from .ops.cox_partial_nll import CoxPartialNllFunction, cox_partial_nll
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
+from .ops.gamma_fisher_logdet import GammaFisherLogdetFunction, gamma_fisher_logdet
 from .ops.geglu import GegluFunction, geglu
 from .ops.gelu import GeluFunction, gelu
 from .ops.gelu_tanh import GeluTanhFunction, gelu_tanh
@@ -43,6 +45,7 @@ from .ops.rms_norm import RMSNorm, RmsNormFunction, rms_norm
 from .ops.rotary_embedding import RotaryEmbeddingFunction, rotary_embedding
 from .ops.round_ste import RoundSteFunction, round_ste
 from .ops.safe_sqrt import SafeSqrtFunction, safe_sqrt
+from .ops.sawtooth import SawtoothFunction, sawtooth
 from .ops.scaled_weight import ScaledWeight, ScaledWeightFunction, scaled_weight
 from .ops.selu import SeluFunction, selu
 from .ops.sigmoid import SigmoidFunction, sigmoid
@@ -61,6 +64,7 @@ from .ops.swish import SwishFunction, swish
 from .ops.tanhshrink import TanhshrinkFunction, tanhshrink
 from .ops.von_mises_nll import VonMisesNllFunction, von_mises_nll
 from .ops.vq_straight_through import VqStraightThroughFunction, vq_straight_through
+from .ops.wrap_phase import WrapPhaseFunction, wrap_phase
 
 __opgen_version__ = "0.1.0"  # the opgen that generated this package
 __torch_requires__ = ">=2.7,<2.14"  # the torch releases it supports
@@ -76,9 +80,11 @@ __all__ = [
     "ClipGradFunction",
     "ComplexRotationFunction",
     "CosineSimilarityFunction",
+    "CoxPartialNllFunction",
     "CrossEntropyFunction",
     "EluFunction",
     "FocalLossFunction",
+    "GammaFisherLogdetFunction",
     "GegluFunction",
     "GeluFunction",
     "GeluTanhFunction",
@@ -110,6 +116,7 @@ __all__ = [
     "RotaryEmbeddingFunction",
     "RoundSteFunction",
     "SafeSqrtFunction",
+    "SawtoothFunction",
     "ScaledWeight",
     "ScaledWeightFunction",
     "SeluFunction",
@@ -130,6 +137,7 @@ __all__ = [
     "TanhshrinkFunction",
     "VonMisesNllFunction",
     "VqStraightThroughFunction",
+    "WrapPhaseFunction",
     "affine",
     "attention_scores",
     "barlow_twins",
@@ -138,9 +146,11 @@ __all__ = [
     "clip_grad",
     "complex_rotation",
     "cosine_similarity",
+    "cox_partial_nll",
     "cross_entropy",
     "elu",
     "focal_loss",
+    "gamma_fisher_logdet",
     "geglu",
     "gelu",
     "gelu_tanh",
@@ -169,6 +179,7 @@ __all__ = [
     "rotary_embedding",
     "round_ste",
     "safe_sqrt",
+    "sawtooth",
     "scaled_weight",
     "selu",
     "sigmoid",
@@ -187,4 +198,5 @@ __all__ = [
     "tanhshrink",
     "von_mises_nll",
     "vq_straight_through",
+    "wrap_phase",
 ]

@@ -151,3 +151,15 @@ def test_misuse_is_a_located_error(text, expected):
         read_formula(Formula(text, Loc("f.yaml", 2, 7)), SCOPE)
     assert expected in error.value.message, error.value.message
     assert str(error.value.loc).startswith("f.yaml:2:")
+
+
+def test_the_mpmath_oracle_keeps_a_scaled_function_whole():
+    """The accuracy tests' exact value of `i0e(x)**2` squares exp(-|x|) i0(x), not i0 alone."""
+    import sympy
+
+    from opgen.nodes.bessel import i0e
+    from opgen.plan import extremes
+
+    x = sympy.Symbol("x")
+    code = sympy.lambdify(x, i0e(x) ** 2, modules=[extremes._namespace()], printer=extremes._printer())
+    assert float(code(mpmath.mpf(3))) == pytest.approx(float(torch.special.i0e(torch.tensor(3.0, dtype=DTYPE))) ** 2)

@@ -78,6 +78,8 @@ TORCH = {
     "norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
     "average": lambda x: torch.mean(x, -1),
     "detach": torch.detach,
+    "trigamma": lambda x: torch.special.polygamma(1, x),
+    "frac": torch.frac,
 }
 
 
@@ -115,9 +117,11 @@ LANGUAGE = {
     "amax": lambda x, dim, keepdim=False: torch.amax(x, dim, keepdim=keepdim),
     "logsumexp": lambda x, dim, keepdim=False: torch.logsumexp(x, dim, keepdim=keepdim),
     "stop_gradient": torch.detach,
+    "trunc": torch.trunc,
+    "polygamma": lambda n, x: torch.polygamma(int(n), x),
 }
 LANGUAGE = {
-    name: _numbers_as_tensors(f) if name not in ("sum", "mean", "amax", "logsumexp") else f
+    name: _numbers_as_tensors(f) if name not in ("sum", "mean", "amax", "logsumexp", "polygamma") else f
     for name, f in LANGUAGE.items()
 }
 LANGUAGE["true"] = True

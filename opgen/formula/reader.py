@@ -27,12 +27,15 @@ from opgen.formula.vocabulary import (
     BOOL,
     CONSTANTS,
     FUNCTIONS,
+    MAX_POLYGAMMA,
     NUM,
     REDUCTIONS,
     SPECIAL_FUNCTIONS,
     Value,
+    polygamma_of_number,
 )
-from opgen.nodes import concat, diagonal, index
+from opgen.nodes import concat, diagonal, index, scan
+from opgen.nodes.integer_parts import REMAINDERS, remainder
 from opgen.spec.model import Formula
 from opgen.spec.parse_common import plausible
 
@@ -203,6 +206,10 @@ class _Reader:
                 text = f"`{short(ast.unparse(node))}` is about 2 ** {bits:.3g}"
                 raise self.fail(node, f"the constant {text}, outside float64 ({_SIZE_HINT})")
             return self.checked(node, Value(a**b, NUM))
+        if isinstance(op, ast.Mod):  # Note [integer parts] in opgen.nodes.integer_parts
+            if b == 0:
+                raise self.fail(node, "remainder by the constant zero")
+            return self.checked(node, Value(remainder(a, b), NUM))
         raise self.fail(node, f"the operator {_OPERATOR_TEXT.get(type(op), type(op).__name__)} is not allowed")
 
     def read_Compare(self, node: ast.Compare) -> Value:  # noqa: N802
@@ -250,6 +257,8 @@ class _Reader:
             return self.read_eye(node)
         if name in diagonal.DIAGONALS:
             return self.read_diagonal(node, name)
+        if name in scan.SCANS:
+            return self.read_scan(node, name)
         if name == "chunk":
             raise self.fail(node, "chunk() gives several parts; pick one with [i], e.g. chunk(x, 2, dim=-1)[0]")
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
@@ -267,6 +276,8 @@ class _Reader:
             self._arity(node, name, 3)
             cond = self.condition(node.args[0], "the first argument of where()")
             return self.checked(node, Value(fn.where(cond, self.number(node.args[1]), self.number(node.args[2])), NUM))
+        if name == "polygamma":
+            return self.read_polygamma(node)
         if name in ("max", "min"):
             self._arity(node, name, 2)
             a, b = self.number(node.args[0]), self.number(node.args[1])
@@ -278,7 +289,24 @@ class _Reader:
             return Value(cls(a, b, sympy.Integer(both)), NUM)
         arity, build = FUNCTIONS[name]
         self._arity(node, name, arity)
-        return self.checked(node, Value(build(*(self.number(a) for a in node.args)), NUM))
+        args = [self.number(a) for a in node.args]
+        if name in REMAINDERS and args[1] == 0:
+            raise self.fail(node, f"{name}() by the constant zero")
+        return self.checked(node, Value(build(*args), NUM))
+
+    def read_polygamma(self, node: ast.Call) -> Value:
+        """`polygamma(n, x)`: the n-th derivative of digamma, `n` a whole-number literal (torch.polygamma's `int n`)."""
+        self._arity(node, "polygamma", 2)
+        order = node.args[0]
+        if not (isinstance(order, ast.Constant) and type(order.value) is int and 0 <= order.value <= MAX_POLYGAMMA):
+            raise self.fail(
+                order,
+                f"the order of polygamma(n, x) must be a whole-number literal from 0 to {MAX_POLYGAMMA}, "
+                f"not `{short(ast.unparse(order))}`; polygamma(0, x) is digamma(x), polygamma(1, x) trigamma",
+            )
+        x = self.number(node.args[1])
+        built = polygamma_of_number(order.value, x)
+        return self.checked(node, Value(built, NUM))
 
     def _holds_tensor(self, node: ast.expr) -> bool:
         """The formula text names a tensor (Note [tensor-valued lets])."""
@@ -412,6 +440,23 @@ class _Reader:
             raise self.fail(node, str(error)) from None
         return self.checked(node, Value(cls(operand), NUM))
 
+    def read_scan(self, node: ast.Call, name: str) -> Value:
+        """`cumsum(x, dim)` or `cumsum(x, dim=-1)`, `dim` a whole-number literal (Note [scans] in opgen.nodes.scan)."""
+        given = [*node.args[1:], *(kw.value for kw in node.keywords if kw.arg == "dim")]
+        if len(node.args) not in (1, 2) or any(kw.arg != "dim" for kw in node.keywords) or len(given) != 1:
+            raise self.fail(node, f"{name}() takes a tensor and one dim, e.g. {name}(x, dim=-1)")
+        dim = int_literal(given[0])
+        if dim is None:
+            raise self.fail(given[0], f"the dim of {name}() must be a whole-number literal such as -1")
+        operand = self.number(node.args[0])
+        node_class = scan.LogCumsumExp if name == "logcumsumexp" else scan.Cumsum
+        if self.scope.shapes is not None:  # else a first reading, only to order the formulas
+            try:
+                dim = scan.scan_dim(name, self.shape(node.args[0], operand), dim)
+            except tensor.ShapeError as error:
+                raise self.fail(given[0], str(error)) from None
+        return self.checked(node, Value(node_class(operand, sympy.Integer(dim), S.Zero), NUM))
+
     def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802
         """`x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]`: a part of a named dimension (opgen.formula.slicing)."""
         value = node.value
@@ -444,7 +489,7 @@ class _Reader:
 
 
 _SIZE_HINT = "the 'constant size' limit: numbers below 2 ** 1024, about 1.8e308"
-_OPERATOR_TEXT = {ast.FloorDiv: "`//`", ast.Mod: "`%`", ast.LShift: "`<<`", ast.RShift: "`>>`", ast.BitXor: "`^`"}
+_OPERATOR_TEXT = {ast.FloorDiv: "`//`", ast.LShift: "`<<`", ast.RShift: "`>>`", ast.BitXor: "`^`"}
 
 
 def _float(value: float) -> Expr:

@@ -45,6 +45,12 @@ TORCH_FUNCTIONS = {
     "floor": "torch.floor",
     "ceil": "torch.ceil",
     "round": "torch.round",
+    "trunc": "torch.trunc",
+    "fmod": "torch.fmod",
+    "remainder": "torch.remainder",
+    "polygamma": "torch.polygamma",
+    "cumsum": "torch.cumsum",
+    "logcumsumexp": "torch.logcumsumexp",
     "where": "torch.where",
     "max": "torch.maximum",
     "min": "torch.minimum",
@@ -192,6 +198,10 @@ class _Translate(ast.NodeTransformer):
             return ast.Call(
                 self._attr("torch.clamp"), [args[0]], [ast.keyword("min", args[1]), ast.keyword("max", args[2])]
             )
+        if name == "polygamma":  # the order is a Python integer, as torch.polygamma takes it
+            return ast.Call(self._attr("torch.polygamma"), [node.args[0], args[1]], [])
+        if name in ("cumsum", "logcumsumexp"):  # the dim a Python integer, positional or keyword as written
+            return ast.Call(self._attr(TORCH_FUNCTIONS[name]), [args[0], *node.args[1:]], node.keywords)
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
         if name == "diagonal":  # of the last two dimensions, as the language's (torch's default is the first two)
             keywords = [ast.keyword("dim1", ast.Constant(-2)), ast.keyword("dim2", ast.Constant(-1))]

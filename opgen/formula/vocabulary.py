@@ -17,6 +17,8 @@ from opgen.formula import functions as fn
 from opgen.formula.words import REDUCTIONS as REDUCTIONS
 from opgen.nodes.bessel import BESSEL
 from opgen.nodes.diagonal import DIAGONALS
+from opgen.nodes.integer_parts import REMAINDERS, trunc
+from opgen.nodes.scan import SCANS
 from opgen.nodes.stop_gradient import stop_gradient
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
@@ -41,11 +43,24 @@ def _numeric_when_large(f: Callable[..., Expr]) -> tuple[int, Callable[..., Expr
     a harmonic number): at a large one, its value to 30 digits instead (`lgamma(1e7)` took minutes)."""
 
     def build(x: Expr) -> Expr:
-        if x.is_Rational and abs(x) > EXACT_UP_TO and not (x.is_integer and x < 0):  # not a pole
-            return f(x, evaluate=False).evalf(30)
-        return f(x)
+        return exact_when_small(f, x)
 
     return 1, build
+
+
+def exact_when_small(f: Callable[..., Expr], x: Expr, *before: Expr) -> Expr:
+    """`f(*before, x)`, exact at a small rational `x`, to 30 digits at a large one (`_numeric_when_large`)."""
+    if x.is_Rational and abs(x) > EXACT_UP_TO and not (x.is_integer and x < 0):  # not a pole
+        return f(*before, x, evaluate=False).evalf(30)
+    return f(*before, x)
+
+
+MAX_POLYGAMMA = 20  # polygamma(n, x)'s largest order: n! / x**(n + 1) leaves float32 past it near x = 1
+
+
+def polygamma_of_number(order: int, x: Expr) -> Expr:
+    """polygamma(order, x) of a number `x`: its exact value, or 30 digits of it for a large one."""
+    return exact_when_small(sympy.polygamma, x, sympy.Integer(order))
 
 
 FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
@@ -80,6 +95,8 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "floor": _elementwise(fn.floor),
     "ceil": _elementwise(fn.ceil),
     "round": _elementwise(fn.round),
+    "trunc": _elementwise(trunc),  # Note [integer parts] in opgen.nodes.integer_parts
+    **{name: (2, f) for name, f in REMAINDERS.items()},
     "heaviside": _elementwise(fn.heaviside),
     "clamp": (3, fn.clamp),
     "xlogy": (2, fn.xlogy),
@@ -88,7 +105,7 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
 }
 
 
-SPECIAL_FUNCTIONS = ("where", "max", "min")
+SPECIAL_FUNCTIONS = ("where", "max", "min", "polygamma")  # polygamma(n, x): n a whole-number literal
 
 
 # `unsqueeze(x, dim=-3)`: a new dimension of size 1 (a batch of matrices meeting a batch of weights);
@@ -99,7 +116,8 @@ SHAPE_FUNCTIONS = (
     "cat",
     "stack",
     *DIAGONALS,
-)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal
+    *SCANS,
+)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; cumsum: opgen.nodes.scan
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

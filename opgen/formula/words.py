@@ -65,6 +65,8 @@ ALTERNATIVES: dict[str, str] = {
     "arctanh": "atanh({0})",
     "gammaln": "lgamma({0})",
     "psi": "digamma({0})",
+    "trigamma": "polygamma(1, {0})",
+    "frac": "{0} - trunc({0})",
     "norm": "sqrt(sum({0}**2, dim=-1))",
     "average": "mean({0}, dim=-1)",
     "detach": "stop_gradient({0})",

@@ -37,7 +37,7 @@ from opgen.formula.dims import batch_count_size, dim_size, show, split
 from opgen.formula.syntax import reduction_dims
 from opgen.formula.tensor import BATCH, Shape, ShapeError, TensorOp
 from opgen.formula.vocabulary import REDUCTIONS, SHAPE_FUNCTIONS
-from opgen.nodes import concat, diagonal, index
+from opgen.nodes import concat, diagonal, index, scan
 
 SHAPED = (*REDUCTIONS, *SHAPE_FUNCTIONS)  # calls whose first argument sets the shape: reductions, unsqueeze
 
@@ -147,6 +147,8 @@ class Walk:
             return joined(shapes, dim)[0]
         if isinstance(node.func, ast.Name) and node.func.id in diagonal.DIAGONALS:
             return diagonal.call_shape(node.func.id, shapes[0])
+        if isinstance(node.func, ast.Name) and node.func.id in scan.SCANS:
+            return shapes[0]  # the reader checked its dim
         if isinstance(node.func, ast.Name) and node.func.id == "unsqueeze":
             place = ast.literal_eval(options["dim"])
             return tensor.unsqueeze_shape(shapes[0], tensor.unsqueeze_dim(shapes[0], place))

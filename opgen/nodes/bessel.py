@@ -46,8 +46,9 @@ class _Bessel(Spelled, Shown, fn.Elementwise):
         return f"{type(self).__name__}({printer._print(self.args[0])})"
 
     def _mpmathcode(self, printer: Printer) -> str:
-        """The exact value, for the accuracy tests' mpmath oracle (opgen.plan.extremes)."""
-        return printer._print(self.elementary())
+        """The exact value, for the accuracy tests' mpmath oracle (opgen.plan.extremes); in parentheses, as the
+        printer puts none around a function's spelling (`i0e(x)**2` is not `exp(-abs(x))*besseli(0, x)**2`)."""
+        return f"({printer._print(self.elementary())})"
 
 
 class i0(_Bessel):  # noqa: N801 - prints as torch's name

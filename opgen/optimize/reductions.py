@@ -12,6 +12,7 @@ ops in float32 at logits of ±1e4 against torch.softmax / torch.logsumexp / F.cr
 size 1 at `d` such as `amax(u, d, keepdim=true)`: its static shape says so):
 
     log(sum(exp(u), d, k))                -> logsumexp(u, d, k)
+    log(c * cumsum(exp(u), d))            -> log(c) + logcumsumexp(u, d)
     log(c * sum(exp(u), d, k))            -> log(c) + logsumexp(u, d, k)     (sum(exp) > 0)
     log(c * mean(exp(u), d, k))           -> log(c / n) + logsumexp(u, d, k) (n: the size of d)
     sum(m * v, d, k)                      -> m * sum(v, d, k)                 (k, or m lacks d)
@@ -46,6 +47,7 @@ from opgen.formula.tensor import (
     shape_of,
     split,
 )
+from opgen.nodes.scan import Cumsum, LogCumsumExp
 
 Shapes = dict[sympy.Symbol, Shape]
 
@@ -155,6 +157,10 @@ def log_of(node: sympy.log, shapes: Shapes | None) -> Expr | None:
     if isinstance(arg, Softmax):
         return LogSoftmax(*arg.args)
     for factor in sympy.Mul.make_args(arg):
+        scanned = _exp_arg(factor.args[0]) if isinstance(factor, Cumsum) and len(factor.args) == 3 else None
+        if scanned is not None:  # Note [logcumsumexp] in opgen.nodes.scan
+            lcse, rest = LogCumsumExp(scanned, *factor.args[1:]), arg / factor
+            return lcse if rest == 1 else sympy.log(rest) + lcse
         parts, count = _sum_of_exp(factor), _mean_count(factor, shapes)
         if parts is None and count is not None:  # mean(exp(u)) = sum(exp(u)) / n: LogSumExp pooling
             parts = _sum_of_exp(ReduceSum(*factor.args))

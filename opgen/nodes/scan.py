@@ -1,0 +1,160 @@
+"""Scans along a named dimension: `cumsum(x, dim)` and `logcumsumexp(x, dim)`, as torch's.
+
+Note [scans]
+~~~~~~~~~~~~
+`cumsum(x, dim=-1)` is `torch.cumsum(x, -1)`: entry i is the sum of the entries 0..i along `dim`, the
+operand's shape kept. `dim` is a whole-number literal naming one of the operand's declared dimensions
+(`Tensor[..., N]`: -1; counted from the front only without a batch `...`); it is kept counted from the
+end, so that a batch of any depth in front leaves it the same.
+
+It is linear: its tangent is the cumsum of the tangent, and the gradient of its operand the reversed
+cumsum of the gradient (entry i the sum of the gradient's entries i..N-1: `flip(cumsum(flip(g)))`), a
+differentiable torch op, so double backward, torch.func and torch.compile take it as any other. A
+gradient narrower than the node (constant along a dimension: the scalar gradient of `sum(cumsum(x,
+dim=-1))`) is expanded to the operand first: the node then carries the operand as its last argument
+(`g.expand_as(x)`).
+
+Note [logcumsumexp]
+~~~~~~~~~~~~~~~~~~~
+`logcumsumexp(x, dim)` is `torch.logcumsumexp`, `log(cumsum(exp(x), dim))` computed without overflow
+(finite at x = 100 in float32, where exp overflows). Its gradient is PyTorch's backward formula: entry
+j gets `sum over i >= j of g_i exp(x_j - y_i)`, computed as `exp(rev_lcse(log g+ - y) + x) -
+exp(rev_lcse(log g- - y) + x)` with `g+`, `g-` the positive and negative parts of the gradient (the
+dtype's lowest finite number where a part is 0, as PyTorch: with -inf there, the derivative of the
+gradient through logcumsumexp is wrong) and `rev_lcse` the reversed logcumsumexp: differentiable torch ops, so double
+backward differentiates it again. Forward mode and a gradient narrower than the node (the scalar
+gradient of `sum(logcumsumexp(x, dim=-1))`) go through `log(cumsum(exp(x)))` (Note [narrow gradients]
+in opgen.derive.vjp), exact in float64, overflowing past x = 88 in float32.
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy import Expr, Function, S
+
+from opgen.formula import functions as fn
+from opgen.formula.dims import Shape, ShapeError, show, split
+from opgen.formula.tensor import TensorOp, pull_number, shape_of
+from opgen.nodes.base import Lowered, Printer, Rearranging, Shown, Spelled, TorchCode
+
+
+def scan_dim(name: str, operand: Shape, dim: int) -> int:
+    """`dim` of `name(x, dim)` counted from the end of `x`'s dimensions; a `ShapeError` when it names none."""
+    if operand is None:
+        raise ShapeError(f"{name}() needs a tensor of declared dimensions, e.g. x: Tensor[..., N] with dim=-1")
+    batch, dims = split(operand)
+    if not dims:
+        raise ShapeError(f"{name}() needs a named dimension to scan along; {show(operand)} has none")
+    if -len(dims) <= dim < 0:
+        return dim
+    if 0 <= dim < len(dims) and not batch:
+        return dim - len(dims)
+    counted = f"-{len(dims)} to -1" + ("" if batch else f" or 0 to {len(dims) - 1}")
+    raise ShapeError(f"{name}(): dim={dim} is not a dimension of {show(operand)}; it takes {counted}")
+
+
+class Cumsum(Rearranging, Spelled, Shown, TensorOp):
+    """`Cumsum(x, dim, reverse)` or `Cumsum(x, dim, reverse, like)`: the (reversed, with `reverse` 1) cumulative
+    sum of `x` along `dim` (negative), `x` first expanded to `like`'s shape when given (Note [scans])."""
+
+    nargs = (3, 4)
+
+    @classmethod
+    def eval(cls, operand: Expr, *rest: Expr) -> Expr | None:
+        return pull_number(cls, operand, *rest)
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def reverse(self) -> bool:
+        return bool(self.args[2])
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[-1] if len(self.args) == 4 else self.args[0], table)
+
+    def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return _fitted(grad, self.args[1], 1 - self.args[2], self, table)
+
+    def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return _fitted(tangent, self.args[1], self.args[2], self, table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        text = printer._print(self.args[0])
+        if len(self.args) == 4:
+            text = f"{printer._postfix(self.args[0])}.expand_as({printer._print(self.args[3])})"
+        if not self.reverse:
+            return f"{printer.torch}.cumsum({text}, {self.dim})"
+        flip = f"{printer.torch}.flip"
+        return f"{flip}({printer.torch}.cumsum({flip}({text}, ({self.dim},)), {self.dim}), ({self.dim},))"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "reverse_cumsum" if self.reverse else "cumsum"
+        return f"{word}({printer._print(self.args[0])}, dim={self.dim})"
+
+
+def _fitted(value: Expr, dim: Expr, reverse: Expr, node: Cumsum, table: dict[sympy.Symbol, Shape]) -> Expr:
+    """`Cumsum(value, dim, reverse)` of a `value` standing for a tensor of `node`'s shape, expanded to it first
+    where it is narrower (Note [scans])."""
+    like = node.args[3] if len(node.args) == 4 else node.args[0]
+    if shape_of(value, table) == shape_of(node, table):
+        return Cumsum(value, dim, reverse)
+    return Cumsum(value, dim, reverse, like)
+
+
+class Lowest(Spelled, Shown, Function):
+    """The lowest finite number of `like`'s dtype, `torch.finfo(like.dtype).min`: where a part of a logcumsumexp's
+    gradient is 0 its log stands so, not as -inf, which spoils the derivative (Note [logcumsumexp])."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex: int = 1) -> Expr:
+        return S.Zero
+
+    def _torch(self, printer: TorchCode) -> str:
+        return f"{printer.torch}.finfo({printer._postfix(self.args[0])}.dtype).min"
+
+    def _docstring(self, printer: Printer) -> str:
+        return "lowest"
+
+
+class LogCumsumExp(Lowered, Spelled, Shown, TensorOp):
+    """`LogCumsumExp(x, dim, reverse)`: `log(cumsum(exp(x), dim))` without overflow, as torch.logcumsumexp
+    (reversed, from the end, with `reverse` 1) (Note [logcumsumexp])."""
+
+    nargs = 3
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+    def elementary(self) -> Expr:
+        x, dim, reverse = self.args
+        return sympy.log(Cumsum(sympy.exp(x), dim, reverse))
+
+    def vjp_pushes(self, grad: Expr) -> list[tuple[Expr, Expr]]:
+        """PyTorch's logcumsumexp_backward: the positive and negative parts of the gradient, each through a
+        reversed logcumsumexp of its log less the output, so that no exp overflows."""
+        x, dim, reverse = self.args
+        back = 1 - reverse
+        log_grad = sympy.log(sympy.Abs(grad))
+        parts = [
+            sympy.exp(LogCumsumExp(fn.where(side, log_grad, Lowest(grad)) - self, dim, back) + x)
+            for side in (sympy.StrictGreaterThan(grad, 0), sympy.StrictLessThan(grad, 0))
+        ]
+        return [(x, parts[0] - parts[1])]
+
+    def _torch(self, printer: TorchCode) -> str:
+        x, dim = printer._print(self.args[0]), int(self.args[1])
+        if not self.args[2]:
+            return f"{printer.torch}.logcumsumexp({x}, {dim})"
+        flip = f"{printer.torch}.flip"
+        return f"{flip}({printer.torch}.logcumsumexp({flip}({x}, ({dim},)), {dim}), ({dim},))"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "reverse_logcumsumexp" if self.args[2] else "logcumsumexp"
+        return f"{word}({printer._print(self.args[0])}, dim={int(self.args[1])})"
+
+
+SCANS = ("cumsum", "logcumsumexp")  # the formula language's names (opgen.formula.reader)
