@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -22,7 +22,8 @@ class CoxPartialNllFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         r, event = inputs
         nll = output
-        ctx.save_for_backward(r, event)
+        ctx.save_for_backward(r, event if ctx.needs_input_grad[0] else None)
+        ctx.event_shape = event.shape
         ctx.save_for_forward(r, event, nll)
 
     @staticmethod
@@ -50,7 +51,7 @@ class CoxPartialNllFunction(Function):
             grad_r = grad_r.sum_to_size(r.shape)
         if ctx.needs_input_grad[1]:
             grad_event = tmp0 * (tmp2 - r)
-            grad_event = grad_event.sum_to_size(event.shape)
+            grad_event = grad_event.sum_to_size(ctx.event_shape)
         return grad_r, grad_event
 
     @staticmethod
@@ -95,8 +96,7 @@ def cox_partial_nll(r: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
         ("r", r, ("...", "N")),
         ("event", event, ("...", "N")),
     )
-    check_floating("cox_partial_nll", {"r": r, "event": event})
-    r, event = promoted(r, event)
+    r, event = floating("cox_partial_nll", {"r": r, "event": event})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return CoxPartialNllFunction.forward(r, event)
     function = _CoxPartialNllFunctionNoJvp if torch.compiler.is_compiling() else CoxPartialNllFunction

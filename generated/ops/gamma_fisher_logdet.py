@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -22,7 +22,9 @@ class GammaFisherLogdetFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         alpha, beta = inputs
         logdet = output
-        ctx.save_for_backward(alpha, beta)
+        ctx.save_for_backward(alpha if ctx.needs_input_grad[0] else None, beta if ctx.needs_input_grad[1] else None)
+        ctx.alpha_shape = alpha.shape
+        ctx.beta_shape = beta.shape
         ctx.save_for_forward(alpha, beta, logdet)
 
     @staticmethod
@@ -32,10 +34,10 @@ class GammaFisherLogdetFunction(Function):
         if ctx.needs_input_grad[0]:
             tmp0 = torch.polygamma(1, alpha)
             grad_alpha = grad_logdet * (alpha * torch.polygamma(2, alpha) + tmp0) / (alpha * tmp0 - 1)
-            grad_alpha = grad_alpha.sum_to_size(alpha.shape)
+            grad_alpha = grad_alpha.sum_to_size(ctx.alpha_shape)
         if ctx.needs_input_grad[1]:
             grad_beta = -2 * grad_logdet / beta
-            grad_beta = grad_beta.sum_to_size(beta.shape)
+            grad_beta = grad_beta.sum_to_size(ctx.beta_shape)
         return grad_alpha, grad_beta
 
     @staticmethod
@@ -77,8 +79,7 @@ def gamma_fisher_logdet(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor
         ("alpha", alpha, None),
         ("beta", beta, None),
     )
-    check_floating("gamma_fisher_logdet", {"alpha": alpha, "beta": beta})
-    alpha, beta = promoted(alpha, beta)
+    alpha, beta = floating("gamma_fisher_logdet", {"alpha": alpha, "beta": beta})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return GammaFisherLogdetFunction.forward(alpha, beta)
     function = _GammaFisherLogdetFunctionNoJvp if torch.compiler.is_compiling() else GammaFisherLogdetFunction

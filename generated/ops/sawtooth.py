@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -22,7 +22,8 @@ class SawtoothFunction(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, p = inputs
         y = output
-        ctx.save_for_backward(x, p)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, p)
+        ctx.x_shape = x.shape
         ctx.save_for_forward(x, p, y)
 
     @staticmethod
@@ -33,7 +34,7 @@ class SawtoothFunction(Function):
             tmp0 = 1 / p
         if ctx.needs_input_grad[0]:
             grad_x = grad_y * (tmp0 + 1)
-            grad_x = grad_x.sum_to_size(x.shape)
+            grad_x = grad_x.sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_p = grad_y * (-(tmp0 * torch.trunc(tmp0 * x)) - torch.fmod(x, p) / p**2)
             grad_p = grad_p.sum_to_size(p.shape)
@@ -77,8 +78,7 @@ def sawtooth(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         ("x", x, None),
         ("p", p, None),
     )
-    check_floating("sawtooth", {"x": x, "p": p})
-    x, p = promoted(x, p)
+    x, p = floating("sawtooth", {"x": x, "p": p})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return SawtoothFunction.forward(x, p)
     function = _SawtoothFunctionNoJvp if torch.compiler.is_compiling() else SawtoothFunction

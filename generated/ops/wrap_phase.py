@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, check_floating, not_scriptable, outputs_only, promoted, without_jvp
+from .._runtime import Function, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -79,8 +79,7 @@ def wrap_phase(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ("a", a, None),
         ("b", b, None),
     )
-    check_floating("wrap_phase", {"a": a, "b": b})
-    a, b = promoted(a, b)
+    a, b = floating("wrap_phase", {"a": a, "b": b})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
         return WrapPhaseFunction.forward(a, b)
     function = _WrapPhaseFunctionNoJvp if torch.compiler.is_compiling() else WrapPhaseFunction

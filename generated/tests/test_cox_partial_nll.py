@@ -38,7 +38,7 @@ OP = harness.OpUnderTest(
 
 
 def sample_inputs(shapes: dict[str, list[int]] = SHAPES, seed: int = 0) -> list[Any]:
-    """Inputs in spec order; tensors drawn uniformly from the `tests:` domain, in float64."""
+    """Inputs in spec order; tensors drawn from the `tests:` domain, in float64."""
     generator = torch.Generator().manual_seed(seed)
     return [
         harness.uniform(generator, shapes["r"], -3.0, 3.0),
