@@ -19,6 +19,7 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     exp(u) * sigmoid(-u)    -> sigmoid(u)              (exp(u) / (1 + exp(u)))
     log(1 / u)              -> -log(u)
     log(a * b**k)           -> log(a) + k log(b)       (a, b > 0; where log(a) or log(b) has a stable form)
+    log(c * exp(u))         -> log(c) + u              (and log(c**u) -> u log(c): Note [logs of exponentials])
     log(sigmoid(u))         -> logsigmoid(u)
     log(1 - sigmoid(u))     -> logsigmoid(-u)          (1 - sigmoid(u) = sigmoid(-u): BCE's log(1 - p))
     log(cosh(u))            -> logcosh(u)              (|u| + softplus(-2|u|) - log 2, derivative tanh(u))
@@ -30,12 +31,18 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     -c * softplus(-u)       -> c * logsigmoid(u)       (c > 0)
     log(exp(a) + exp(b))    -> logaddexp(a, b)          (c exp(a) + c exp(b): log(c) + logaddexp(a, b),
                                                         c1 exp(a) + c2 exp(b): logaddexp(a + log c1, b + log c2),
-                                                        c exp(u) + c exp(-u): log(2c) + logcosh(u), cosh written out)
+                                                        c exp(u) + c exp(-u): log(2c) + logcosh(u), cosh written out;
+                                                        a positive constant is c exp(0): log(c exp(u) + c) is
+                                                        log(c) + softplus(u); 2**a is exp(a log 2))
+    k (exp(a) - exp(b)) / (c exp(a) + c exp(b)) -> k/c tanh((a - b) / 2)   (exp(a) alone: sigmoid(a - b) / c;
+    exp(u) (r + exp(v))     -> r exp(u) + exp(u + v)   Note [ratios of exponentials])
     sqrt(a**2 + b**2)       -> hypot(a, b)
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
                                                         where it buys nothing: Note [sinc that buys nothing])
     2 sin(u) cos(u) q       -> sin(2u) q
-    u * log(u)              -> xlogy(u, u)             (0 at u = 0, the limit; unless u > 0)
+    u * log(u)              -> xlogy(u, u)             (0 at u = 0, the limit; unless u > 0; also
+                                                        u log(u w) -> xlogy(u, u w) and u**g log(u) ->
+                                                        xlogy(u**g, u): Note [powers at a zero base])
     u * sign(u)             -> abs(u)
     u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
                                                         also with one base negated)
@@ -111,8 +118,8 @@ def _log(node: sympy.log) -> Expr | None:
         if ca == cb and a == -b:  # cosh written out: (e**x + e**-x) / 2
             return sympy.log(2 * ca) + logcosh(b)
         if ca == cb:
-            return sympy.log(ca) + logaddexp(a, b)
-        return logaddexp(a + sympy.log(ca), b + sympy.log(cb))
+            return sympy.log(ca) + _log_add_exp(a, b)
+        return _log_add_exp(a + sympy.log(ca), b + sympy.log(cb))
     rest = _one_plus(arg)
     if rest is not None and isinstance(-rest, fn.sigmoid):  # 1 - sigmoid(u) = sigmoid(-u)
         return logsigmoid(-(-rest).args[0])
@@ -124,25 +131,78 @@ def _log(node: sympy.log) -> Expr | None:
 def _log_of_product(arg: Expr) -> Expr | None:
     """`log(a * b**k)` -> `log(a) + k * log(b)` for positive factors, one of whose logs has a stable form:
     soft clipping's `log((1 + exp(a x)) / (1 + exp(a (x - 1))))` is a difference of softplus, where the
-    quotient is inf / inf past x = 88 / a in float32."""
+    quotient is inf / inf past x = 88 / a in float32; `log(2 exp(s))` is `log(2) + s`, where `exp(s)`
+    overflows past s = 88 (an exponential's log is its exponent: Note [logs of exponentials])."""
     if not isinstance(arg, sympy.Mul):
-        return None
-    parts = [factor.as_base_exp() for factor in arg.args]
-    if not all((isinstance(b, fn.sigmoid) or b.is_positive) and k.is_number for b, k in parts):
-        return None
-    if not any(_log(sympy.log(b)) is not None for b, _ in parts if isinstance(b, (sympy.Add, fn.sigmoid, sympy.cosh))):
+        base, power = _as_power(arg)
+        return power if base == S.Exp1 and arg.is_Pow else None  # log(2**u) = u log(2)
+    parts = []
+    for factor in arg.args:
+        base, power = _as_power(factor)
+        if base == S.Exp1 or ((isinstance(base, fn.sigmoid) or base.is_positive) and power.is_number):
+            parts.append((base, power))
+        elif _nonnegative(factor) and any(map(_is_exp, arg.args)):  # log(0) is -inf either way
+            parts.append((factor, S.One))
+        else:
+            return None
+    if not any(_has_stable_log(b) for b, _ in parts):
         return None
     return sympy.Add(*[k * sympy.log(b) for b, k in parts])
 
 
+def _has_stable_log(base: Expr) -> bool:
+    if base == S.Exp1:
+        return True
+    return isinstance(base, (sympy.Add, fn.sigmoid, sympy.cosh)) and _log(sympy.log(base)) is not None
+
+
+def _as_power(factor: Expr) -> tuple[Expr, Expr]:
+    """(b, k) with `factor = b**k`; an exponential's base is e, a number's power `c**u` one of e too
+    (`2**a = exp(a log 2)`)."""
+    if _is_exp(factor):
+        return S.Exp1, _exp_arg(factor)
+    base, power = factor.as_base_exp()
+    if base.is_number and base.is_positive and base != 1 and not power.is_number:
+        return S.Exp1, power * sympy.log(base)
+    return base, power
+
+
+# Note [logs of exponentials]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# SymPy keeps `log(2 * exp(s))` as written (it expands a log only of positive symbols), and its
+# derivative `1` is simplified where its value is not: inf at s = 100 in float32, -inf at s = -1e4.
+# A sum of a few exponentials and a positive constant under a log is a logaddexp (`log(0.5 exp(x) + 0.5)`
+# is `log(0.5) + softplus(x)`); a number's power `c**u` is the exponential `exp(u log c)` there
+# (`log2(2**a + 2**b)` is `logaddexp(a log 2, b log 2) / log 2`, torch.logaddexp2's value).
+
+
+def _log_add_exp(a: Expr, b: Expr) -> Expr:
+    """logaddexp(a, b), softplus of the other where one is 0."""
+    if a == 0 or b == 0:
+        return fn.softplus(a + b)
+    return logaddexp(a, b)
+
+
 def _scaled_exps(expr: sympy.Basic) -> tuple[tuple[Expr, Expr], tuple[Expr, Expr]] | None:
-    """`((c1, a), (c2, b))` when `expr` is `c1 e**a + c2 e**b` with positive numbers c1, c2 (sorted)."""
+    """`((c1, a), (c2, b))` when `expr` is `c1 e**a + c2 e**b` with positive numbers c1, c2 (sorted); a
+    positive constant is `c e**0`, a power of a number `c**u` is `e**(u log c)` (Note [logs of exponentials])."""
     if not isinstance(expr, sympy.Add) or len(expr.args) != 2:
         return None
-    parts = [term.as_coeff_Mul() for term in expr.args]
-    if not all(c.is_positive and _is_exp(e) for c, e in parts):
+    parts = []
+    for term in expr.args:
+        if term.is_number:
+            if not term.is_positive:
+                return None
+            parts.append((term, S.Zero))
+            continue
+        coeff, body = term.as_coeff_Mul()
+        base, power = _as_power(body)
+        if not coeff.is_positive or base != S.Exp1:
+            return None
+        parts.append((coeff, power))
+    if all(power == 0 for _, power in parts):
         return None
-    first, second = sorted(((c, _exp_arg(e)) for c, e in parts), key=lambda p: sympy.default_sort_key(p[1]))
+    first, second = sorted(parts, key=lambda p: sympy.default_sort_key(p[1]))
     return first, second
 
 
@@ -235,10 +295,80 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
+    ratio = _exp_ratio(factors) or _exp_into_sum(factors)
+    if ratio is not None:
+        return ratio
     double = double_angle(factors) or x_log_x(factors) or sinh_over_cosh(factors) or exp_decaying(factors)
     if double is not None:
         return double
     return to_sinc(node)
+
+
+# Note [ratios of exponentials]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A quotient of exponentials overflows in both parts where its value is moderate: tanh written out,
+# `(exp(x) - exp(-x)) / (exp(x) + exp(-x))`, is inf / inf = NaN in float32 at x = -1e4, and
+# `(m**2 + exp(a)) / exp(b)` at a = b = 100. Over a sum of two exponentials with one coefficient
+# `c (exp(a) + exp(b))`, the difference `k (exp(a) - exp(b))` is `k/c tanh((a - b) / 2)` and one
+# exponential `exp(a)` is `sigmoid(a - b) / c`; an exponential beside a sum that holds one is multiplied
+# in (`exp(-b) (m**2 + exp(a)) = m**2 exp(-b) + exp(a - b)`, the power rule joins the two), so the
+# exponents meet before anything is raised.
+
+
+def _exp_ratio(factors: list[Expr]) -> Expr | None:
+    """`k (exp(a) - exp(b)) / (c exp(a) + c exp(b))` -> `k/c tanh((a - b)/2)`, `exp(a) / (c exp(a) + c exp(b))`
+    -> `sigmoid(a - b) / c` (Note [ratios of exponentials])."""
+    for divisor in factors:
+        if isinstance(divisor, fn.sigmoid):  # 1 / (1 + exp(-v)), rewritten first
+            (c, a), (_, b) = (S.One, -divisor.args[0]), (S.One, S.Zero)
+        elif isinstance(divisor, sympy.Pow) and divisor.exp == -1:
+            scaled = _scaled_exps(divisor.base)
+            if scaled is None or scaled[0][0] != scaled[1][0]:
+                continue
+            (c, a), (_, b) = scaled
+        else:
+            continue
+        for other in factors:
+            found = _over_two_exps(other, a, b)
+            if found is not None:
+                rest = [f for f in factors if f is not divisor and f is not other]
+                return sympy.Mul(found / c, *rest)
+    return None
+
+
+def _over_two_exps(numerator: Expr, a: Expr, b: Expr) -> Expr | None:
+    """`numerator / (exp(a) + exp(b))` as a tanh or a sigmoid: `numerator` is `exp(a)`, `exp(b)` or
+    `k exp(a) - k exp(b)`."""
+    if _is_exp(numerator):
+        u = _exp_arg(numerator)
+        return fn.sigmoid(a - b) if u == a else fn.sigmoid(b - a) if u == b else None
+    coeff, body = numerator.as_coeff_Mul()
+    if isinstance(body, fn.expm1):  # exp(u) - 1, rewritten first
+        numerator = coeff * sympy.exp(body.args[0]) - coeff
+    if not isinstance(numerator, sympy.Add) or len(numerator.args) != 2:
+        return None
+    terms = {}
+    for term in numerator.args:
+        coeff, body = term.as_coeff_Mul()
+        if body == 1:
+            terms[S.Zero] = coeff
+            continue
+        if not _is_exp(body) or not coeff.is_number:
+            return None
+        terms[_exp_arg(body)] = coeff
+    if set(terms) != {a, b} or terms[a] != -terms[b]:
+        return None
+    return terms[a] * sympy.tanh((a - b) / 2)
+
+
+def _exp_into_sum(factors: list[Expr]) -> Expr | None:
+    """`exp(u) (r + k exp(v))` -> `r exp(u) + k exp(u + v)` (Note [ratios of exponentials])."""
+    exps = [f for f in factors if _is_exp(f)]
+    for total in factors:
+        if exps and isinstance(total, sympy.Add) and any(any(map(_is_exp, sympy.Mul.make_args(t))) for t in total.args):
+            rest = [f for f in factors if f is not total and f is not exps[0]]
+            return sympy.Mul(sympy.Add(*(t * exps[0] for t in total.args)), *rest)
+    return None
 
 
 def _branch_value(relation: sympy.Basic, cond: sympy.Basic) -> sympy.Basic:

@@ -60,6 +60,9 @@ FLOAT32_DIGITS = 7  # float32 holds 7.2 significant decimal digits
 
 # Whether a function's value in the formula went past float32's range (Note [float32 digits]).
 _OVERFLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("overflowed", default=False)
+# The significand bits each call rounds to: float32's, or float64's to tell whose NaN it is (Note [whose NaN]).
+_BITS: contextvars.ContextVar[int] = contextvars.ContextVar("bits", default=PRECISION)
+FLOAT64_PRECISION = 53
 
 
 def _single(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,8 +73,11 @@ def _single(function: Callable[..., Any]) -> Callable[..., Any]:
             value = function(*args)
         if not isinstance(value, mpmath.mpf) or not mpmath.isfinite(value):
             return value
-        with mpmath.workprec(PRECISION):
+        bits = _BITS.get()
+        with mpmath.workprec(bits):
             value = +value  # rounded to the working precision
+        if bits != PRECISION:  # float64's range holds what these formulas compute
+            return value
         if abs(value) > FLOAT32_MAX:  # IEEE: ±inf, which later calls may take back (exp(-inf) = 0)
             _OVERFLOWED.set(True)
             return mpmath.inf if value > 0 else -mpmath.inf
@@ -150,10 +156,34 @@ def _in_float32(function: Callable[..., Any], args: list[Any]) -> Any:
         overflowed = _OVERFLOWED.get()
         _OVERFLOWED.reset(token)
     if isinstance(value, (mpmath.mpc, complex)) or not mpmath.isfinite(value):
-        return "overflows float32 inside the formula" if overflowed else "is not a finite number in float32"
+        if overflowed:
+            return "overflows float32 inside the formula"
+        if not _finite_in_float64(function, args):
+            return (
+                "is not a finite number as computed, in float64 too (the form is undefined there, not float32's range)"
+            )
+        return "is not a finite number in float32"
     if abs(value) > FLOAT32_MAX:
         return "overflows float32"
     return value
+
+
+def _finite_in_float64(function: Callable[..., Any], args: list[Any]) -> bool:
+    """Whether `function` is finite at `args` with float64's significand and range.
+
+    Note [whose NaN]
+    ~~~~~~~~~~~~~~~~
+    A NaN that no overflow made (`u**g * log(u)` at u = 0: 0 * -inf) is the form's own, in float64
+    as in float32; a warning must not blame float32 for it (nor suggest float64 as the way out)."""
+    token = _BITS.set(FLOAT64_PRECISION)
+    try:
+        with mpmath.workprec(FLOAT64_PRECISION):
+            value = function(*args)
+    except MPMATH_ERRORS:
+        return False
+    finally:
+        _BITS.reset(token)
+    return not isinstance(value, (mpmath.mpc, complex)) and bool(mpmath.isfinite(value))
 
 
 def _relative_error(function: Callable[..., Any], args: list[Any], exact: Any) -> Any:
