@@ -37,6 +37,8 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     k (exp(a) - exp(b)) / (c exp(a) + c exp(b)) -> k/c tanh((a - b) / 2)   (exp(a) alone: sigmoid(a - b) / c;
     exp(u) (r + exp(v))     -> r exp(u) + exp(u + v)   Note [ratios of exponentials])
     sqrt(a**2 + b**2)       -> hypot(a, b)
+    log(u + sqrt(u**2 + 1)) -> asinh(u)                (and `- 1`: acosh(u); no u**2 to overflow)
+    k N / (N + c)           -> k where(|N| > |c|, 1 - c / (N + c), N / (N + c))   (Note [shares of a sum])
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
                                                         where it buys nothing: Note [sinc that buys nothing])
     2 sin(u) cos(u) q       -> sin(2u) q
@@ -104,6 +106,10 @@ def _squared(expr: sympy.Basic) -> Expr | None:
 
 def _log(node: sympy.log) -> Expr | None:
     arg = node.args[0]
+    if isinstance(arg, fn.where) and is_conjugate_form(arg):  # the sum as written, in its last branch
+        inverse = _inverse_hyperbolic(arg.args[2])
+        if inverse is not None:
+            return inverse
     if isinstance(arg, sympy.Pow) and arg.exp == -1:
         return -sympy.log(arg.base)
     if isinstance(arg, fn.sigmoid):
@@ -126,6 +132,23 @@ def _log(node: sympy.log) -> Expr | None:
     if rest is not None:
         return fn.softplus(_exp_arg(rest)) if _is_exp(rest) else fn.log1p(rest)
     return _log_of_product(arg)
+
+
+def _inverse_hyperbolic(total: Expr) -> Expr | None:
+    """`log(u + sqrt(u**2 + 1))` -> `asinh(u)`, `log(u + sqrt(u**2 - 1))` -> `acosh(u)` (for u >= 1, where it is
+    real): `u**2` overflows float32 past u = 1.8e19, and the sum cancels at u < 0 (asinh's
+    conjugate form keeps that but not the overflow)."""
+    if not isinstance(total, sympy.Add) or len(total.args) != 2:
+        return None
+    for root in total.args:
+        if isinstance(root, sympy.Pow) and root.exp == S.Half:
+            u = total - root
+            rest = sympy.expand(root.base - u**2)
+            if rest == 1:
+                return sympy.asinh(u)
+            if rest == -1:
+                return sympy.acosh(u)
+    return None
 
 
 def _log_of_product(arg: Expr) -> Expr | None:
@@ -295,7 +318,7 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    ratio = _exp_ratio(factors) or _exp_into_sum(factors)
+    ratio = _exp_ratio(factors) or _exp_into_sum(factors) or _share_of_sum(node)
     if ratio is not None:
         return ratio
     double = double_angle(factors) or x_log_x(factors) or sinh_over_cosh(factors) or exp_decaying(factors)
@@ -359,6 +382,35 @@ def _over_two_exps(numerator: Expr, a: Expr, b: Expr) -> Expr | None:
     if set(terms) != {a, b} or terms[a] != -terms[b]:
         return None
     return terms[a] * sympy.tanh((a - b) / 2)
+
+
+def _share_of_sum(node: sympy.Mul) -> Expr | None:
+    """`k N / (N + c)` -> `k where(|N| > |c|, 1 - c / (N + c), N / (N + c))`, `c` a nonzero number.
+
+    Note [shares of a sum]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    `x**2 / (x**2 + 4)` is inf / inf = NaN in float32 from |x| = 1.8e19 on, where its value is 1. Where
+    the numerator outweighs the number, `1 - c / (N + c)` is the same value without the quotient of two
+    large numbers; where it does not, the formula as written keeps the digits that the difference
+    would cancel (x = 1e-20).
+    """
+    coeff, factors = node.as_coeff_mul()
+    divisors = [f for f in factors if isinstance(f, sympy.Pow) and f.exp == -1 and isinstance(f.base, sympy.Add)]
+    if len(divisors) != 1:
+        return None
+    total = divisors[0].base
+    numerator = sympy.Mul(*[f for f in factors if f is not divisors[0]])
+    rest = sympy.expand(total - numerator)
+    if numerator.is_number or not rest.is_number or rest == 0 or rest == total:
+        return None
+    large = sympy.StrictGreaterThan(sympy.Abs(numerator), abs(rest))
+    return coeff * fn.where(large, 1 - rest / total, numerator / total)
+
+
+def _is_share_form(node: fn.where) -> bool:
+    """Whether `node` is what `_share_of_sum` made of its last branch: rewritten already."""
+    branch = node.args[2]
+    return isinstance(branch, sympy.Mul) and _share_of_sum(branch) == node
 
 
 def _exp_into_sum(factors: list[Expr]) -> Expr | None:
@@ -441,7 +493,7 @@ _TENSOR_RULES = {
 def _once(expr: sympy.Basic, shapes: Shapes | None) -> sympy.Basic:
     if expr.is_Atom or not expr.args:
         return expr
-    if isinstance(expr, fn.where) and is_conjugate_form(expr):
+    if isinstance(expr, fn.where) and (is_conjugate_form(expr) or _is_share_form(expr)):
         return expr  # its last branch is the sum as written, taken where it does not cancel
     args = tuple(_once(a, shapes) for a in expr.args)
     node = expr.func(*args) if args != expr.args else expr
