@@ -37,6 +37,8 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
     k (exp(a) - exp(b)) / (c exp(a) + c exp(b)) -> k/c tanh((a - b) / 2)   (exp(a) alone: sigmoid(a - b) / c;
     exp(u) (r + exp(v))     -> r exp(u) + exp(u + v)   Note [ratios of exponentials])
     sqrt(a**2 + b**2)       -> hypot(a, b)
+    exp(v) erfc(u), log(erfc(u)), erfinv(2p - 1)  -> erfcx, log_ndtr, ndtri   (Note [normal distribution
+                                                        functions] in opgen/nodes/special.py)
     log(u + sqrt(u**2 + 1)) -> asinh(u)                (and `- 1`: acosh(u); no u**2 to overflow)
     k N / (N + c)           -> k where(|N| > |c|, 1 - c / (N + c), N / (N + c))   (Note [shares of a sum])
     sin(a) / a * q          -> sinc(a / pi) * q        (sinc(t) = sin(pi t) / (pi t); undone in a gradient
@@ -74,6 +76,7 @@ from opgen.derive.gradients import Derived
 from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
+from opgen.nodes.special import erfc_times_exp, log_erfc, quantile
 from opgen.nodes.stable import hypot, log1mexp, logaddexp, logcosh, logsigmoid
 from opgen.optimize import reductions
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
@@ -116,6 +119,9 @@ def _log(node: sympy.log) -> Expr | None:
         return logsigmoid(arg.args[0])
     if isinstance(arg, sympy.cosh):
         return logcosh(arg.args[0])
+    normal = log_erfc(arg)  # Note [normal distribution functions] in opgen/nodes/special.py
+    if normal is not None:
+        return normal
     if isinstance(-arg, fn.expm1):  # log(1 - exp(u)), its sum already `-expm1(u)`
         return log1mexp((-arg).args[0])
     scaled = _scaled_exps(arg)
@@ -318,7 +324,7 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
-    ratio = _exp_ratio(factors) or _exp_into_sum(factors) or _share_of_sum(node)
+    ratio = _exp_ratio(factors) or erfc_times_exp(factors) or _exp_into_sum(factors) or _share_of_sum(node)
     if ratio is not None:
         return ratio
     double = double_angle(factors) or x_log_x(factors) or sinh_over_cosh(factors) or exp_decaying(factors)
@@ -476,6 +482,7 @@ _RULES = {
     sympy.Mul: _mul,
     sympy.Eq: _equality,
     sympy.Ne: _equality,
+    sympy.erfinv: quantile,
 }
 
 # Note [stable rewrites over reductions] in opgen/optimize/reductions.py: these see shapes.
