@@ -45,8 +45,9 @@ Each rule is an exact identity over the reals (tests/test_rewrite.py checks ever
                                                         where it buys nothing: Note [sinc that buys nothing])
     2 sin(u) cos(u) q       -> sin(2u) q
     u * log(u)              -> xlogy(u, u)             (0 at u = 0, the limit; unless u > 0; also
-                                                        u log(u w) -> xlogy(u, u w) and u**g log(u) ->
-                                                        xlogy(u**g, u): Note [powers at a zero base])
+                                                        u log(u w) -> xlogy(u, u w); u**g log(u) is 0 at
+                                                        u = 0, g >= 0: Note [powers at a zero base])
+    q * where(c, 1, 0)      -> where(c, q, 0)           (Note [masked products])
     u * sign(u)             -> abs(u)
     u**a * u**b             -> u**(a + b)              (Note [power rule] in opgen/derive/powers.py;
                                                         also with one base negated)
@@ -73,6 +74,7 @@ import sympy
 from sympy import Expr, S
 
 from opgen.derive.gradients import Derived
+from opgen.derive.guard import guard_branches
 from opgen.derive.powers import same_base
 from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
@@ -324,6 +326,9 @@ def _mul(node: sympy.Mul) -> Expr | None:
             if isinstance(term, fn.softplus) and term.args[0].could_extract_minus_sign():
                 rest = [t for i, t in enumerate(terms) if i != k]
                 return sympy.Mul(-coeff, logsigmoid(-term.args[0]), *rest)
+    masked = _masked(factors)
+    if masked is not None:
+        return masked
     ratio = _exp_ratio(factors) or erfc_times_exp(factors) or _exp_into_sum(factors) or _share_of_sum(node)
     if ratio is not None:
         return ratio
@@ -388,6 +393,27 @@ def _over_two_exps(numerator: Expr, a: Expr, b: Expr) -> Expr | None:
     if set(terms) != {a, b} or terms[a] != -terms[b]:
         return None
     return terms[a] * sympy.tanh((a - b) / 2)
+
+
+def _masked(factors: list[Expr]) -> Expr | None:
+    """`q * where(c, 1, 0)` -> `where(c, q, 0)`, `q` not a number.
+
+    Note [masked products]
+    ~~~~~~~~~~~~~~~~~~~~~~
+    A kink's slope is an indicator (`max(x, 0)`'s is `where(x > 0, 1, 0)`), and the product of the chain
+    rule multiplies it by the outer slope, which may be inf or NaN where the indicator is 0:
+    `relu(x)**p` has the slope `p relu(x)**(p - 1) (x > 0)`, inf * 0 = NaN at x <= 0 for p < 1, where
+    the exact slope and torch.pow's are 0. Selected instead of multiplied, it is 0 there, and the
+    selected branch is guarded (Note [double where] in opgen/derive/guard.py) so that its derivative
+    is 0 there too.
+    """
+    for factor in factors:
+        if isinstance(factor, fn.where) and factor.args[1:] == (S.One, S.Zero):
+            rest = [f for f in factors if f is not factor]
+            if any(not (f.is_number or f.is_Symbol) for f in rest):  # a plain input or grad: nothing to mask
+                cond = factor.args[0]  # its symbols are tensors: a kink of a number has no indicator
+                return guard_branches(fn.where(cond, sympy.Mul(*rest), S.Zero), frozenset(cond.free_symbols))
+    return None
 
 
 def _share_of_sum(node: sympy.Mul) -> Expr | None:
