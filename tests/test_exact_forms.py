@@ -286,3 +286,30 @@ def test_a_nan_of_the_form_is_not_blamed_on_float32():
     underflow = _float32_function("def f(u):\n    return log(exp(-u))\n", exp=mpmath.exp, log=mpmath.log)
     assert digits.float32_value(underflow, [mpmath.mpf(200)]) == "is not a finite number in float32"
     assert digits.float32_value(underflow, [mpmath.mpf(2)]) is None
+
+
+CELU = (
+    "name: celu_written\ninputs:\n  x: Tensor\n  alpha: float = 1.0\n"
+    "outputs:\n  y: max(0, x) + min(0, alpha*(exp(x/alpha) - 1))\n"
+)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 2.5, 0.5])
+def test_branches_that_join_take_the_slope_where_they_agree(tmp_path, alpha):
+    """CELU written with max and min has slope 1 at x = 0 (Note [branches that join] in
+    opgen/optimize/rewrite.py), as F.celu, not the 0 of its two kinks' conventions."""
+    op = build_ops(tmp_path, "celu_ops", {"celu_written": CELU}).celu_written
+    points = [[-1e4, -100.0, -1.0, -1e-30, 0.0, 1e-30, 0.5, 100.0, 1e4]]
+    got = _orders(lambda u: op(u, alpha), points, 0)
+    expected = _reference(lambda u: torch.nn.functional.celu(u, alpha), points, 0)
+    away = [k for k, v in enumerate(points[0]) if v != 0]  # the second derivative jumps at 0: F.celu's takes 0
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g[away], e[away], rtol=1e-5, atol=1e-6)
+    assert got[0][4] == 0.0 and got[1][4] == 1.0
+
+
+def test_branches_of_other_signs_keep_their_kinks():
+    """`max(0, x) + min(0, x - 1)` is not one function of x's sign: left as written."""
+    written = fn.maximum(0, x, 0) + fn.minimum(0, x - 1, 0)
+    assert rw.rewrite(written) == written
+    assert rw.rewrite(fn.maximum(0, x, 0) + fn.minimum(0, -x, 0)) == fn.maximum(0, x, 0) + fn.minimum(0, -x, 0)
