@@ -313,3 +313,33 @@ def test_branches_of_other_signs_keep_their_kinks():
     written = fn.maximum(0, x, 0) + fn.minimum(0, x - 1, 0)
     assert rw.rewrite(written) == written
     assert rw.rewrite(fn.maximum(0, x, 0) + fn.minimum(0, -x, 0)) == fn.maximum(0, x, 0) + fn.minimum(0, -x, 0)
+
+
+KL_SOFTMAX = """\
+name: kl_softmax
+inputs:
+  a: Tensor[N, C]
+  m: Tensor[N, C]
+let:
+  p: softmax(a, dim=-1)
+outputs:
+  y: sum(p * log(p / m), dim=-1)
+"""
+
+
+def test_kl_of_softmax_probabilities_is_finite_where_one_underflows(tmp_path):
+    """`p log(p / m)` is `xlogy(p, p / m)`: 0 where a softmax probability underflows to 0 in float32 (exp(-200)),
+    where the formula as written is 0 * -inf; value and gradient against the log-space form in float64."""
+    op = build_ops(tmp_path, "kl_softmax_ops", {"kl_softmax": KL_SOFTMAX}).kl_softmax
+    a = torch.tensor([[0.0, -200.0, 1.0], [50.0, -50.0, 0.0], [1e4, -1e4, 0.0]], requires_grad=True)
+    m = torch.tensor([[0.3, 0.5, 0.2], [0.1, 0.2, 0.7], [0.25, 0.25, 0.5]])
+    y = op(a, m)
+    (grad,) = torch.autograd.grad(y.sum(), a)
+    a64 = a.detach().double().requires_grad_()
+    log_p = torch.log_softmax(a64, -1)
+    expected = (log_p.exp() * (log_p - m.double().log())).sum(-1)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), a64)
+    torch.testing.assert_close(y.detach().double(), expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-5, atol=1e-6)
+    naive = torch.softmax(a.detach(), -1)
+    assert torch.isnan((naive * torch.log(naive / m)).sum(-1)).any()  # as written
