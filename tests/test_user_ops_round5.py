@@ -635,7 +635,8 @@ REFERENCE = {
     "swish_learnable": lambda x, beta: (x * torch.sigmoid(beta * x),),
     "squared_hinge": lambda y, t: (F.relu(1 - y * t).pow(2).mean(),),
     # Two kinks at 0 that each give the tie to the number (slope 0 at 0), unlike F.celu's slope 1.
-    "celu_alpha": lambda x, alpha: (F.relu(x) - F.relu(-alpha * torch.expm1(x / alpha)),),
+    # PyTorch's celu: slope 1 at the join (Note [branches that join] in opgen/optimize/rewrite.py)
+    "celu_alpha": lambda x, alpha: (F.celu(x, alpha),),
     "selu_written": lambda x: (F.selu(x),),
     "mish_log1p": lambda x: (F.mish(x),),
     "snake_fixed": lambda x, a: (x + torch.sin(a * x) ** 2 / a,),

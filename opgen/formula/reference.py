@@ -74,6 +74,9 @@ TORCH_FUNCTIONS = {
     "i0e": "torch.special.i0e",
     "i1": "torch.special.i1",
     "i1e": "torch.special.i1e",
+    "erfcx": "torch.special.erfcx",
+    "log_ndtr": "torch.special.log_ndtr",
+    "ndtri": "torch.special.ndtri",
 }
 
 

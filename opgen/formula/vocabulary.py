@@ -19,6 +19,7 @@ from opgen.nodes.bessel import BESSEL
 from opgen.nodes.diagonal import DIAGONALS
 from opgen.nodes.integer_parts import REMAINDERS, trunc
 from opgen.nodes.scan import SCANS
+from opgen.nodes.special import NORMAL
 from opgen.nodes.stop_gradient import stop_gradient
 
 # A parsed value is a number-like SymPy expression or a SymPy boolean (a condition).
@@ -102,6 +103,7 @@ FUNCTIONS: dict[str, tuple[int, Callable[..., Expr]]] = {
     "xlogy": (2, fn.xlogy),
     "stop_gradient": _elementwise(stop_gradient),  # Note [stop-gradient] in opgen.nodes.stop_gradient
     **{name: _elementwise(f) for name, f in BESSEL.items()},  # Note [modified Bessel functions]
+    **{name: _elementwise(f) for name, f in NORMAL.items()},  # Note [normal distribution functions]
 }
 
 

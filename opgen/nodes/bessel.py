@@ -32,8 +32,8 @@ def over_x(value: Expr, x: Expr) -> Expr:
     return fn.where(at_zero, S.Half, value / fn.where(at_zero, S.One, x))
 
 
-class _Bessel(Spelled, Shown, fn.Elementwise):
-    """One of torch.special's modified Bessel functions: `torch.special.<name>`."""
+class TorchSpecial(Spelled, Shown, fn.Elementwise):
+    """One of torch.special's functions (the modified Bessel functions here): `torch.special.<name>`."""
 
     def _torch(self, printer: TorchCode) -> str:
         name = f"{printer.torch}.special.{type(self).__name__}"
@@ -51,7 +51,7 @@ class _Bessel(Spelled, Shown, fn.Elementwise):
         return f"({printer._print(self.elementary())})"
 
 
-class i0(_Bessel):  # noqa: N801 - prints as torch's name
+class i0(TorchSpecial):  # noqa: N801 - prints as torch's name
     """I_0, even, 1 at 0."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -64,7 +64,7 @@ class i0(_Bessel):  # noqa: N801 - prints as torch's name
         return sympy.besseli(0, self.args[0])
 
 
-class i1(_Bessel):  # noqa: N801
+class i1(TorchSpecial):  # noqa: N801
     """I_1, odd, 0 at 0."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -75,7 +75,7 @@ class i1(_Bessel):  # noqa: N801
         return sympy.besseli(1, self.args[0])
 
 
-class i0e(_Bessel):  # noqa: N801
+class i0e(TorchSpecial):  # noqa: N801
     """exp(-|x|) I_0(x)."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -90,7 +90,7 @@ class i0e(_Bessel):  # noqa: N801
         return sympy.exp(-sympy.Abs(x)) * sympy.besseli(0, x)
 
 
-class i1e(_Bessel):  # noqa: N801
+class i1e(TorchSpecial):  # noqa: N801
     """exp(-|x|) I_1(x)."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -102,4 +102,4 @@ class i1e(_Bessel):  # noqa: N801
         return sympy.exp(-sympy.Abs(x)) * sympy.besseli(1, x)
 
 
-BESSEL: dict[str, type[_Bessel]] = {"i0": i0, "i0e": i0e, "i1": i1, "i1e": i1e}
+BESSEL: dict[str, type[TorchSpecial]] = {"i0": i0, "i0e": i0e, "i1": i1, "i1e": i1e}

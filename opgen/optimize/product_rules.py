@@ -7,7 +7,8 @@
     (a + b exp(v)) exp(-k exp(t)) -> a exp(-k exp(t)) + b exp(v - k exp(t))  (`exp_into_sum`, after
                                                         `exp_decaying`: Note [sums beside a decaying exponential])
     sinh(u) cosh(u)**-k     -> tanh(u) cosh(u)**(1 - k)  (`sinh_over_cosh`: no inf / inf)
-    u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0)
+    u * log(u)              -> xlogy(u, u)             (`x_log_x`; 0 at u = 0, the limit; unless u > 0;
+                                                        also u log(u w), and u**g log(u) as torch.pow's rule)
     (1 + v) * log1p(v)      -> xlog1py(1 + v, v)       (the same, where `log(1 - p)` became `log1p(-p)`)
     sin(a) / a * q          -> sinc(a / pi) * q        (`to_sinc`; sinc(t) = sin(pi t) / (pi t))
 
@@ -45,26 +46,54 @@ class sinc(fn.Elementwise):  # noqa: N801
 
 
 def x_log_x(factors: list[Expr]) -> Expr | None:
-    """u log(u) q -> xlogy(u, u) q (also -u log(u)): 0 at u = 0, the limit, where `0 * log(0)` is NaN.
+    """u log(u w) q -> xlogy(u, u w) q (also -u log(u w)): 0 at u = 0, the limit, where `0 * log(0)` is NaN
+    (`t log(t / p)`, a KL divergence's term, at t = 0); and u**g log(u) q, the derivative of a power in
+    its exponent, 0 at u = 0 as torch.pow has it (Note [powers at a zero base]).
 
     Left alone where u is positive (nothing to gain, and xlogy's derivative has a select); the
     derivative at u = 0 is xlogy's (log term 0 there, so 1), where the formula's is NaN.
     """
     for factor in factors:
         if isinstance(factor, sympy.log):
-            u, form = factor.args[0], fn.xlogy(factor.args[0], factor.args[0])
+            v = factor.args[0]
+            found = [(u, fn.xlogy(u, v)) for u in (v, *sympy.Mul.make_args(v)) if not u.is_positive]
+            found += [(power, _power_log(power)) for power in factors if _power_of(power, v)]
         elif isinstance(factor, fn.log1p):  # (1 + v) log1p(v): log(1 - p) was rewritten first
-            u, form = 1 + factor.args[0], fn.xlog1py(1 + factor.args[0], factor.args[0])
+            u = 1 + factor.args[0]
+            found = [] if u.is_positive else [(u, fn.xlog1py(u, factor.args[0]))]
         else:
             continue
-        if u.is_positive:
-            continue
-        for sign, term in ((1, u), (-1, -u)):
-            if term in factors:
-                rest = [f for f in factors if f is not factor]
-                rest.remove(term)
-                return sign * sympy.Mul(form, *rest)
+        for u, form in found:
+            for sign, term in ((1, u), (-1, -u)):
+                if term in factors and term is not factor:
+                    rest = [f for f in factors if f is not factor]
+                    rest.remove(term)
+                    return sign * sympy.Mul(form, *rest)
     return None
+
+
+def _power_log(power: Expr) -> Expr:
+    """`u**g log(u)` as torch.pow's backward takes it at u = 0 (Note [powers at a zero base])."""
+    u, g = power.as_base_exp()
+    zero = sympy.And(sympy.Eq(u, 0), sympy.GreaterThan(g, 0))
+    return fn.where(zero, S.Zero, power * sympy.log(fn.where(zero, S.One, u)))
+
+
+def _power_of(factor: Expr, base: Expr) -> bool:
+    """`factor` is `base**g`, `g` not a number, `base` not known positive.
+
+    Note [powers at a zero base]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The derivative of `u**g` in `g` is `u**g log(u)`: NaN at u = 0 (0 * -inf), in float64 too, where
+    its limit from u > 0 is 0 for g > 0, the value torch.pow's backward gives (`relu(x)**p` with a
+    learnable `p` has p.grad = nan from one zero input as written). It becomes torch.pow's rule,
+    `where(u == 0 & g >= 0, 0, u**g log(where(u == 0 & g >= 0, 1, u)))` (at g = 0 a convention: there
+    is no limit), the log's argument guarded so that the derivatives of the selected 0 are 0 too
+    (Note [double where] in opgen/derive/guard.py); `xlogy(u**g, u)` has that value, but its
+    derivative in `u` is `u**g / u`, 0/0 there.
+    """
+    b, g = factor.as_base_exp()
+    return b == base and not g.is_number and not b.is_positive
 
 
 def double_angle(factors: list[Expr]) -> Expr | None:
