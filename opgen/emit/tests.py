@@ -283,6 +283,23 @@ def _scope_params(spec: Spec, names: dict[str, str], torch: str) -> list[str]:
     return [typed.param(names[n], kinds.get(n, types.tensor)) for n in names]
 
 
+def _checked(spec: Spec, index: dict[str, int]) -> dict[str, object]:
+    """The positions the generated gradient tests check, and why some are left out of gradcheck."""
+    stopped = stopped_inputs(spec)  # gradcheck's finite differences see through a stop-gradient
+    # ... and leave the whole numbers of a discrete input (Note [domain kinds] in opgen/spec/model.py)
+    tensor_inputs = [i.name for i in spec.tensor_inputs]
+    checked = [n for n in tensor_inputs if spec.override(n) is None]
+    discrete = {n for n in checked if spec.tests.kind_of(n) in DISCRETE_KINDS}
+    return {
+        "checked_index": [index[n] for n in checked],
+        "gradchecked": [index[n] for n in checked if n not in stopped and n not in discrete]
+        if stopped or discrete
+        else None,
+        "gradchecked_why": [why for why, names in (("stopped", stopped), ("discrete", discrete)) if names],
+        "symmetric": [index[n] for n in tensor_inputs if spec.tests.kind_of(n) == "spd"],
+    }
+
+
 def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
     """The test file of `plan`'s op; `rows` are its float32 accuracy tests' exact values, from the
     spec derived as written (`opgen.plan.extremes`, Note [derived twice] in opgen/pipeline.py)."""
@@ -300,11 +317,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
     for name in optional:
         references.append(_reference(spec, names, f"reference_without_{name}", {name}, t, torch, math, namer))
     overrides = _override_references(spec, names, grads_in, t, torch, math, namer)
-    stopped = stopped_inputs(spec)  # gradcheck's finite differences see through a stop-gradient
-    # ... and leave the whole numbers of a discrete input (Note [domain kinds] in opgen/spec/model.py)
     tensor_inputs = [i.name for i in spec.tensor_inputs]
-    checked = [n for n in tensor_inputs if spec.override(n) is None]
-    discrete = {n for n in checked if spec.tests.kind_of(n) in DISCRETE_KINDS}
     index = {i.name: k for k, i in enumerate(spec.inputs)}
     broadcast = len(tensor_inputs) > 1 and sum(1 for i in spec.tensor_inputs if i.type.dims is None) > 1
     has_batch = any(i.type.dims and i.type.dims[:1] == (BATCH,) for i in spec.tensor_inputs)
@@ -330,12 +343,7 @@ def emit_tests(plan: Plan, renderer: Renderer, rows: Sequence[Row] = ()) -> str:
         batched_shapes=sample_shapes(spec, False, BATCH_SHAPE) if has_batch else None,
         shape_error=shape_error(spec),
         tensor_index=[index[n] for n in tensor_inputs],
-        checked_index=[index[n] for n in checked],
-        gradchecked=[index[n] for n in checked if n not in stopped and n not in discrete]
-        if stopped or discrete
-        else None,
-        gradchecked_why=[why for why, names in (("stopped", stopped), ("discrete", discrete)) if names],
-        symmetric=[index[n] for n in tensor_inputs if spec.tests.kind_of(n) == "spd"],
+        **_checked(spec, index),
         outputs=[o.name for o in spec.outputs],
         differentiable=[k for k, o in enumerate(spec.outputs) if o.differentiable],
         optional=[(n, index[n]) for n in optional],
