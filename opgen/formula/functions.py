@@ -88,7 +88,7 @@ class expm1(Elementwise):  # noqa: N801
         return sympy.exp(self.args[0]) - 1
 
 
-class _Step(Elementwise):
+class Step(Elementwise):
     """A piecewise-constant function: zero gradient everywhere, as PyTorch defines it."""
 
     def fdiff(self, argindex: int = 1) -> Expr:
@@ -105,13 +105,13 @@ class _Step(Elementwise):
         raise NotImplementedError
 
 
-class sign(_Step):  # noqa: N801
+class sign(Step):  # noqa: N801
     @staticmethod
     def _value(x: float) -> float:
         return float((x > 0) - (x < 0))
 
 
-class floor(_Step):  # noqa: N801
+class floor(Step):  # noqa: N801
     @staticmethod
     def _value(x: float) -> float:
         import math
@@ -119,7 +119,7 @@ class floor(_Step):  # noqa: N801
         return float(math.floor(x))
 
 
-class ceil(_Step):  # noqa: N801
+class ceil(Step):  # noqa: N801
     @staticmethod
     def _value(x: float) -> float:
         import math
@@ -127,7 +127,7 @@ class ceil(_Step):  # noqa: N801
         return float(math.ceil(x))
 
 
-class round(_Step):  # noqa: N801, A001 - the spec's name
+class round(Step):  # noqa: N801, A001 - the spec's name
     @staticmethod
     def _value(x: float) -> float:
         import builtins
@@ -135,7 +135,7 @@ class round(_Step):  # noqa: N801, A001 - the spec's name
         return float(builtins.round(x))  # half to even, as torch.round
 
 
-class heaviside(_Step):  # noqa: N801
+class heaviside(Step):  # noqa: N801
     @staticmethod
     def _value(x: float) -> float:
         return 1.0 if x >= 0 else 0.0

@@ -26,7 +26,7 @@ from opgen.formula import functions as fn
 from opgen.nodes.base import Printer, Shown, Spelled, TorchCode
 
 
-class trunc(Spelled, Shown, fn._Step):  # noqa: N801 - prints as torch's name
+class trunc(Spelled, Shown, fn.Step):  # noqa: N801 - prints as torch's name
     """Toward zero: floor of a positive number, ceil of a negative one."""
 
     @staticmethod

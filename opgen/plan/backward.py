@@ -56,8 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import sympy
@@ -65,10 +64,9 @@ from sympy import Expr
 
 from opgen.derive.gradients import Contribution, Derived, Gradient, Variant
 from opgen.derive.jvp import Tangents
-from opgen.formula import functions as fn
 from opgen.formula.kinds import with_definitions
 from opgen.formula.syntax import is_elementwise
-from opgen.formula.tensor import SumTo, has_tensor_ops, is_dim_size
+from opgen.formula.tensor import has_tensor_ops, is_dim_size
 from opgen.optimize.save import Residual
 from opgen.plan.blocks import Block, blocks_of
 from opgen.plan.conditions import Temp, TempGroup, cse_as_written, inline_conditions, read_multiples
@@ -76,6 +74,7 @@ from opgen.plan.forward import ForwardPlan, plan_forward
 from opgen.plan.kernel_calls import kernel_calls, kernel_factors
 from opgen.plan.kinks import kink_of_output, shared_kinks
 from opgen.plan.numbers import pull_numbers
+from opgen.plan.shares import may_share_negations, named_shares, shared_negations, shared_products
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,7 @@ def _plan_variant(
     factors: list[Expr] = []
     owners: list[str] = []
     # Derivatives that cannot be kernels written out, so their parts are shared (Note [native backward kernels]).
-    negations = _may_share_negations(derived, variant, residuals)
+    negations = may_share_negations(derived, variant, residuals)
     numbers = frozenset(s for n, s in derived.symbols.inputs.items() if n not in derived.symbols.tensor_names)
     written = [[pull_numbers(c.factor, numbers) for c in g.contributions] for g in variant.gradients]
     kernel_ready = kernel_factors(written, negations)
@@ -200,17 +199,17 @@ def _plan_variant(
     outputs = [c.output for g in variant.gradients for c in g.contributions]
     shared: list[tuple[sympy.Symbol, Expr]] = []
     if negations:
-        factors, outputs, shared = _shared_negations(factors, outputs, derived.symbols.grads)
+        factors, outputs, shared = shared_negations(factors, outputs, derived.symbols.grads)
         conditions = kink_of_output(derived, variant)
         factors, outputs, kinks = shared_kinks(factors, outputs, derived.symbols.grads, conditions)
         shared += kinks
         if is_elementwise(derived.spec):
-            factors, outputs, products = _shared_products(factors, outputs, owners, derived.symbols.grads)
+            factors, outputs, products = shared_products(factors, outputs, owners, derived.symbols.grads)
             shared += products
     replacements, reduced = cse_as_written([*factors, *(e for _, e in shared)], _temp_symbols())
     temps, reduced = inline_conditions(replacements, reduced, masks=True)
     temps, reduced = read_multiples(temps, reduced)
-    temps, reduced = _named_shares(temps, reduced, shared)
+    temps, reduced = named_shares(temps, reduced, shared)
     temps, reduced = _gated_inline(temps, reduced, {r.grad for r in residuals if r.differentiable})
     # Which gradients use each temporary, directly or through a later temporary.
     users: dict[sympy.Symbol, set[str]] = {t.symbol: set() for t in temps}
@@ -260,140 +259,6 @@ def _gated_inline(temps: list[Temp], reduced: list[Expr], gated: set[sympy.Symbo
         else:
             kept.append(dataclasses.replace(temp, expr=expr))
     return kept, [e.xreplace(inline) for e in reduced]
-
-
-def _may_share_negations(derived: Derived, variant: Variant, residuals: tuple[Residual, ...]) -> bool:
-    """One differentiable output, no override: each gradient is its one incoming gradient times its factor."""
-    differentiable = [o for o in derived.spec.outputs if o.differentiable] + [r for r in residuals if r.differentiable]
-    return len(differentiable) == 1 and not any(g.overridden for g in variant.gradients)
-
-
-def _core(expr: Expr) -> tuple[Expr, Callable[[Expr], Expr]]:
-    """`expr` without the fitting to its input's shape around it (`SumTo`), and how to put it back."""
-    if isinstance(expr, SumTo):
-        return expr.args[0], lambda inner: SumTo(inner, *expr.args[1:])
-    return expr, lambda inner: inner
-
-
-def _shared_negations(
-    factors: list[Expr], outputs: list[str | None], grads: dict[str, sympy.Symbol]
-) -> tuple[list[Expr], list[str | None], list[tuple[sympy.Symbol, Expr]]]:
-    """Note [gradients that negate another]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    A loss of `input - target` has `grad_target = -grad_input` before each is fitted to its
-    input's shape; CSE leaves the product `g * f` in both (it does not see `g * f` inside
-    `-g * f`), so backward multiplied twice and negated. The product becomes one temporary,
-    incoming gradient included, shared by both (`tmp = grad_loss * f`, `grad_target = -tmp`),
-    as PyTorch's own losses give the target's gradient; where `f` is a kernel's derivative
-    (huber's), the temporary is that backward kernel's call (`kernel_factors` keeps it for the
-    pair). Returns the factors and outputs with each pair's product a new symbol, and the symbols
-    with their products, which go through CSE with the factors (`_named_shares`)."""
-    factors, outputs = list(factors), list(outputs)
-    shared: list[tuple[sympy.Symbol, Expr]] = []
-    for i, j in itertools.combinations(range(len(factors)), 2):
-        (a, wrap_a), (b, wrap_b) = _core(factors[i]), _core(factors[j])
-        output = outputs[i]
-        if output != outputs[j] or (output is not None and output not in grads) or a.is_number or not _negated(a, b):
-            continue
-        if output is None and (a.is_Atom or any(a == e for _, e in shared)):
-            continue  # nothing to share
-        symbol = sympy.Dummy(f"share{len(shared)}", real=True)
-        shared.append((symbol, a if output is None else grads[output] * a))
-        factors[i], factors[j] = wrap_a(symbol), wrap_b(-symbol)
-        outputs[i] = outputs[j] = None
-    return factors, outputs, shared
-
-
-def _shared_products(
-    factors: list[Expr], outputs: list[str | None], owners: list[str], grads: dict[str, sympy.Symbol]
-) -> tuple[list[Expr], list[str | None], list[tuple[sympy.Symbol, Expr]]]:
-    """Note [gradients that share a product]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Gradients of several inputs through one output are each the incoming gradient times a factor,
-    and the factors often share a product (`-(alpha*a*b*exp(a))`: `-alpha*exp(a)*b*(a + 1)` and
-    `-alpha*exp(a)*a`). CSE shares `alpha*exp(a)` but not its product with the incoming gradient,
-    which is multiplied in as each gradient prints: one multiplication per gradient, and the
-    negation twice. The common factors of the gradients' products (each as often as every one has
-    it), with the incoming gradient, become one temporary read by each (`tmp = grad * (-alpha*exp(a))`,
-    `grad_a = b*(a + 1)*tmp`, `grad_b = a*tmp`). Only where the common part holds a call or a power
-    (a lone symbol or number shares no work) and for elementwise specs."""
-    factors, outputs = list(factors), list(outputs)
-    shared: list[tuple[sympy.Symbol, Expr]] = []
-    by_output: dict[str, list[int]] = {}
-    for k, output in enumerate(outputs):
-        if output is not None and output in grads:
-            by_output.setdefault(output, []).append(k)
-    for output, indices in by_output.items():
-        if len({owners[k] for k in indices}) != len(indices) or len(indices) < 2:
-            continue  # each gradient one term
-        cores = [_core(factors[k]) for k in indices]
-        found = _common_factors([core for core, _ in cores])
-        if found is None:
-            continue
-        common, rests = found
-        symbol = sympy.Dummy(f"product{len(shared)}", real=True)
-        shared.append((symbol, grads[output] * common))
-        for k, (_, wrap), rest in zip(indices, cores, rests, strict=True):
-            factors[k], outputs[k] = wrap(rest * symbol), None
-    return factors, outputs, shared
-
-
-def _common_factors(products: list[Expr]) -> tuple[Expr, list[Expr]] | None:
-    """The factors every product has, each as often as every one has it, and what is left of each
-    product; None where they share no call or power."""
-    pools = [_signed_factors(p) for p in products]
-    common = []
-    for factor in list(pools[0]):
-        if all(factor in pool for pool in pools):
-            common.append(factor)
-            for pool in pools:
-                pool.remove(factor)
-    if not any(not f.is_number and not f.is_Symbol for f in common):
-        return None
-    return sympy.Mul(*common), [sympy.Mul(*pool) for pool in pools]
-
-
-def _signed_factors(product: Expr) -> list[Expr]:
-    """The factors of `product`, a sum that SymPy wrote with its sign inside (`-a - 1`) as the sum
-    without it (`a + 1`) and the sign as a factor -1, so products of opposite signs share it."""
-    negative = False
-    factors = []
-    for factor in sympy.Mul.make_args(product):
-        if factor.is_Add and factor.could_extract_minus_sign():
-            factor, negative = -factor, not negative
-        elif factor.is_number and factor.is_negative:
-            factor, negative = -factor, not negative
-        if factor != 1:
-            factors.append(factor)
-    return [sympy.S.NegativeOne, *factors] if negative else factors
-
-
-def _negated(a: Expr, b: Expr) -> bool:
-    """Whether `b` is `-a`: as written, once products of sums are multiplied out (`2*(t - x)` is
-    `-(2*x - 2*t)`), for formulas small enough that multiplying out costs nothing, or branch by branch
-    of a `where` on the same condition (`where(d > 0, 2, -1/2)` and `where(d > 0, -2, 1/2)`)."""
-    if isinstance(a, fn.where) and isinstance(b, fn.where):
-        return a.args[0] == b.args[0] and _negated(a.args[1], b.args[1]) and _negated(a.args[2], b.args[2])
-    return b == -a or (sympy.count_ops(a) + sympy.count_ops(b) <= 40 and sympy.expand(a + b) == 0)
-
-
-def _named_shares(
-    temps: list[Temp], reduced: list[Expr], shared: list[tuple[sympy.Symbol, Expr]]
-) -> tuple[list[Temp], list[Expr]]:
-    """The shared products of `_shared_negations` as temporaries after CSE's, numbered after them."""
-    if not shared:
-        return temps, reduced
-    products, reduced = reduced[len(reduced) - len(shared) :], reduced[: len(reduced) - len(shared)]
-    start = 1 + max((int(t.symbol.name.split(":")[1]) for t in temps), default=-1)
-    names = sympy.numbered_symbols("tmp:", cls=sympy.Symbol, real=True, start=start)
-    renamed = {symbol: next(names) for symbol, _ in shared}
-    temps = [Temp(t.symbol, t.expr.xreplace(renamed)) for t in temps]
-    for (symbol, _), expr in zip(shared, products, strict=True):
-        # After the temporaries it reads, before the first that reads it (CSE may make one of its quotient).
-        after = 1 + max((k for k, t in enumerate(temps) if t.symbol in expr.free_symbols), default=-1)
-        first = next((k for k, t in enumerate(temps) if renamed[symbol] in t.expr.free_symbols), len(temps))
-        temps.insert(max(after, first), Temp(renamed[symbol], expr, kernel=True))
-    return temps, [e.xreplace(renamed) for e in reduced]
 
 
 def _grad_plan(
@@ -490,11 +355,8 @@ def _varies(derived: Derived, backward: tuple[BackwardPlan, ...]) -> bool:
     return any((bp.groups, bp.grads) != (last.groups, last.grads) for bp in backward)
 
 
-def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) -> Plan:
-    """The whole plan of the op: backward (here) and `jvp` (`opgen.plan.forward`), decided once."""
-    spec = derived.spec
-    index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
-    backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
+def _used(backward: tuple[BackwardPlan, ...]) -> set[sympy.Symbol]:
+    """The symbols backward reads: its temporaries' and its gradients' factors'."""
     used: set[sympy.Symbol] = set()
     for bp in backward:
         for group in bp.groups:
@@ -503,6 +365,15 @@ def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) 
         for grad in bp.grads:
             for contribution in grad.contributions:
                 used |= contribution.factor.free_symbols
+    return used
+
+
+def plan(derived: Derived, residuals: tuple[Residual, ...], tangents: Tangents) -> Plan:
+    """The whole plan of the op: backward (here) and `jvp` (`opgen.plan.forward`), decided once."""
+    spec = derived.spec
+    index_of = {inp.name: i for i, inp in enumerate(spec.inputs)}
+    backward = tuple(_plan_variant(derived, v, index_of, residuals) for v in derived.variants)
+    used = _used(backward)
     # A statistic backward recomputes where it is differentiated (Note [saved rstd] in opgen.optimize.norms).
     used |= {s for r in residuals if r.recompute and r.symbol in used for s in r.expr.free_symbols}
     symbols = derived.symbols
