@@ -37,9 +37,10 @@ def define(
     Defining an op twice from the same generated text (a re-import, the package imported under
     two names) replaces the first definition; an op of that name from other text is refused.
     """
+    companion = f"{qualname}_for_backward"
     _refuse_other(qualname, fingerprint)
     if saving is not None:
-        _refuse_other(f"{qualname}_for_backward", fingerprint)
+        _refuse_other(companion, fingerprint)
 
     def kernel(*args: Any) -> Any:
         return _fresh(function.forward(*args), args)
@@ -68,7 +69,6 @@ def define(
         function.setup_context(again, inputs, function.forward(*inputs))
         return function.backward(again, *grads, *hidden)
 
-    companion = f"{qualname}_for_backward"
     training = _define(companion, saving, fingerprint, kernel, function.backward, setup_context, broadcasts)
     op = _define(qualname, schema, fingerprint, outputs, backward, setup_again, broadcasts)
     setattr(op, TRAINING, training)

@@ -127,18 +127,22 @@ def floating(op: str, required: dict[str, Any], optional: dict[str, Any] | None 
     they are on different devices (torch's own message, from deep inside the formula, names neither);
     a 0-dim CPU tensor goes with any device, as in PyTorch's ops."""
     given = {**required, **(optional or {})}
+    floats: set[torch.dtype] = set()
+    whole = False  # an integer or bool tensor among them
     for name, value in given.items():
         if value is None and name in required or value is not None and not _real(value):
-            _not_floating(op, name, value)
+            _not_real(op, name, value)
+        if value is not None:
+            if value.is_floating_point():
+                floats.add(value.dtype)
+            else:
+                whole = True
     if len(given) > 1:
         _one_device(op, required, optional or {})
-    tensors = [t for t in given.values() if t is not None]
-    floats = {t.dtype for t in tensors if t.is_floating_point()}
-    if all(t.is_floating_point() for t in tensors) and (len(floats) < 2 or not promote):
-        values = tuple(given.values())
-    else:
+    values = tuple(given.values())
+    if whole or (len(floats) > 1 and promote):
         dtype = _promoted(floats) if floats else torch.get_default_dtype()
-        values = tuple(_cast(t, dtype, promote) for t in given.values())
+        values = tuple(_cast(t, dtype, promote) for t in values)
     return values[0] if len(values) == 1 else values
 
 
@@ -173,7 +177,7 @@ def _one_device(op: str, required: dict[str, Any], optional: dict[str, Any]) -> 
             )
 
 
-def _not_floating(op: str, name: str, value: Any) -> None:
+def _not_real(op: str, name: str, value: Any) -> None:
     got = value.dtype if isinstance(value, torch.Tensor) else value.__class__.__name__
     raise TypeError(f"{op}(): argument '{name}' must be a real Tensor (floating-point, integer or bool), got {got}")
 

@@ -187,9 +187,7 @@ def _defs(plan: Plan, names: OpNames, jnames: JvpNames, params: list[str]) -> di
 def _custom_op(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str]:
     """What the template writes for a custom_op-form op (opgen.emit.custom_op)."""
     spec = plan.derived.spec
-    taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
-    taken |= {names.function_ref, names.functional_ref, names.proxy, jnames.compiled}
-    return custom_op_context(plan, spec.namespace, names.function_ref, jnames.chosen, taken)
+    return custom_op_context(plan, spec.namespace, names.function_ref, jnames.chosen, _taken(plan, names, jnames))
 
 
 def _exported(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str] | None:
@@ -197,9 +195,14 @@ def _exported(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, str] | 
     spec = plan.derived.spec
     if spec.custom_op or not capture_loss(plan):
         return None
+    return exported_context(plan, jnames.chosen, _taken(plan, names, jnames) | {jnames.chosen})
+
+
+def _taken(plan: Plan, names: OpNames, jnames: JvpNames) -> set[str]:
+    """The names an op module already uses, which the names of what it imports from `_custom_ops` avoid."""
+    spec = plan.derived.spec
     taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, names.check_shapes}
-    taken |= {names.function_ref, names.functional_ref, names.proxy, jnames.compiled, jnames.chosen}
-    return exported_context(plan, jnames.chosen, taken)
+    return taken | {names.function_ref, names.functional_ref, names.proxy, jnames.compiled}
 
 
 def _capture_context(plan: Plan, names: OpNames, jnames: JvpNames) -> dict[str, object]:
