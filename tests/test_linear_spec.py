@@ -83,7 +83,7 @@ def test_backward_is_the_hand_written_linear():
         "input, weight = ctx.saved_tensors",
         "grad_input = grad_out @ weight",
         "grad_weight = grad_out.transpose(-2, -1) @ input",  # batch dimensions summed by sum_to_size (a no-op in 2-D)
-        "grad_weight = grad_weight.sum_to_size(weight.shape)",
+        "grad_weight = grad_weight.sum_to_size(ctx.weight_shape)",  # weight is saved only for grad_input
         "grad_bias = grad_out.sum(-2)",
     ):
         assert line in backward
