@@ -190,6 +190,33 @@ def test_extremes_keep_inside_the_declared_domain(tmp_path: Path):
     assert 1e4 in variances and all(point > 0 for point in variances)
 
 
+SAMPLED_HERE = """\
+name: sampled_here
+inputs:
+  x: Tensor
+  y: Tensor
+outputs:
+  out: softplus(x) * y
+tests:
+  domain: {x: {real: [-5, 5]}, y: [0.5, 2]}
+"""
+
+
+def test_a_real_domain_is_where_samples_are_drawn_and_extremes_go_everywhere(tmp_path: Path):
+    """`{real: [low, high]}` draws samples from the interval but keeps the sweep at ±1e4 that a plain
+    interval gives up; the generated tests pass on the op and fail when it is wrong past the interval."""
+    tests = generated_tests(tmp_path, "sampled_here", SAMPLED_HERE)
+    assert {-1e4, -100.0, 100.0, 1e4} <= {point for name, point, *_ in tests.EXTREMES if name == "x"}
+    assert all(0.5 <= point <= 2 for name, point, *_ in tests.EXTREMES if name == "y")
+    samples = [x for x, _ in (tests.sample_inputs() for _ in range(3))]
+    assert all(-5 <= float(x.min()) and float(x.max()) <= 5 for x in samples)
+    run_generated_tests(tests)
+    real = tests.OP.functional
+    clipped = type(tests.OP)(**{**vars(tests.OP), "functional": lambda x, y: real(x.clamp(-50, 50), y)})
+    with pytest.raises(AssertionError, match="at x = 100.0"):
+        tests.harness.check_extremes(clipped, tests.sample_inputs(), tests.EXTREMES, tests.PLACES, tests.reference)
+
+
 def test_the_accuracy_tolerance_is_that_of_the_formula_as_written(tmp_path: Path):
     """A difference of lgammas at 1e4 loses 3e-3 in float32 as written, and so may the op; an op that
     loses more than twice that fails."""
@@ -229,7 +256,9 @@ def test_an_op_computed_in_a_worse_form_than_written_fails_the_accuracy_test(tmp
         ("{y: binry}", r"op.yaml:8:15: tests.domain.y: unknown domain kind 'binry'; did you mean 'binary'\?"),
         ("{x: spd}", r"op.yaml:8:15: tests.domain.x: spd matrices are square over the last two dimensions, but 'x'"),
         ("{y: {integer: [0.5, 3]}}", r"op.yaml:8:25: tests.domain.y: integer bounds must be whole numbers"),
-        ("{y: {integer: 3}}", r"op.yaml:8:25: tests.domain.y must be \[low, high\], or one of binary, integer"),
+        ("{y: {integer: 3}}", r"op.yaml:8:25: tests.domain.y must be \[low, high\], one of binary, integer"),
+        ("{y: {real: [2, -2]}}", r"op.yaml:8:22: tests.domain.y: low \(2.0\) must be below high \(-2.0\)"),
+        ("{y: {reel: [0, 1]}}", r"op.yaml:8:15: tests.domain.y must be \[low, high\], .*or \{real: \[low, high\]\}"),
         ("{y: [1, 1]}", r"op.yaml:8:15: tests.domain.y: low \(1.0\) must be below high \(1.0\)"),
     ],
 )

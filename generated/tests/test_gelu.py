@@ -112,11 +112,17 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
     ("x", -5.0, (-1.433258495499124e-06,), -7.1469489278667504e-06, "middle"),
     ("x", -9.999999974752427e-07, (-4.999995997953498e-07,), 0.49999920211545484, "middle"),
     ("x", 0.0, (0.0,), 0.5, "middle"),
     ("x", 9.999999974752427e-07, (5.00000397679893e-07,), 0.5000007978845451, "middle"),
     ("x", 5.0, (4.999998566741504,), 1.0000071469489278, "middle"),
+    ("x", 30.0, (30.0,), 1.0, "middle"),
+    ("x", 100.0, (100.0,), 1.0, "middle"),
+    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

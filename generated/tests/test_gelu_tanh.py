@@ -113,11 +113,17 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
     ("x", -5.0, (-2.2917955538021124e-07,), -1.5463615668716742e-06, "middle"),
     ("x", -9.999999974752427e-07, (-4.999995997953291e-07,), 0.49999920211541343, "middle"),
     ("x", 0.0, (0.0,), 0.5, "middle"),
     ("x", 9.999999974752427e-07, (5.000003976799136e-07,), 0.5000007978845866, "middle"),
     ("x", 5.0, (4.999999770820445,), 1.0000015463615668, "middle"),
+    ("x", 30.0, (30.0,), 1.0, "middle"),
+    ("x", 100.0, (100.0,), 1.0, "middle"),
+    ("x", 10000.0, (10000.0,), 1.0, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

@@ -100,11 +100,17 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
     ("x", -5.0, (0.0,), 0.0, "middle"),
     ("x", -9.999999974752427e-07, (0.49999984823449,), 0.1666666716337204, "middle"),
     ("x", 0.0, (0.5000000149011612,), 0.1666666716337204, "middle"),
     ("x", 9.999999974752427e-07, (0.5000001815678324,), 0.1666666716337204, "middle"),
     ("x", 5.0, (1.0000000298023224,), 0.0, "middle"),
+    ("x", 30.0, (1.0000000298023224,), 0.0, "middle"),
+    ("x", 100.0, (1.0000000298023224,), 0.0, "middle"),
+    ("x", 10000.0, (1.0000000298023224,), 0.0, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

@@ -107,11 +107,17 @@ def test_non_tensor_inputs_away_from_their_defaults() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
+    ("x", -10000.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -100.0, (-4.0, -8.0, 0.0), None, "middle"),
+    ("x", -30.0, (-4.0, -8.0, 0.0), None, "middle"),
     ("x", -5.0, (-4.0, -8.0, 0.0), None, "middle"),
     ("x", -9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 0.0, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 9.999999974752427e-07, (0.0, 0.0, 1.0), None, "middle"),
     ("x", 5.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 30.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 100.0, (3.5, 7.0, 0.0), None, "middle"),
+    ("x", 10000.0, (3.5, 7.0, 0.0), None, "middle"),
 ]
 PLACES = {"middle": {"x": 0.0}}
 

@@ -123,11 +123,17 @@ def test_saves_the_planned_inputs_and_outputs() -> None:
 # of the differentiable outputs' sum in that input (None: not checked), where the other
 # Tensor inputs sit (a key of PLACES).
 EXTREMES = [
+    ("x", -10000.0, (0.0,), 0.0, "middle"),
+    ("x", -100.0, (0.0,), 0.0, "middle"),
+    ("x", -30.0, (0.0,), 0.0, "middle"),
     ("x", -2.0, (0.0,), 0.0, "middle"),
     ("x", -9.999999974752427e-07, (0.0,), 0.0, "middle"),
     ("x", 0.0, (0.0,), None, "middle"),
     ("x", 9.999999974752427e-07, (9.999999974752427e-07,), 1.0, "middle"),
     ("x", 8.0, (6.0,), 0.0, "middle"),
+    ("x", 30.0, (6.0,), 0.0, "middle"),
+    ("x", 100.0, (6.0,), 0.0, "middle"),
+    ("x", 10000.0, (6.0,), 0.0, "middle"),
 ]
 PLACES = {"middle": {"x": 3.0}}
 

@@ -215,7 +215,8 @@ def _numbers(spec: Spec, math: str, rows: Sequence[Row]) -> tuple[dict[str, obje
         if inp.is_tensor:
             low, high = spec.tests.domain_of(inp.name)
             kind = spec.tests.kind_of(inp.name)
-            sampler = "uniform" if kind in ("interval", "positive") else kind  # harness.py's function of that name
+            # harness.py's function of that name
+            sampler = "uniform" if kind in ("interval", "real", "positive") else kind
             bounds = {"low": quote.number(low), "high": quote.number(high)}
             samples.append({"name": inp.name, "tensor": True, "sampler": sampler, **bounds})
         else:

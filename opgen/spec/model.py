@@ -168,8 +168,8 @@ class TestConfig:
 
     def meant_range(self, name: str) -> tuple[float, float]:
         """Where the op is meant to be evaluated at `name`, which the tests at extreme inputs keep to:
-        the declared interval (or the kind's), everywhere when no domain is declared."""
-        if not self.declared(name):
+        the declared interval (or the kind's), everywhere when no domain is declared or it is `real`."""
+        if not self.declared(name) or self.kind_of(name) == "real":
             return (-math.inf, math.inf)
         kind = self.kind_of(name)
         return (0.0, math.inf) if kind == "positive" else self.domain_of(name)
@@ -187,7 +187,9 @@ class TestConfig:
 # `binary` (0/1 masks), `integer` or `{integer: [low, high]}` (whole numbers, 0 to 10 by default),
 # `positive` (drawn from [0.1, 3]; the tests at extreme inputs sweep every positive point),
 # `probability` (rows on the simplex along the last dimension) or `spd` (symmetric
-# positive-definite matrices over the last two dimensions). A discrete input (binary, integer) is
+# positive-definite matrices over the last two dimensions), or `{real: [low, high]}` (drawn from the
+# interval, but the op is meant for every real number: the tests at extreme inputs sweep all their
+# points, where a plain interval keeps them inside it). A discrete input (binary, integer) is
 # checked against the reference's autograd but not by gradcheck, whose finite differences would
 # leave the whole numbers; gradcheck perturbs an spd input symmetrically (it sees `(A + A.mT) / 2`).
 DOMAIN_KINDS: dict[str, tuple[float, float]] = {

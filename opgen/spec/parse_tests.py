@@ -70,12 +70,12 @@ def _domain(by_name: dict[str, Input], name: str, loc: Loc, value: Raw) -> tuple
         raise SpecError(loc, f"tests.domain: '{name}' is not a Tensor input")
     if isinstance(value, RawScalar) and isinstance(value.value, str):
         return (name, *_kind(by_name[name], value.value, value.loc))
-    if isinstance(value, RawMap) and [key for key, _, _ in value.entries] == ["integer"]:
-        (_, _, bounds), *_ = value.entries
+    if isinstance(value, RawMap) and [key for key, _, _ in value.entries] in (["integer"], ["real"]):
+        (kind, _, bounds), *_ = value.entries
         low, high = _interval(name, bounds)
-        if low != int(low) or high != int(high):
+        if kind == "integer" and (low != int(low) or high != int(high)):
             raise SpecError(bounds.loc, f"tests.domain.{name}: integer bounds must be whole numbers, e.g. [0, 10]")
-        return (name, low, high, "integer")
+        return (name, low, high, kind)
     return (name, *_interval(name, value), "interval")
 
 
@@ -83,7 +83,9 @@ def _interval(name: str, value: Raw) -> tuple[float, float]:
     if not isinstance(value, RawList) or len(value.items) != 2:
         kinds = ", ".join(DOMAIN_KINDS)
         raise SpecError(
-            value.loc, f"tests.domain.{name} must be [low, high], or one of {kinds}, or {{integer: [low, high]}}"
+            value.loc,
+            f"tests.domain.{name} must be [low, high], one of {kinds}, {{integer: [low, high]}}, or"
+            " {real: [low, high]}",
         )
     low, high = (number(v, f"tests.domain.{name}", finite=True) for v in value.items)
     if not low < high:

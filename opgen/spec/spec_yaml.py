@@ -97,8 +97,8 @@ def _module(module: Module) -> list[str]:
 def _domain(kind: str, low: float, high: float) -> str:
     """A `tests.domain` entry as written: an interval, a kind, or an integer range (Note [domain kinds])."""
     interval = f"[{number(low)}, {number(high)}]"
-    if kind == "integer":
-        return f"{{integer: {interval}}}"
+    if kind in ("integer", "real"):
+        return f"{{{kind}: {interval}}}"
     return interval if kind == "interval" else kind
 
 
