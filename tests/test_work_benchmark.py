@@ -70,3 +70,20 @@ def test_the_benchmark_prints_a_row_per_op_through_the_function(capsys):
         y = generated.mish(torch.rand(3, requires_grad=True))
     assert isinstance(y.grad_fn, module.MishFunction._backward_cls)  # not the small call: the Function
     assert module.MishFunction.native_below > 0  # restored
+
+
+def test_no_op_of_the_library_saves_more_than_plain_autograd_or_pytorchs_op():
+    """Saved bytes, counted as the benchmark counts them: at most plain autograd's of the formula or
+    PyTorch's own op's, for every spec whose gradient is derived (a wrapped phase once saved both its
+    inputs where plain autograd keeps the one wrapped difference). A surrogate gradient (`gradients:`)
+    reads what plain autograd of the formula, whose gradient is 0, never needs."""
+    import_package(ROOT, "generated")
+    from benchmarks.run import load_specs
+
+    over = {}
+    for spec in load_specs(ROOT / "specs", lambda s: not s.gradients):
+        counted = work.measure(spec.name, 2, "generated", work.literal_sizes(spec))
+        bounds = [counted["naive"].saved] + ([counted["native"].saved] if "native" in counted else [])
+        if counted["generated"].saved > max(bounds):
+            over[spec.name] = (counted["generated"].saved, bounds)
+    assert not over, over

@@ -15,44 +15,63 @@ class WrapPhaseFunction(Function):
     """The autograd Function of `wrap_phase`; see `wrap_phase` for the formulas."""
 
     @staticmethod
-    def forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        loss = (torch.remainder(a - b + math.pi, 2 * math.pi) - math.pi) ** 2
-        return loss
+    def forward(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        saved_remainder = torch.remainder(a - b + math.pi, 2 * math.pi)
+        loss = (saved_remainder - math.pi) ** 2
+        return loss, saved_remainder
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         a, b = inputs
-        loss = output
-        ctx.save_for_backward(a, b)
-        ctx.save_for_forward(a, b, loss)
+        loss, saved_remainder = output
+        ctx.save_for_backward(saved_remainder)
+        ctx.a_shape = a.shape
+        ctx.b_shape = b.shape
+        ctx.save_for_forward(loss, saved_remainder)
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        a, b = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, grad_saved_remainder: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        (saved_remainder,) = ctx.saved_tensors
         grad_a = grad_b = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = 2 * grad_loss * (torch.remainder(a - b + math.pi, 2 * math.pi) - math.pi)
+            tmp0 = 2 * saved_remainder - 2 * math.pi
         if ctx.needs_input_grad[0]:
-            grad_a = tmp0
-            grad_a = grad_a.sum_to_size(a.shape)
+            if grad_loss is not None:
+                grad_a = grad_loss * tmp0
+            if grad_saved_remainder is not None:
+                grad_a = grad_saved_remainder if grad_a is None else grad_a + grad_saved_remainder
+            if grad_a is not None:
+                grad_a = grad_a.sum_to_size(ctx.a_shape)
         if ctx.needs_input_grad[1]:
-            grad_b = -tmp0
-            grad_b = grad_b.sum_to_size(b.shape)
+            if grad_loss is not None:
+                grad_b = -(grad_loss * tmp0)
+            if grad_saved_remainder is not None:
+                grad_b = -grad_saved_remainder if grad_b is None else grad_b + -grad_saved_remainder
+            if grad_b is not None:
+                grad_b = grad_b.sum_to_size(ctx.b_shape)
         return grad_a, grad_b
 
     @staticmethod
-    def jvp(ctx: Any, tangent_a: torch.Tensor, tangent_b: torch.Tensor) -> torch.Tensor:
-        a, b, loss = ctx.saved_tensors
+    def jvp(ctx: Any, tangent_a: torch.Tensor, tangent_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, saved_remainder = ctx.saved_tensors
         tangent_loss = None
+        tangent_saved_remainder = None
         if tangent_a is not None or tangent_b is not None:
-            jvp0 = torch.remainder(a - b + math.pi, 2 * math.pi) - math.pi
+            jvp0 = 2 * saved_remainder - 2 * math.pi
         if tangent_a is not None:
-            tangent_loss = 2 * jvp0 * tangent_a
+            tangent_loss = jvp0 * tangent_a
+            tangent_saved_remainder = tangent_a
         if tangent_b is not None:
-            step = -2 * jvp0 * tangent_b
+            step = -(jvp0 * tangent_b)
             tangent_loss = step if tangent_loss is None else tangent_loss + step
+            step = -tangent_b
+            tangent_saved_remainder = step if tangent_saved_remainder is None else tangent_saved_remainder + step
         tangent_loss = tangent_loss.expand(loss.shape)
-        return tangent_loss
+        tangent_saved_remainder = tangent_saved_remainder.expand(saved_remainder.shape)
+        return tangent_loss, tangent_saved_remainder
 
 
 _WrapPhaseFunctionNoJvp = without_jvp(WrapPhaseFunction)
@@ -69,8 +88,8 @@ def wrap_phase(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loss = (remainder(a - b + pi, 2*pi) - pi)**2
 
     Gradients:
-        grad_a = 2*grad*(remainder(a - b + pi, 2*pi) - pi)
-        grad_b = 2*grad*(pi - remainder(a - b + pi, 2*pi))
+        grad_a = grad*(2*remainder(a - b + pi, 2*pi) - 2*pi)
+        grad_b = grad*(2*pi - 2*remainder(a - b + pi, 2*pi))
     """
     if (proxy := capture(wrap_phase, a, b)) is not None:  # torch.fx: one node
         return proxy
@@ -81,6 +100,6 @@ def wrap_phase(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     )
     a, b = floating("wrap_phase", {"a": a, "b": b})
     if outputs_only():  # ONNX, torch.jit.trace: the outputs alone, as torch ops
-        return WrapPhaseFunction.forward(a, b)
+        return WrapPhaseFunction.forward(a, b)[0]
     function = _WrapPhaseFunctionNoJvp if torch.compiler.is_compiling() else WrapPhaseFunction
-    return function.apply(a, b)
+    return function.apply(a, b)[0]

@@ -19,7 +19,8 @@ DTYPE = harness.DTYPE
 T = harness.as_tensor
 SHAPES = {"a": [3, 4], "b": [3, 4]}
 BROADCAST_SHAPES = {"a": [3, 4], "b": [4]}
-SAVED: list[str] = ["a", "b"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+SAVED: list[str] = ["saved_remainder"]  # what backward reads, as opgen's plan chose: inputs, outputs, residuals
+RESIDUALS: list[str] = ["saved_remainder"]  # what Function.apply returns after the outputs, for backward alone
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -52,7 +53,7 @@ def test_forward_and_backward_match_reference() -> None:
 
 
 def test_function_apply_equals_functional() -> None:
-    harness.check_function_apply(OP, WrapPhaseFunction, sample_inputs())
+    harness.check_function_apply(OP, WrapPhaseFunction, sample_inputs(), len(RESIDUALS))
 
 
 def test_autocast_dtypes() -> None:
@@ -76,7 +77,7 @@ def test_gradgradcheck() -> None:
 
 
 def test_saves_the_planned_inputs_and_outputs() -> None:
-    harness.check_saved(OP, WrapPhaseFunction, sample_inputs(), SAVED)
+    harness.check_saved(OP, WrapPhaseFunction, sample_inputs(), SAVED, RESIDUALS)
 
 
 # The spec's formulas as written, evaluated exactly (50 digits, shown rounded to float64) at

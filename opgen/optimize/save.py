@@ -97,9 +97,10 @@ def _saved(exprs: list[Expr], symbols: Symbols, residuals: tuple[Residual, ...] 
 
 
 def _costly_calls(factors: list[Expr], symbols: Symbols) -> set[Expr]:
-    """The costly tensor-valued calls of `factors`; a call of plain numbers is a `math` call on a
+    """The costly tensor-valued calls of `factors` (a call with no entry in COST costs CALL_COST: the
+    remainder in a wrapped phase is worth keeping); a call of plain numbers is a `math` call on a
     number (Note [numbers and tensors]), never worth saving or taking from an output."""
-    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), 0) > DEFAULT_COST}
+    calls = {c for f in factors for c in f.atoms(sympy.Function) if COST.get(type(c), CALL_COST) > DEFAULT_COST}
     return {c for c in calls if is_tensor_valued(c, symbols.tensors)}
 
 
