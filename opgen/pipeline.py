@@ -179,7 +179,9 @@ def run_stages(spec: Spec, problems: Problems, stop_after: str = "plan", oracle:
         compiled = Oracle(written) if written is not None else None  # compiled once for rows and warnings
         rows = tuple(extreme_rows(spec, written, compiled))
         found = domain_warnings(spec, written, compiled, saved)
-        found += extreme_warnings(spec, rows, compiled, saved, residuals) if compiled is not None else []
+        if compiled is not None:  # Note [rows no form can pass] in opgen.plan.domain
+            at_extremes, rows = extreme_warnings(spec, rows, compiled, saved, residuals)
+            found += at_extremes
         warnings = tuple(f"{loc}: warning: {message}" for loc, message in found)
         planned = Planned(plan(saved, residuals, tangents), rows, warnings)
         return Stages(formulas, optimized, derived, written, gradients, saved, residuals, planned)

@@ -10,6 +10,7 @@ at all (tests/test_domain_warnings.py, `test_the_library_specs_give_no_warning`)
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -110,20 +111,30 @@ def test_a_formula_that_keeps_no_digit_as_written_but_opgen_computes_stably_is_n
 
 def test_a_formula_that_overflows_at_the_extreme_rows_is_warned_of(run_cli, tmp_path):
     """`log(1 + exp(x) + exp(-x))` is fine inside the default [-3, 3] but overflows float32 at |x| = 100 and 1e4,
-    where its exact value (about |x|) is finite: the generated float32 test at extreme inputs would
-    fail there, and generating says so, located, once per output and input (its slope, inf / inf there,
-    gets a warning of its own: tests/test_slope_warnings.py)."""
+    where its exact value (about |x|) is finite: no form of it opgen knows passes the generated float32
+    test at extreme inputs there, and generating says so, located, once per output and input (its slope,
+    inf / inf there, gets a warning of its own: tests/test_slope_warnings.py). Those rows leave the test
+    (Note [rows no form can pass]), the finite ones stay: the generated tests pass on the op, and fail
+    on one that is wrong where the formula is finite."""
     found = generate(run_cli, tmp_path, spec("log(1 + exp(x) + exp(-x))"))  # no domain declared: swept everywhere
     warnings = [w for w in found if not w["text"].startswith("the gradient of")]
     assert len(warnings) == 1 and len(found) == 2, found
     assert warnings[0]["loc"] == f"{tmp_path / 'op.yaml'}:4:6"
     assert "a row of the generated float32 test at extreme inputs" in warnings[0]["text"]
-    assert "tests: extremes: false" in warnings[0]["text"]
+    assert "the test leaves such rows out" in warnings[0]["text"]
     point = float(re.search(r" at x = (\S+), a row", warnings[0]["text"])[1])  # type: ignore[index]
     package = import_package(tmp_path, "out")
     x = torch.tensor([point])
     exact = torch.logaddexp(torch.logaddexp(x.double(), -x.double()), torch.zeros(1, dtype=torch.float64))
     assert torch.isfinite(exact).all() and not torch.isfinite(package.op(x)).all()
+    tests = importlib.import_module("out.tests.test_op")
+    swept = {p for _, p, *_ in tests.EXTREMES}
+    assert point not in swept and {0.0, 30.0, -30.0} <= swept
+    tests.test_float32_at_extreme_inputs()
+    real = tests.OP.functional
+    wrong = type(tests.OP)(**{**vars(tests.OP), "functional": lambda x: real(x) * (1 + 1e-3 * (x.abs() > 10))})
+    with pytest.raises(AssertionError, match="at x = "):
+        tests.harness.check_extremes(wrong, tests.sample_inputs(), tests.EXTREMES, tests.PLACES, tests.reference)
 
 
 def test_a_formula_finite_at_the_extreme_rows_is_not_warned_of(run_cli, tmp_path):

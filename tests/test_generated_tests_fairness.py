@@ -296,7 +296,13 @@ def test_a_test_bound_to_fail_is_told_at_generate_time_without_blaming_float32_f
     assert main(["generate", str(spec), "-o", str(tmp_path / "pkg")]) == 0
     err = capsys.readouterr().err
     assert f"{spec}:10:9: warning: `loss` is not a finite number in float32 nor in float64 as written" in err, err
-    assert "at logit = -10000" in err and "`tests: extremes: false`" in err and "tests: domain: {logit:" in err
+    assert "at logit = -10000" in err and "the test leaves such rows out" in err and "tests: domain: {logit:" in err
+    import_package(tmp_path, "pkg")
+    tests = importlib.import_module("pkg.tests.test_focal")  # the row left out, the others kept: passes
+    at = {place for n, p, *_, place in tests.EXTREMES if n == "logit" and p == -1e4}
+    assert at < set(tests.PLACES), at  # where the target makes log(pt) = log(0)
+    assert {-100.0, 100.0, 1e4} <= {p for n, p, *_ in tests.EXTREMES if n == "logit"}
+    run_generated_tests(tests)
     cosh = tmp_path / "cosh.yaml"
     text = "name: lcosh\ninputs:\n  x: Tensor\noutputs:\n  y: log(1 + exp(x) + exp(-x))\n"
     cosh.write_text(text + "tests:\n  domain: {x: [-100, 100]}\n")

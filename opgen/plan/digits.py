@@ -21,8 +21,9 @@ hardswish, logsigmoid, ...) is one correctly rounded operation, computed at the 
 and constant power to 24 bits itself. mpmath has no exponent range, so each call's value
 is held to float32's: past 3.4e38 it overflows to ±inf as IEEE float32 does (`exp(100) / exp(99)`
 has no float32 value although the result has; `exp(-exp(100))` and `tanh(exp(100))` do, 0 and 1,
-as in float32), below 2**-150 it is 0. Products and powers of values in range
-are not held so (`exp(50)**2` overflowing goes unnoticed); the calls are where formulas
+as in float32), below 2**-150 it is 0. A function whose torch kernel is not correctly rounded is
+modelled as that kernel computes it (`_KERNELS`: sigmoid is 0 where `exp(-u)` overflows). Products
+and powers of values in range are not held so (`exp(50)**2` overflowing goes unnoticed); the calls are where formulas
 overflow in practice. A node's exact value is its elementary form at 50 digits, so
 `log1p(u)` is `log(1 + u)` there: exact enough for any |u| over 1e-40.
 
@@ -87,12 +88,25 @@ def _single(function: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _sigmoid(u: Any) -> Any:
+    """torch.sigmoid's kernel, `1 / (1 + exp(-u))`: 0 where `exp(-u)` overflows the format (float32's
+    sigmoid(-89) is 0, though 2.2e-39 is a float32 subnormal), else the exact value."""
+    if -u > mpmath.log(_FORMAT.get()[1]):
+        return mpmath.mpf(0)
+    return 1 / (1 + mpmath.exp(-u))
+
+
+# Functions whose torch kernel is not the correctly rounded value (Note [float32 digits]).
+_KERNELS: dict[str, Callable[..., Any]] = {"sigmoid": _sigmoid}
+
+
 def in_float32(function: Callable[..., Any], nodes: dict[str, Callable[..., Any]] | None = None) -> Callable[..., Any]:
-    """A function compiled by the oracle, its calls made single float32 operations; `nodes`:
-    implementations of functions its namespace lacks."""
+    """A function compiled by the oracle, its calls made single float32 operations (as torch's kernel
+    computes them, for the functions of `_KERNELS`); `nodes`: implementations of functions its
+    namespace lacks."""
     namespace = {**function.__globals__, **(nodes or {})}
     namespace |= {
-        name: _single(namespace[name])
+        name: _single(_KERNELS.get(name.removeprefix("_node_"), namespace[name]))  # a node: see _Nodes
         for name in function.__code__.co_names
         if name in namespace and inspect.isroutine(namespace[name])
     }

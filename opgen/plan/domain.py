@@ -94,14 +94,22 @@ def domain_warnings(
 
 def extreme_warnings(
     spec: Spec, rows: tuple[Row, ...], oracle: Oracle, optimized: Derived | None, residuals: Sequence[Residual] = ()
-) -> list[tuple[Loc, str]]:
+) -> tuple[list[tuple[Loc, str]], tuple[Row, ...]]:
     """A warning for each output that is no finite float32 number (it overflows, or is NaN) at a row of
     the generated float32 test at extreme inputs (`rows`, from `opgen.plan.extremes`), as written and
-    as opgen computes it, where its exact value is finite: that test is bound to fail there, however
-    well the formula does inside its test domain (`log(1 + exp(x) + exp(-x))` at x = 100). The same
-    for each output's part of a gradient as backward computes it (`optimized`, after the save stage,
-    reading `residuals`), where the row's exact slope is finite (Note [float32 slopes] in
-    opgen/plan/slopes.py). One per output and moving input, of each kind."""
+    as opgen computes it, where its exact value is finite, however well the formula does inside its
+    test domain (`log(1 + exp(x) + exp(-x))` at x = 100). The same for each output's part of a
+    gradient as backward computes it (`optimized`, after the save stage, reading `residuals`), where
+    the row's exact slope is finite (Note [float32 slopes] in opgen/plan/slopes.py). One per output
+    and moving input, of each kind.
+
+    Note [rows no form can pass]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Such a row fails on the op however it is computed from the formula as written, and opgen knows
+    no form that passes it: the generated test would fail on a correct op. The warning tells the user,
+    and the row leaves the test (its slope alone, where only the gradient is not finite); the rows
+    where the op is finite stay, so an op that loses what its formula keeps still fails. Returns the
+    warnings and the rows kept."""
     digits = Digits(oracle, optimized)
     slopes = Slopes(oracle, optimized, residuals, digits) if optimized is not None else None
     quick = [quick_model(expr) for expr in oracle.exprs]  # a screen: finite there, finite exactly
@@ -109,33 +117,38 @@ def extreme_warnings(
     index = {inp.name: k for k, inp in enumerate(spec.inputs)}
     found: list[tuple[Loc, str]] = []
     warned: set[tuple[str, str, bool]] = set()
+    kept: list[Row] = []
     for name, point, values, slope, place in rows:
         args = list(arguments[place])
         args[index[name]] = mpf(point)
+        dropped = False
         for o, (output, value) in enumerate(zip(spec.outputs, values, strict=True)):
             model = quick[o]
             screened = model is not None and finite_at(model, oracle.order, args)
-            if (output.name, name, False) not in warned and not screened:
-                loss = digits.not_finite(o, args, mpf(value))
-                if loss is not None:
+            loss = None if screened else digits.not_finite(o, args, mpf(value))
+            if loss is not None:
+                dropped = True
+                if (output.name, name, False) not in warned:
                     warned.add((output.name, name, False))
                     found.append((output.formula.loc, _not_finite(f"`{output.name}` {loss}", name, point)))
-            if slope is None or slopes is None or (output.name, name, True) in warned:
-                continue
-            problem = slopes.not_finite(o, name, args)
+            problem = None if slope is None or slopes is None else slopes.not_finite(o, name, args)
             if problem is not None:
-                warned.add((output.name, name, True))
-                what = f"the gradient of `{output.name}` in `{name}` {problem} (its exact value is {slope:.6g})"
-                found.append((output.formula.loc, _not_finite(what, name, point)))
-    return found
+                if (output.name, name, True) not in warned:
+                    warned.add((output.name, name, True))
+                    what = f"the gradient of `{output.name}` in `{name}` {problem} (its exact value is {slope:.6g})"
+                    found.append((output.formula.loc, _not_finite(what, name, point)))
+                slope = None
+        if not dropped:
+            kept.append((name, point, values, slope, place))
+    return found, tuple(kept)
 
 
 def _not_finite(what: str, name: str, point: float) -> str:
     return (
         f"{what} at {name} = {point:g}, a row of the generated float32 test at extreme inputs, and opgen knows"
-        " no exact form of the formula that is finite there: that test will fail; write the formula without the"
-        f" overflow, declare where `{name}` is meant to be (`tests: domain: {{{name}: [LOW, HIGH]}}`, or a kind such"
-        " as `positive` or `binary`): the test keeps inside it, or set `tests: extremes: false`"
+        " no exact form of the formula that is finite there: the test leaves such rows out; write the formula"
+        f" without the overflow, or declare where `{name}` is meant to be (`tests: domain: {{{name}: [LOW, HIGH]}}`,"
+        " or a kind such as `positive` or `binary`)"
     )
 
 

@@ -86,7 +86,13 @@ def _power(base: float, exponent: float) -> float:
 
 
 def _sigmoid(u: float) -> float:
+    """torch.sigmoid's float32 kernel, `1 / (1 + exp(-u))`: 0 where exp(-u) overflows (u < -88.7)."""
+    if -u > _LOG_FLOAT32_MAX:
+        return 0.0
     return 1 / (1 + math.exp(-u)) if u >= 0 else math.exp(u) / (1 + math.exp(u))
+
+
+_LOG_FLOAT32_MAX = math.log(FLOAT32_MAX)
 
 
 def _softplus(u: float) -> float:
