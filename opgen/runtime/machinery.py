@@ -265,6 +265,15 @@ def _onnx_translations() -> None:
         ("aten::sinc", _sinc),
         ("aten::huber_loss", helper.parse_args("v", "v", "i", "f")(_huber_loss)),
         ("aten::smooth_l1_loss", helper.parse_args("v", "v", "i", "f")(_smooth_l1_loss)),
+        ("aten::expm1", lambda g, x: g.op("Sub", g.op("Exp", x), _like(g, 1.0, x))),
+        ("aten::erfc", lambda g, x: g.op("Sub", _like(g, 1.0, x), g.op("Erf", x))),
+        ("aten::asinh", lambda g, x: g.op("Asinh", x)),
+        ("aten::acosh", lambda g, x: g.op("Acosh", x)),
+        ("aten::atanh", lambda g, x: g.op("Atanh", x)),
+        ("aten::trunc", _trunc),
+        ("aten::hypot", lambda g, a, b: g.op("Sqrt", g.op("Add", g.op("Mul", a, a), g.op("Mul", b, b)))),
+        ("aten::logaddexp", lambda g, a, b: _logaddexp(g, a, b, math.e)),
+        ("aten::logaddexp2", lambda g, a, b: _logaddexp(g, a, b, 2.0)),
     ):
         if not registry.is_registered_op(name, _ONNX_OPSET):
             _register_symbolic(name, symbolic, _ONNX_OPSET)
@@ -289,6 +298,22 @@ def _sinc(g: Any, x: Any) -> Any:
     pi_x = g.op("Mul", x, _like(g, math.pi, x))
     quotient = g.op("Div", g.op("Sin", pi_x), pi_x)
     return g.op("Where", g.op("Equal", x, _like(g, 0.0, x)), _like(g, 1.0, x), quotient)
+
+
+def _trunc(g: Any, x: Any) -> Any:
+    """torch.trunc: toward zero (ONNX has Floor and Ceil)."""
+    return g.op("Where", g.op("Less", x, _like(g, 0.0, x)), g.op("Ceil", x), g.op("Floor", x))
+
+
+def _logaddexp(g: Any, a: Any, b: Any, base: float) -> Any:
+    """torch.logaddexp (base e) and logaddexp2 (base 2): max(a, b) + log_base(1 + base**-|a - b|), and `a`
+    plus log_base(2) where a == b (two equal infinities, whose difference is NaN)."""
+    log_base = math.log(base)
+    gap = g.op("Neg", g.op("Abs", g.op("Sub", a, b)))
+    tail = g.op("Log", g.op("Add", _like(g, 1.0, a), g.op("Exp", g.op("Mul", gap, _like(g, log_base, a)))))
+    joined = g.op("Add", g.op("Max", a, b), g.op("Div", tail, _like(g, log_base, a)))
+    same = g.op("Add", a, _like(g, math.log(2.0) / log_base, a))
+    return g.op("Where", g.op("Equal", a, b), same, joined)
 
 
 def _elementwise_loss(g: Any, reduction: int, loss: Any) -> Any:
