@@ -21,6 +21,7 @@ ort = pytest.importorskip("onnxruntime", reason="the `onnx` extra: pip install -
 FORMULAS = {
     "expm1_op": ("exp(x) - 1", "torch.expm1("),
     "erfc_op": ("erfc(x)", "erfc("),
+    "sinh_cosh_op": ("sinh(x) * cosh(y)", "torch.cosh("),
     "asinh_op": ("asinh(x)", "torch.asinh("),
     "acosh_op": ("acosh(1 + x**2)", "torch.acosh("),
     "atanh_op": ("atanh(x / 8)", "torch.atanh("),

@@ -267,6 +267,8 @@ def _onnx_translations() -> None:
         ("aten::smooth_l1_loss", helper.parse_args("v", "v", "i", "f")(_smooth_l1_loss)),
         ("aten::expm1", lambda g, x: g.op("Sub", g.op("Exp", x), _like(g, 1.0, x))),
         ("aten::erfc", lambda g, x: g.op("Sub", _like(g, 1.0, x), g.op("Erf", x))),
+        ("aten::sinh", lambda g, x: g.op("Sinh", x)),
+        ("aten::cosh", lambda g, x: g.op("Cosh", x)),
         ("aten::asinh", lambda g, x: g.op("Asinh", x)),
         ("aten::acosh", lambda g, x: g.op("Acosh", x)),
         ("aten::atanh", lambda g, x: g.op("Atanh", x)),
