@@ -99,15 +99,10 @@ def focal_loss(logits: torch.Tensor, target: torch.Tensor, alpha: float = 0.25, 
         loss = alpha_t*ce*(1 - p_t)**gamma
 
     Gradients:
-        grad_logits = grad*(alpha*target + (1 - alpha)*(1 - target))*(gamma*(1 - 2*target)*(1 -
-            sigmoid(logits))*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 -
-            sigmoid(logits)))**(gamma - 1)*sigmoid(logits) + (sigmoid(logits) - target)*(1 - target*sigmoid(logits) - (1
-            - target)*(1 - sigmoid(logits)))**gamma)
-        grad_target = grad*(gamma*(1 - 2*sigmoid(logits))*(alpha*target + (1 - alpha)*(1 - target))*(softplus(logits) -
-            logits*target)*(1 - target*sigmoid(logits) - (1 - target)*(1 - sigmoid(logits)))**(gamma - 1) -
-            logits*(alpha*target + (1 - alpha)*(1 - target))*(1 - target*sigmoid(logits) - (1 - target)*(1 -
-            sigmoid(logits)))**gamma + (2*alpha - 1)*(softplus(logits) - logits*target)*(1 - target*sigmoid(logits) - (1
-            - target)*(1 - sigmoid(logits)))**gamma)
+        grad_logits = alpha_t*grad*(ce*gamma*p*(1 - p)*(1 - p_t)**(gamma - 1)*(1 - 2*target) + (1 - p_t)**gamma*(p -
+            target))
+        grad_target = grad*(alpha_t*ce*gamma*(1 - 2*p)*(1 - p_t)**(gamma - 1) - alpha_t*logits*(1 - p_t)**gamma + ce*(1
+            - p_t)**gamma*(2*alpha - 1))
     """
     if (proxy := capture(focal_loss, logits, target, alpha, gamma)) is not None:  # torch.fx: one node
         return proxy

@@ -87,8 +87,8 @@ def huber(input: torch.Tensor, target: torch.Tensor, delta: float = 1.0) -> torc
         loss = where(abs(diff) < delta, diff**2/2, delta*(abs(diff) - delta/2))
 
     Gradients:
-        grad_input = grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
-        grad_target = -grad*where(abs(input - target) < delta, input - target, delta*sign(input - target))
+        grad_input = grad*where(abs(diff) < delta, diff, delta*sign(diff))
+        grad_target = -grad*where(abs(diff) < delta, diff, delta*sign(diff))
     """
     if (proxy := capture(huber, input, target, delta)) is not None:  # torch.fx: one node
         return proxy

@@ -81,8 +81,8 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
         loss = where(abs(d) < beta, d**2/(2*beta), abs(d) - beta/2)
 
     Gradients:
-        grad_input = grad*where(abs(input - target) < beta, (input - target)/beta, sign(input - target))
-        grad_target = -grad*where(abs(input - target) < beta, (input - target)/beta, sign(input - target))
+        grad_input = grad*where(abs(d) < beta, d/beta, sign(d))
+        grad_target = -grad*where(abs(d) < beta, d/beta, sign(d))
     """
     if (proxy := capture(smooth_l1, input, target, beta)) is not None:  # torch.fx: one node
         return proxy

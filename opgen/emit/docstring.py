@@ -41,7 +41,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
         lines += display_lines(f"    {name}", expr.xreplace(residuals), table, DOC_WIDTH)
     lines.append("")
     lines.append("Gradients:" if not spec.gradients else "Gradients (overrides marked):")
-    lets = _inlined_lets(derived)  # gradients through tensor operations name the lets they reuse
+    lets = _inlined_lets(derived)
     hidden = {r.name for r in plan.residuals}  # returned for backward only: the caller never sees them
     for gradient in full.gradients:
         seen = [c for c in gradient.contributions if c.output not in hidden]
@@ -50,9 +50,7 @@ def formulas_doc(derived: Derived, plan: Plan, names: OpNames) -> list[str]:
             continue
         total = sum(((plan.incoming[c.output] * c.factor) if c.output else c.factor for c in seen), sympy.S.Zero)
         total = total.xreplace({r.grad: sympy.S.Zero for r in plan.residuals})
-        total = total.xreplace(residuals)
-        if gradient.fit is not None:
-            total = total.xreplace(lets)
+        total = _named(total.xreplace(residuals), lets)
         mark = "  (override)" if gradient.overridden else ""
         for target, part in _in_place(labels[gradient.input], total):
             lines += display_lines(f"    {target}", part, table, DOC_WIDTH - len(mark))
@@ -113,6 +111,17 @@ def _gradient_labels(inputs: list[str], taken: set[str]) -> dict[str, str]:
             labels[name] = label
             taken.add(label)
     return labels
+
+
+def _named(total: sympy.Basic, lets: dict[sympy.Basic, sympy.Symbol]) -> sympy.Basic:
+    """`total` reading each let by its name where it computes the let's formula: whole, or a sum's
+    terms among others (`1 - p*t - (1 - p)*(1 - t)` is `1 - p_t`); the later lets, which hold the
+    earlier, first."""
+    for expr, symbol in reversed(list(lets.items())):
+        total = total.xreplace({expr: symbol})
+        if isinstance(expr, sympy.Add) and total.has(*expr.args):
+            total = total.subs(expr, symbol)
+    return total
 
 
 def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
