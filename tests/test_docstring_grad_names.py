@@ -81,3 +81,16 @@ def test_outgoing_gradients_are_named_apart_from_the_specs_names(tmp_path, case)
     seed = torch.randn(4, dtype=torch.float64)
     grads = [torch.autograd.grad(y, args, seed) for y in (ops.op(*args), want_y)]
     torch.testing.assert_close(*grads)
+
+
+def test_gradients_read_the_lets_by_their_names():
+    """A let the gradient computes reads by its name, whole (`p`, `ce`, `alpha_t`) or among a sum's terms
+    (`1 - p*target - (1 - p)*(1 - target)` is `1 - p_t`): focal loss's gradient in two lines, not eight."""
+    from conftest import ROOT, import_package
+
+    doc = import_package(ROOT, "generated").focal_loss.__doc__
+    gradients = doc.split("Gradients:")[1]
+    assert "grad_logits = alpha_t*grad*(ce*gamma*p*(1 - p)*(1 - p_t)**(gamma - 1)" in gradients, gradients
+    assert "sigmoid(" not in gradients and "softplus(" not in gradients
+    huber = import_package(ROOT, "generated").huber.__doc__
+    assert "grad_input = grad*where(abs(diff) < delta, diff, delta*sign(diff))" in huber
