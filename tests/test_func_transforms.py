@@ -126,3 +126,43 @@ def test_hessian_equals_reverse_over_reverse_and_the_reference(name: str) -> Non
     ref = _loss(_of(_reference(tests, op), args, derived, outputs), weights)
     want = torch.autograd.functional.hessian(ref, tuple(args[k] for k in derived))
     _assert_close_jacobians(got, want, f"{name}: hessian against the reference")
+
+
+# Forward mode inside forward mode (Note [forward mode in forward mode] in opgen/runtime/machinery.py).
+# Ops whose gradient is not their forward formula's refuse it; ops whose forward calls a PyTorch kernel
+# without forward-over-forward support get PyTorch's own refusal (F.glu, F.hardsigmoid, F.huber_loss
+# refuse it alike); layer_norm's forward, torch.native_layer_norm, gives what F.layer_norm gives.
+NESTED_REFUSED = {"clip_grad", "grad_reverse", "quantize_ste", "round_ste", "safe_sqrt", "sign_ste", "sinc", "spike"}
+NESTED_TORCH_REFUSES = {"glu", "hardsigmoid", "huber"}
+NESTED_AS_TORCH = {"layer_norm"}
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_forward_over_forward_is_right_or_refused(name: str) -> None:
+    """`jacfwd(jacfwd(f))` through an autograd.Function is silently 0 in PyTorch; the functional runs
+    its forward formula there instead, so the second derivative is the reference's, or it refuses."""
+    tests, op, args, present, derived = _case(name)
+    outputs = list(op.differentiable)
+    forward = _forward(op, present, name)
+    primals = tuple(args[k] for k in forward)
+    weights = _weights(_of(op, args, forward, outputs)(*primals))
+    loss = _loss(_of(op, args, forward, outputs), weights)
+    nested = torch.func.jacfwd(torch.func.jacfwd(loss, argnums=0), argnums=0)
+    if name in NESTED_REFUSED:
+        with pytest.raises(NotImplementedError, match=rf"{name}: forward mode inside forward mode .* jacfwd\(jacrev"):
+            nested(*primals)
+        return
+    if name in NESTED_TORCH_REFUSES:
+        with pytest.raises(NotImplementedError, match="forward AD"):
+            nested(*primals)
+        return
+    got = nested(*primals)
+    if name in NESTED_AS_TORCH:
+        x, weight, *rest = primals
+        bias = rest[0] if rest else None
+        native = _loss(lambda x: (torch.nn.functional.layer_norm(x, weight.shape, weight, bias),), weights)
+        want = torch.func.jacfwd(torch.func.jacfwd(native))(x)
+        torch.testing.assert_close(got, want)
+        return
+    want = torch.autograd.functional.hessian(loss, primals)[0][0]
+    _assert_close_jacobians([[got]], [[want]], f"{name}: jacfwd(jacfwd) against reverse over reverse")

@@ -42,6 +42,8 @@ def test_the_runtime_is_the_one_place_with_torch_internals():
         "_C._is_any_autocast_enabled",
         "fx._symbolic_trace.is_fx_symbolic_tracing",
         "onnx._internal.torchscript_exporter.registration.registry",  # ONNX translations never over torch's
+        "_functorch.pyfunctorch.retrieve_all_functorch_interpreters",  # forward mode inside forward mode
+        "_C._functorch.TransformType.Jvp",
     }
 
 

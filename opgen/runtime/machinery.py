@@ -49,11 +49,33 @@ _autocast_enabled = _internal(torch, "_C._is_any_autocast_enabled")
 _fx_tracing = _internal(torch, "fx._symbolic_trace.is_fx_symbolic_tracing")
 _jit_tracing = _internal(torch, "jit.is_tracing")
 _register_symbolic = _internal(torch, "onnx.register_custom_op_symbolic")
+_interpreters = _internal(torch, "_functorch.pyfunctorch.retrieve_all_functorch_interpreters")
+_jvp_transform = _internal(torch, "_C._functorch.TransformType.Jvp")
 
 
 def transforms_active() -> bool:
     """A torch.func transform (vmap, grad, jvp, ...) is running (always, where torch cannot tell)."""
     return True if _transforms_active is None else bool(_transforms_active())
+
+
+def nested_forward_mode() -> bool:
+    """A torch.func forward-mode transform runs inside another (`jacfwd(jacfwd(f))`, `jvp` of `jvp`):
+    Note [forward mode in forward mode]. Never where torch cannot tell."""
+    if _interpreters is None or _jvp_transform is None or not transforms_active():
+        return False
+    return sum(1 for interpreter in _interpreters() if interpreter.key() == _jvp_transform) > 1
+
+
+# Note [forward mode in forward mode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.func runs an autograd.Function's `jvp` on tensors unwrapped from the outer forward-mode
+# levels, so a derivative of the tangent it returns is lost: `jacfwd(jacfwd(f))` through any
+# Function, opgen's or a hand-written one, is silently 0 (pytorch/pytorch#197867), though
+# `jacfwd(jacrev(f))`, `jacrev(jacfwd(f))` and `jacrev(jacrev(f))` are right. So in forward mode
+# inside forward mode the functional runs its Function's `forward` as torch ops (`outputs_only`),
+# which torch.func differentiates to any order; an op whose gradient is not that of its forward
+# formula (a gradient override, a guarded `where`) refuses instead (`Function.apply`), naming the
+# orders that work.
 
 
 def legacy_batched(tensor: torch.Tensor) -> bool:
@@ -88,6 +110,14 @@ class Function(torch.autograd.Function):
     @classmethod
     def apply(cls, *args: Any) -> Any:
         if _unwrap_dead_wrappers is None or transforms_active():
+            if nested_forward_mode() and not torch.compiler.is_compiling():
+                op = cls.__module__.rpartition(".")[2]
+                raise NotImplementedError(
+                    f"{op}: forward mode inside forward mode (jacfwd of jacfwd, jvp of jvp) loses the derivative"
+                    " of an autograd.Function's jvp in PyTorch (pytorch/pytorch#197867), and this op's gradient"
+                    " is not that of its forward formula (an override or a guarded where); take one of the two"
+                    " derivatives in reverse mode: jacfwd(jacrev(f)), jacrev(jacfwd(f)) or jacrev(jacrev(f))"
+                )
             return super().apply(*args)  # type: ignore[no-untyped-call, unused-ignore]
         # past `Function.apply` (which binds the signature) to autograd's own, in C
         return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))  # type: ignore[misc]
@@ -244,12 +274,13 @@ def jit_tracing() -> bool:
 
 def outputs_only(onnx_only: bool = False) -> bool:
     """The functional should return its Function's `forward` outputs, as torch ops (Note [outputs
-    only]): under an ONNX exporter, and under torch.jit.trace unless `onnx_only` (a custom op, one
-    node of a traced graph; an op whose gradient the forward formula would lose)."""
+    only]): under an ONNX exporter, and under torch.jit.trace or forward mode inside forward mode (Note
+    [forward mode in forward mode]) unless `onnx_only` (a custom op, one node of a traced graph; an op
+    whose gradient the forward formula would lose)."""
     if torch.onnx.is_in_onnx_export():
         _onnx_translations()
         return True
-    return not onnx_only and jit_tracing()
+    return not onnx_only and (jit_tracing() or nested_forward_mode())
 
 
 def _onnx_translations() -> None:
