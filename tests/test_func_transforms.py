@@ -82,6 +82,18 @@ def _forward(op, present, name):
     return [k for k in present if op.inputs[k] not in REFUSED.get(name, set())]
 
 
+def _weighted_loss(name: str):
+    """`_case(name)`, the inputs forward mode takes, their values, and a random weighted sum of the
+    differentiable outputs as a function of them."""
+    tests, op, args, present, derived = _case(name)
+    outputs = list(op.differentiable)
+    forward = _forward(op, present, name)
+    primals = tuple(args[k] for k in forward)
+    weights = _weights(_of(op, args, forward, outputs)(*primals))
+    loss = _loss(_of(op, args, forward, outputs), weights)
+    return tests, op, args, present, derived, forward, primals, weights, loss
+
+
 # Specs with an input along which forward mode is not refused (every spec but clip_grad).
 FORWARD = [name for name in SPEC_NAMES if _forward(_case(name)[1], _case(name)[3], name)]
 
@@ -111,19 +123,14 @@ def test_hessian_equals_reverse_over_reverse_and_the_reference(name: str) -> Non
     """`torch.func.hessian` (forward over reverse, vmapped) of a weighted sum of the outputs, against
     reverse over reverse of the op itself (every input forward mode takes, overridden ones too) and,
     in the derived inputs, of the reference."""
-    tests, op, args, present, derived = _case(name)
-    outputs = list(op.differentiable)
-    forward = _forward(op, present, name)
-    primals = tuple(args[k] for k in forward)
-    weights = _weights(_of(op, args, forward, outputs)(*primals))
-    loss = _loss(_of(op, args, forward, outputs), weights)
+    tests, op, args, _, derived, forward, primals, weights, loss = _weighted_loss(name)
     got = torch.func.hessian(loss, argnums=tuple(range(len(forward))))(*primals)
     _assert_close_jacobians(got, torch.autograd.functional.hessian(loss, primals), f"{name}: hessian against the op's")
     if not derived:
         return
     rows = [k for k, i in enumerate(forward) if i in derived]
     got = [[got[j][k] for k in rows] for j in rows]
-    ref = _loss(_of(_reference(tests, op), args, derived, outputs), weights)
+    ref = _loss(_of(_reference(tests, op), args, derived, list(op.differentiable)), weights)
     want = torch.autograd.functional.hessian(ref, tuple(args[k] for k in derived))
     _assert_close_jacobians(got, want, f"{name}: hessian against the reference")
 
@@ -141,12 +148,7 @@ NESTED_AS_TORCH = {"layer_norm"}
 def test_forward_over_forward_is_right_or_refused(name: str) -> None:
     """`jacfwd(jacfwd(f))` through an autograd.Function is silently 0 in PyTorch; the functional runs
     its forward formula there instead, so the second derivative is the reference's, or it refuses."""
-    tests, op, args, present, derived = _case(name)
-    outputs = list(op.differentiable)
-    forward = _forward(op, present, name)
-    primals = tuple(args[k] for k in forward)
-    weights = _weights(_of(op, args, forward, outputs)(*primals))
-    loss = _loss(_of(op, args, forward, outputs), weights)
+    *_, primals, weights, loss = _weighted_loss(name)
     nested = torch.func.jacfwd(torch.func.jacfwd(loss, argnums=0), argnums=0)
     if name in NESTED_REFUSED:
         with pytest.raises(NotImplementedError, match=rf"{name}: forward mode inside forward mode .* jacfwd\(jacrev"):
