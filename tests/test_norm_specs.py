@@ -173,3 +173,35 @@ def test_docstring_keeps_the_log_softmax_of_a_product_in_parentheses(generated):
     assert "loss = -mean(sum(target*(input - logsumexp(input, dim=-1, keepdim=true)), dim=-1), dim=-1)\n" in doc
     assert "grad_target = -grad*(input - logsumexp(input, dim=-1, keepdim=true))/N\n" in doc
     assert "saved_" not in doc
+
+
+def _nth_derivatives(fn, args, order):
+    """The `order`-th derivatives of a weighted sum of `fn(*args)`, each order weighted anew."""
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*leaves)
+    total = (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
+    for k in range(order):
+        grads = torch.autograd.grad(total, leaves, create_graph=True, allow_unused=True, materialize_grads=True)
+        weights = [torch.linspace(-1 + 0.3 * k, 1, g.numel(), dtype=g.dtype).reshape(g.shape) for g in grads]
+        total = sum((g * weight).sum() for g, weight in zip(grads, weights, strict=True))
+    return grads
+
+
+@pytest.mark.parametrize("order", [3, 4])
+def test_layer_norm_derivatives_of_every_order_are_its_formulas(generated, order):
+    """PyTorch's double backward of `native_layer_norm_backward` is not differentiable again (F.layer_norm's
+    third derivative is not its formula's): in double backward the generated op takes the gradients'
+    formulas instead of the kernel (Note [layer norm under torch.func] in opgen/nodes/layer_norm.py)."""
+    g = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((4, 5), (5,), (5,)))
+
+    def formula(x, w, b):
+        centered = x - x.mean(-1, keepdim=True)
+        return centered / torch.sqrt(x.var(-1, correction=0, keepdim=True) + 1e-5) * w + b
+
+    got = _nth_derivatives(lambda x, w, b: generated.layer_norm(x, w, b, 1e-5), (x, w, b), order)
+    want = _nth_derivatives(formula, (x, w, b), order)
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e)
+    first = torch.autograd.grad(generated.layer_norm(x.requires_grad_(), w, b, 1e-5).sum(), x)[0]
+    torch.testing.assert_close(first, torch.autograd.grad(formula(x, w, b).sum(), x)[0])

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, transforms_active, without_jvp
+from .._runtime import Function, backward_kernels, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -28,7 +28,7 @@ class GluFunction(Function):
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> torch.Tensor | None:
         (x,) = ctx.saved_tensors
-        if not transforms_active():
+        if backward_kernels():
             grad_x = torch.ops.aten.glu_backward(grad_y, x, -1)
         else:
             grad_x_t0 = torch.sigmoid(x.narrow(-1, ctx.D // 2, ctx.D // 2))

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._runtime import Function, capture, floating, not_scriptable, outputs_only, transforms_active, without_jvp
+from .._runtime import Function, backward_kernels, capture, floating, not_scriptable, outputs_only, without_jvp
 from .._shape_checks import check_shapes
 
 
@@ -46,17 +46,18 @@ class LayerNormFunction(Function):
         grad_x = grad_weight = grad_bias = None
         if bias is None:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-                if not transforms_active():
+                if backward_kernels():
                     tmp0 = torch.ops.aten.native_layer_norm_backward(
                         grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, None, [True, True, False]
                     )
                 else:
-                    tmp0_t0_t0 = grad_y * weight
-                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
-                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
-                    tmp0_t0_t2 = tmp0_t0_t0 + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
-                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
-                    tmp0_t1 = grad_y * tmp0_t0_t1
+                    tmp0_t0_t0 = torch.rsqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t0_t1 = grad_y * weight
+                    tmp0_t0_t2 = tmp0_t0_t0 * (x - x.mean(-1, keepdim=True))
+                    tmp0_t0_t4 = -(tmp0_t0_t2 * (tmp0_t0_t1 * tmp0_t0_t2).mean(-1, keepdim=True))
+                    tmp0_t0_t3 = tmp0_t0_t1 + tmp0_t0_t4 - tmp0_t0_t1.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t0 * tmp0_t0_t3
+                    tmp0_t1 = grad_y * tmp0_t0_t2
                     tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
                     tmp0 = tmp0_t0, tmp0_t1, None
             if ctx.needs_input_grad[0]:
@@ -65,17 +66,18 @@ class LayerNormFunction(Function):
                 grad_weight = tmp0[1]
         else:
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-                if not transforms_active():
+                if backward_kernels():
                     tmp0 = torch.ops.aten.native_layer_norm_backward(
                         grad_y, x, (ctx.D,), saved_mean, saved_rstd, weight, bias, [True, True, True]
                     )
                 else:
-                    tmp0_t0_t0 = grad_y * weight
-                    tmp0_t0_t1 = torch.layer_norm(x, (ctx.D,), None, None, eps)
-                    tmp0_t0_t3 = -(tmp0_t0_t1 * (tmp0_t0_t0 * tmp0_t0_t1).mean(-1, keepdim=True))
-                    tmp0_t0_t2 = tmp0_t0_t0 + tmp0_t0_t3 - tmp0_t0_t0.mean(-1, keepdim=True)
-                    tmp0_t0 = tmp0_t0_t2 / torch.sqrt(eps + x.var(-1, correction=0, keepdim=True))
-                    tmp0_t1 = grad_y * tmp0_t0_t1
+                    tmp0_t0_t0 = torch.rsqrt(eps + x.var(-1, correction=0, keepdim=True))
+                    tmp0_t0_t1 = grad_y * weight
+                    tmp0_t0_t2 = tmp0_t0_t0 * (x - x.mean(-1, keepdim=True))
+                    tmp0_t0_t4 = -(tmp0_t0_t2 * (tmp0_t0_t1 * tmp0_t0_t2).mean(-1, keepdim=True))
+                    tmp0_t0_t3 = tmp0_t0_t1 + tmp0_t0_t4 - tmp0_t0_t1.mean(-1, keepdim=True)
+                    tmp0_t0 = tmp0_t0_t0 * tmp0_t0_t3
+                    tmp0_t1 = grad_y * tmp0_t0_t2
                     tmp0_t2 = grad_y
                     tmp0_t1 = tmp0_t1.sum_to_size(weight.shape)
                     tmp0_t2 = tmp0_t2.sum_to_size(bias.shape)
@@ -130,10 +132,10 @@ def layer_norm(
         y = bias + weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
 
     Gradients:
-        grad_x = (grad*weight - (x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0,
+        grad_x = (grad*weight - mean(grad*weight, dim=-1, keepdim=true) - (x - mean(x, dim=-1,
             keepdim=true))*mean(grad*weight*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0,
-            keepdim=true)), dim=-1, keepdim=true) - mean(grad*weight, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1,
-            correction=0, keepdim=true))
+            keepdim=true)), dim=-1, keepdim=true)/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true)))/sqrt(eps +
+            var(x, dim=-1, correction=0, keepdim=true))
         grad_weight = grad*(x - mean(x, dim=-1, keepdim=true))/sqrt(eps + var(x, dim=-1, correction=0, keepdim=true))
         grad_bias = grad
     """

@@ -14,6 +14,7 @@ from opgen.spec.names import Namer
 RUNTIME_NAMES = (
     "Function",
     "autocast_apply",
+    "backward_kernels",
     "capture",
     "first_order_only",
     "floating",

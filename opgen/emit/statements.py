@@ -83,8 +83,8 @@ def assign_block(
 
 
 def under_transforms(var: str, node: UnderTransforms, block: Block, printer: TorchPrinter, indent: int) -> list[str]:
-    """`var = ` the kernel `node`, or under torch.func transforms its formulas (`block`): the value
-    itself, or each part of the tuple assigned on its own lines (Note [glu under torch.func] in
+    """`var = ` the kernel `node`, or under torch.func transforms or in double backward its formulas
+    (`block`): the value itself, or each part of the tuple assigned on its own lines (Note [glu under torch.func] in
     opgen.nodes.glu, Note [layer norm under torch.func] in opgen.nodes.layer_norm)."""
     function, args = node.kernel_call(printer)
     formulas = node.transform_formulas()
@@ -93,7 +93,7 @@ def under_transforms(var: str, node: UnderTransforms, block: Block, printer: Tor
     else:
         lines = _tuple_parts(var, formulas, block, printer, indent + 4)
     return [
-        f"if not {printer.runtime.transforms_active}():",
+        f"if {printer.runtime.backward_kernels}():",
         *indent_lines(call_lines(var, function, args, LINE_LENGTH - indent - 4)),
         "else:",
         *indent_lines(lines),

@@ -185,9 +185,10 @@ class Tupled(Node):
 
 
 class UnderTransforms(Spelled):
-    """A backward kernel torch.func transforms do not take as they should (Note [layer norm under
-    torch.func] in opgen.nodes.layer_norm, Note [glu under torch.func] in opgen.nodes.glu): backward
-    calls the kernel, and under the transforms computes its formulas instead."""
+    """A backward kernel torch.func transforms, or autograd's higher derivatives, do not take as they should
+    (Note [layer norm under torch.func] in opgen.nodes.layer_norm, Note [glu under torch.func] in
+    opgen.nodes.glu): backward calls the kernel, and under the transforms or in double backward computes
+    its formulas instead."""
 
     __slots__ = ()
 
@@ -201,12 +202,12 @@ class UnderTransforms(Spelled):
         raise NotImplementedError
 
     def _torch(self, printer: TorchCode) -> str:
-        """The kernel, or under torch.func transforms the formulas; opgen.emit.statements writes the two
-        as an `if` statement instead where the node is a statement's whole value."""
+        """The kernel, or under torch.func transforms and in double backward the formulas; opgen.emit.statements
+        writes the two as an `if` statement instead where the node is a statement's whole value."""
         function, args = self.kernel_call(printer)
         parts = [_part(printer, part, into) for part, into in self.transform_formulas()]
         formula = parts[0] if len(parts) == 1 else f"({', '.join(parts)})"
-        return f"({function}({', '.join(args)}) if not {printer.runtime.transforms_active}() else {formula})"
+        return f"({function}({', '.join(args)}) if {printer.runtime.backward_kernels}() else {formula})"
 
 
 def _part(printer: TorchCode, part: Expr | None, into: Expr | None) -> str:

@@ -23,9 +23,11 @@ Note [layer norm under torch.func]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 PyTorch's forward-mode derivative of `native_layer_norm_backward` misses how the weight's
 gradient depends on the input (`torch.func.hessian` of `F.layer_norm` disagrees with reverse
-over reverse in that block, torch 2.13): under torch.func transforms backward takes the
-gradients' formulas (`transform_formulas`), from the input alone, instead of the kernel and the
-saved statistics.
+over reverse in that block, torch 2.13), and its double backward is right but not differentiable
+again (the third derivative of `F.layer_norm` in the input is not that of its formula): under
+torch.func transforms and in double backward (`create_graph=True`), backward takes the gradients'
+formulas (`transform_formulas`), from the input alone and in elementary ops, instead of the kernel
+and the saved statistics.
 """
 
 from __future__ import annotations
@@ -140,8 +142,8 @@ class LayerNormGrads(Shaped, UnderTransforms, Tupled, TensorOp):
         """The gradients' formulas from the input alone (Note [layer norm under torch.func])."""
         g, u, _, _, w, b, shape, eps = self.args
         dims = trailing_dims(shape)
-        xhat = LayerNorm(u, S.One, S.Zero, eps, shape)
         rstd = (ReduceVar(u, dims, S.One, S.Zero) + eps) ** -S.Half
+        xhat = (u - ReduceMean(u, dims, S.One)) * rstd  # not torch.layer_norm, whose derivatives are PyTorch's
         gxhat = g * w
         centered = gxhat - ReduceMean(gxhat, dims, S.One) - xhat * ReduceMean(gxhat * xhat, dims, S.One)
         grad_u = rstd * centered

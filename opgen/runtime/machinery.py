@@ -83,6 +83,13 @@ def legacy_batched(tensor: torch.Tensor) -> bool:
     return True if _legacy_batched is None else bool(_legacy_batched(tensor))
 
 
+def backward_kernels() -> bool:
+    """Backward may call PyTorch's backward kernels whose own derivatives PyTorch gets wrong (Note [layer
+    norm under torch.func] in opgen/nodes/layer_norm.py): no torch.func transform runs, and nothing
+    differentiates backward again (grad mode is on in backward only under `create_graph=True`)."""
+    return not torch.is_grad_enabled() and not transforms_active()
+
+
 def first_order_only(grad: torch.Tensor) -> bool:
     """Backward computes a first derivative that nothing differentiates again (autograd records
     nothing: no double backward), under no torch.func transform, and `grad`, the incoming gradient,
