@@ -116,12 +116,17 @@ def _gradient_labels(inputs: list[str], taken: set[str]) -> dict[str, str]:
 def _named(total: sympy.Basic, lets: dict[sympy.Basic, sympy.Symbol]) -> sympy.Basic:
     """`total` reading each let by its name where it computes the let's formula: whole, or a sum's
     terms among others (`1 - p*t - (1 - p)*(1 - t)` is `1 - p_t`); the later lets, which hold the
-    earlier, first."""
+    earlier, first. The sums among others only in a gradient of at most SUBS_NODES nodes: SymPy's
+    `subs` matches them in time that grows with both (a 40-let chain of sums took seconds)."""
+    small = sum(1 for _ in sympy.preorder_traversal(total)) <= SUBS_NODES
     for expr, symbol in reversed(list(lets.items())):
         total = total.xreplace({expr: symbol})
-        if isinstance(expr, sympy.Add) and total.has(*expr.args):
+        if small and isinstance(expr, sympy.Add) and total.has(*expr.args):
             total = total.subs(expr, symbol)
     return total
+
+
+SUBS_NODES = 400
 
 
 def _inlined_lets(derived: Derived) -> dict[sympy.Basic, sympy.Symbol]:
