@@ -449,12 +449,14 @@ class _Reader:
         if dim is None:
             raise self.fail(given[0], f"the dim of {name}() must be a whole-number literal such as -1")
         operand = self.number(node.args[0])
-        node_class = scan.LogCumsumExp if name == "logcumsumexp" else scan.Cumsum
         if self.scope.shapes is not None:  # else a first reading, only to order the formulas
             try:
                 dim = scan.scan_dim(name, self.shape(node.args[0], operand), dim)
             except tensor.ShapeError as error:
                 raise self.fail(given[0], str(error)) from None
+        if name == "cumprod":
+            return self.checked(node, Value(scan.Cumprod(operand, sympy.Integer(dim)), NUM))
+        node_class = scan.LogCumsumExp if name == "logcumsumexp" else scan.Cumsum
         return self.checked(node, Value(node_class(operand, sympy.Integer(dim), S.Zero), NUM))
 
     def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802

@@ -119,7 +119,7 @@ SHAPE_FUNCTIONS = (
     "stack",
     *DIAGONALS,
     *SCANS,
-)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; cumsum: opgen.nodes.scan
+)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; the scans: opgen.nodes.scan
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))
