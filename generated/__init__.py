@@ -14,6 +14,7 @@ from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cox_partial_nll import CoxPartialNllFunction, cox_partial_nll
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
+from .ops.discrete_survival import DiscreteSurvivalFunction, discrete_survival
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
 from .ops.gamma_fisher_logdet import GammaFisherLogdetFunction, gamma_fisher_logdet
@@ -82,6 +83,7 @@ __all__ = [
     "CosineSimilarityFunction",
     "CoxPartialNllFunction",
     "CrossEntropyFunction",
+    "DiscreteSurvivalFunction",
     "EluFunction",
     "FocalLossFunction",
     "GammaFisherLogdetFunction",
@@ -148,6 +150,7 @@ __all__ = [
     "cosine_similarity",
     "cox_partial_nll",
     "cross_entropy",
+    "discrete_survival",
     "elu",
     "focal_loss",
     "gamma_fisher_logdet",

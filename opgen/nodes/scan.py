@@ -205,9 +205,9 @@ class CumprodPush(Shaped, Spelled, Shown, TensorOp):
 
     def _torch(self, printer: TorchCode) -> str:
         torch, dim = printer.torch, int(self.args[2])
-        x, v = printer._print(self.args[0]), printer._print(self.args[1])
+        x, v = printer._postfix(self.args[0]), printer._postfix(self.args[1])
         if self.args[4]:
-            v = f"({torch}.zeros_like({x}) + {v})"
+            v = f"({torch}.zeros_like({printer._print(self.args[0])}) + {printer._print(self.args[1])})"
         moved = "" if dim == -1 else f".movedim({dim}, -1)"  # the scan last, for the masks
         n, device = f"{x}.shape[{dim}]", f"device={x}.device"
         eye = f"{torch}.eye({n}, dtype={torch}.bool, {device})"
