@@ -1,6 +1,7 @@
-"""`cumprod(x, dim)` (Note [cumprod] in opgen/nodes/scan.py) against torch.cumprod in float64, with no, one
-and two zeros in a slice: values, gradients of the first two orders, gradcheck and gradgradcheck with forward
-mode, torch.func.jvp, vmap, torch.compile, the custom_op form; and its misuse as located errors."""
+"""`cumprod(x, dim)` and `prod(x, dim)` (Note [cumprod] in opgen/nodes/scan.py) against torch.cumprod and
+torch.prod in float64, with no, one and two zeros in a slice: values, gradients of the first two orders,
+gradcheck and gradgradcheck with forward mode, torch.func.jvp, vmap, torch.compile, the custom_op form; and
+their misuse as located errors."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ SPECS = {
     "cumprod_first": (
         "name: cumprod_first\ninputs: {x: 'Tensor[M, N]'}\noutputs: {y: 'cumprod(x, 0) * cumprod(x, dim=1)'}\n"
     ),
+    "prod_op": (
+        "name: prod_op\ninputs: {x: 'Tensor[..., N]', w: 'Tensor[N]'}\n"
+        "outputs: {y: 'prod(x * w, dim=-1) + sum(prod(x, -1, keepdim=true))'}\n"
+    ),
+    "prod_first": "name: prod_first\ninputs: {x: 'Tensor[M, N]'}\noutputs: {y: 'prod(x, 0) * prod(x, dim=-2)'}\n",
     "cumprod_custom": (
         "name: cumprod_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'cumprod(x, dim=-1)**2'}\nform: custom_op\n"
     ),
@@ -29,6 +35,14 @@ def plain_op(x, w):
 
 def plain_first(x):
     return torch.cumprod(x, 0) * torch.cumprod(x, 1)
+
+
+def plain_prod(x, w):
+    return torch.prod(x * w, -1) + torch.prod(x, -1, keepdim=True).sum()
+
+
+def plain_prod_first(x):
+    return torch.prod(x, 0) * torch.prod(x, -2)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +64,13 @@ ZEROS = {"none": (), "one": ((1, 2),), "two": ((1, 2), (2, 1), (2, 3))}  # rows 
 
 @pytest.mark.parametrize("zeros", sorted(ZEROS))
 @pytest.mark.parametrize(
-    ("name", "plain", "shapes"), [("cumprod_op", plain_op, [(3, 5), (5,)]), ("cumprod_first", plain_first, [(4, 5)])]
+    ("name", "plain", "shapes"),
+    [
+        ("cumprod_op", plain_op, [(3, 5), (5,)]),
+        ("cumprod_first", plain_first, [(4, 5)]),
+        ("prod_op", plain_prod, [(3, 5), (5,)]),
+        ("prod_first", plain_prod_first, [(4, 5)]),
+    ],
 )
 def test_values_and_two_orders_of_gradients_match_torch(ops, name, plain, shapes, zeros):
     op, args = getattr(ops, name), _args(*shapes, zeros=ZEROS[zeros])
@@ -101,6 +121,16 @@ def test_jvp_vmap_compile_and_custom_op(ops):
     assert torch.autograd.gradgradcheck(ops.cumprod_custom, (xg,))
 
 
+def test_prod_jvp_and_vmap_at_zeros(ops):
+    x, w = (a.detach() for a in _args((3, 5), (5,), zeros=ZEROS["two"]))
+    t, s = torch.linspace(-1, 1, 15, dtype=DTYPE).reshape(3, 5), torch.ones(5, dtype=DTYPE)
+    got = torch.func.jvp(ops.prod_op, (x, w), (t, s))
+    torch.testing.assert_close(got, torch.func.jvp(plain_prod, (x, w), (t, s)))
+    grad = torch.func.grad(lambda v: ops.prod_op(v, w).sum())
+    want = torch.func.vmap(torch.func.grad(lambda v: plain_prod(v, w).sum()))(x)
+    torch.testing.assert_close(torch.func.vmap(grad)(x), want)
+
+
 @pytest.mark.parametrize(
     ("inputs", "formula", "expected"),
     [
@@ -108,6 +138,9 @@ def test_jvp_vmap_compile_and_custom_op(ops):
         ("{x: 'Tensor[M, N]'}", "cumprod(x, 2)", "it takes -2 to -1 or 0 to 1"),
         ("{x: 'Tensor'}", "cumprod(x, -1)", "needs a tensor of declared dimensions"),
         ("{x: 'Tensor[N]'}", "cumprod(x)", "takes a tensor and one dim"),
+        ("{x: 'Tensor[..., N]'}", "prod(x, dim=-2)", "dim=-2 is not a dimension of [..., N]; it takes -1 to -1"),
+        ("{x: 'Tensor[N]'}", "prod(x)", "prod() takes a tensor, one dim and `keepdim=`"),
+        ("{x: 'Tensor[N]'}", "prod(x, -1, keepdim=2)", "`keepdim` of prod() must be true or false"),
     ],
 )
 def test_misuse_is_a_located_error(tmp_path, inputs, formula, expected):

@@ -36,6 +36,11 @@ product of the entries 0..i but j; the gradient is `C` times `g` summed over i >
 mask), the tangent `C` times `t` summed over j <= i. Both hold with any number of zeros in a slice, and
 double backward differentiates them again (torch.cumprod's own backward is zero-safe). The scan is moved
 to the last dimension for the masks and back. A narrower gradient or tangent is broadcast to `x` first.
+
+`prod(x, dim=D)` (`keepdim=true` too) is `torch.prod` along one named dimension. Its gradient is the
+incoming gradient times the product of the other entries, never `y / x`: `excl(x) * flip(excl(flip(x)))`
+with `excl` the exclusive cumprod along D (entry j the product of the entries before j), O(N), right with
+any number of zeros, and differentiable again; its tangent is the sum of `t` times that product.
 """
 
 from __future__ import annotations
@@ -226,4 +231,80 @@ class CumprodPush(Shaped, Spelled, Shown, TensorOp):
         return f"{word}({x}, {v}, dim={int(self.args[2])})"
 
 
+def _others(x: str, dim: int, torch: str) -> str:
+    """The product of the entries of `x` along `dim` but each one, without division (Note [cumprod])."""
+
+    def exclusive(v: str) -> str:
+        ones = f"{torch}.ones_like({v}.narrow({dim}, 0, 1))"
+        return f"{torch}.cumprod({torch}.cat([{ones}, {v}.narrow({dim}, 0, {v}.shape[{dim}] - 1)], {dim}), {dim})"
+
+    flip = f"{torch}.flip"
+    return f"{exclusive(x)} * {flip}({exclusive(f'{flip}({x}, ({dim},))')}, ({dim},))"
+
+
+class Prod(OneOperand, Spelled, Shown, TensorOp):
+    """`Prod(x, dim, keepdim)`: the product of `x` along `dim` (negative), torch.prod (Note [cumprod])."""
+
+    nargs = 3
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        shape = shape_of(self.args[0], table)
+        if shape is None:
+            return None
+        dims, dim = list(shape), int(self.args[1])
+        if self.args[2]:
+            dims[dim] = 1
+        else:
+            del dims[dim]
+        return tuple(dims)
+
+    def _pushed(self, value: Expr, forward: bool, table: dict[sympy.Symbol, Shape]) -> Expr:
+        wide = S.One if shape_of(value, table) != shape_of(self, table) else S.Zero
+        return ProdPush(self.args[0], value, self.args[1], self.args[2], S.One if forward else S.Zero, wide, self)
+
+    def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(grad, False, table)
+
+    def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(tangent, True, table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        keep = ", keepdim=True" if self.args[2] else ""
+        return f"{printer.torch}.prod({printer._print(self.args[0])}, {int(self.args[1])}{keep})"
+
+    def _docstring(self, printer: Printer) -> str:
+        keep = ", keepdim=true" if self.args[2] else ""
+        return f"prod({printer._print(self.args[0])}, dim={int(self.args[1])}{keep})"
+
+
+class ProdPush(Shaped, Spelled, Shown, TensorOp):
+    """`ProdPush(x, v, dim, keepdim, forward, wide, node)`: the gradient of `x` through `node`, `prod(x, dim)`,
+    for the incoming gradient `v` (`forward` 0), or the node's tangent for the tangent `v` of `x` (`forward`
+    1); `v` broadcast first with `wide` 1 (to the node's shape backward, to `x`'s forward) (Note [cumprod])."""
+
+    nargs = 7
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[6] if self.args[4] else self.args[0], table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        torch, dim, keep = printer.torch, int(self.args[2]), bool(self.args[3])
+        x, node, v = printer._postfix(self.args[0]), self.args[6], printer._postfix(self.args[1])
+        others = _others(x, dim, torch)
+        if self.args[4]:  # the tangent
+            if self.args[5]:
+                v = f"({torch}.zeros_like({printer._print(self.args[0])}) + {printer._print(self.args[1])})"
+            keeping = ", keepdim=True" if keep else ""
+            return f"({v} * {others}).sum({dim}{keeping})"
+        if self.args[5]:
+            v = f"({torch}.zeros_like({printer._print(node)}) + {printer._print(self.args[1])})"
+        return f"{v if keep else f'{v}.unsqueeze({dim})'} * {others}"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "prod_tangent" if self.args[4] else "prod_backward"
+        x, v = printer._print(self.args[0]), printer._print(self.args[1])
+        return f"{word}({x}, {v}, dim={int(self.args[2])})"
+
+
+PRODUCT = "prod"  # prod(x, dim=D, keepdim=true) (opgen.formula.reader)
 SCANS = ("cumsum", "logcumsumexp", "cumprod")  # the formula language's names (opgen.formula.reader)
