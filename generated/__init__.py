@@ -39,6 +39,7 @@ from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
 from .ops.logsumexp import LogsumexpFunction, logsumexp
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
+from .ops.noisy_or import NoisyOrFunction, noisy_or
 from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
@@ -110,6 +111,7 @@ __all__ = [
     "LogsumexpFunction",
     "MishFunction",
     "MulConstantFunction",
+    "NoisyOrFunction",
     "QuantizeSteFunction",
     "RMSNorm",
     "RbfKernelFunction",
@@ -175,6 +177,7 @@ __all__ = [
     "logsumexp",
     "mish",
     "mul_constant",
+    "noisy_or",
     "quantize_ste",
     "rbf_kernel",
     "relu6",
