@@ -23,6 +23,9 @@ SPECS = {
         "outputs: {y: 'prod(x * w, dim=-1) + sum(prod(x, -1, keepdim=true))'}\n"
     ),
     "prod_first": "name: prod_first\ninputs: {x: 'Tensor[M, N]'}\noutputs: {y: 'prod(x, 0) * prod(x, dim=-2)'}\n",
+    "prod_custom": (
+        "name: prod_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: '1 - prod(1 - x, dim=-1)'}\nform: custom_op\n"
+    ),
     "cumprod_custom": (
         "name: cumprod_custom\ninputs: {x: 'Tensor[..., N]'}\noutputs: {y: 'cumprod(x, dim=-1)**2'}\nform: custom_op\n"
     ),
@@ -119,6 +122,20 @@ def test_jvp_vmap_compile_and_custom_op(ops):
     torch.testing.assert_close(ops.cumprod_custom(x), torch.cumprod(x, -1) ** 2)
     assert torch.autograd.gradcheck(ops.cumprod_custom, (xg,), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(ops.cumprod_custom, (xg,))
+
+
+def test_prod_compile_and_custom_op_at_zeros(ops):
+    x = _args((3, 5), zeros=ZEROS["two"])[0].detach()
+    xg = x.clone().requires_grad_()
+    compiled = torch.compile(ops.prod_first, fullgraph=True, backend="aot_eager")
+    (got,) = torch.autograd.grad(compiled(xg[:3]).sum(), xg)
+    (want,) = torch.autograd.grad(plain_prod_first(xg[:3]).sum(), xg)
+    torch.testing.assert_close(got, want)
+    ones = (1 - x).requires_grad_()  # the op takes prod(1 - ones) = prod(x), with zeros in its slices
+    torch.library.opcheck(torch.ops.cumprod_ops.prod_custom, (ones.detach(),))
+    torch.testing.assert_close(ops.prod_custom(ones), 1 - torch.prod(x, -1))
+    assert torch.autograd.gradcheck(ops.prod_custom, (ones,), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(ops.prod_custom, (ones,))
 
 
 def test_prod_jvp_and_vmap_at_zeros(ops):
