@@ -70,7 +70,7 @@ from opgen.formula.tensor import (
     top_tensor_ops,
 )
 from opgen.formula.whole_reductions import reduction_count
-from opgen.nodes.base import Lowered, Node, Rearranging
+from opgen.nodes.base import Lowered, Node, OneOperand
 from opgen.records import OutputTangent, Tangents, Term, VariantTangents
 
 __all__ = ["OutputTangent", "Tangents", "Term", "VariantTangents", "derive_jvp", "tangent_symbol"]
@@ -141,7 +141,7 @@ class _Jvp:
     def rule(self, node: Expr) -> Expr:
         if isinstance(node, Lowered):  # a lowered node (a layer norm): the tangent of its formula
             return self.tangent(node.elementary())
-        if isinstance(node, Rearranging):  # its own rule (a diagonal: opgen.nodes.diagonal)
+        if isinstance(node, OneOperand):  # its own rule (a diagonal: opgen.nodes.diagonal; cumprod)
             ta = self.tangent(node.operand)
             return node.tangent_of(ta, self.table) if ta != 0 else S.Zero
         if isinstance(node, MatMul):

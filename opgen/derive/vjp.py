@@ -75,7 +75,7 @@ from opgen.formula.whole_reductions import (
     spread_to_operand,
     whole_reduction_of_plain,
 )
-from opgen.nodes.base import Lowered, Rearranging
+from opgen.nodes.base import Lowered, OneOperand
 from opgen.records import LeafFit
 
 Clean = Callable[[Expr], Expr]
@@ -196,7 +196,7 @@ class _Vjp:
             for part, part_grad in pushes:
                 self.push(part, part_grad)
             return
-        if isinstance(node, Rearranging):  # its own rule (a diagonal: opgen.nodes.diagonal)
+        if isinstance(node, OneOperand):  # its own rule (a diagonal: opgen.nodes.diagonal; cumprod)
             self.push(node.operand, node.vjp_operand(grad, self.table))
             return
         if isinstance(node, (MatMul, Transpose)):

@@ -259,6 +259,8 @@ class _Reader:
             return self.read_diagonal(node, name)
         if name in scan.SCANS:
             return self.read_scan(node, name)
+        if name == scan.PRODUCT:
+            return self.read_prod(node)
         if name == "chunk":
             raise self.fail(node, "chunk() gives several parts; pick one with [i], e.g. chunk(x, 2, dim=-1)[0]")
         if name not in FUNCTIONS and name not in SPECIAL_FUNCTIONS:
@@ -449,13 +451,38 @@ class _Reader:
         if dim is None:
             raise self.fail(given[0], f"the dim of {name}() must be a whole-number literal such as -1")
         operand = self.number(node.args[0])
-        node_class = scan.LogCumsumExp if name == "logcumsumexp" else scan.Cumsum
         if self.scope.shapes is not None:  # else a first reading, only to order the formulas
             try:
                 dim = scan.scan_dim(name, self.shape(node.args[0], operand), dim)
             except tensor.ShapeError as error:
                 raise self.fail(given[0], str(error)) from None
+        if name == "cumprod":
+            return self.checked(node, Value(scan.Cumprod(operand, sympy.Integer(dim)), NUM))
+        node_class = scan.LogCumsumExp if name == "logcumsumexp" else scan.Cumsum
         return self.checked(node, Value(node_class(operand, sympy.Integer(dim), S.Zero), NUM))
+
+    def read_prod(self, node: ast.Call) -> Value:
+        """`prod(x, dim=-1)` or `prod(x, -1, keepdim=true)`: one whole-number literal dim (Note [cumprod] in
+        opgen.nodes.scan)."""
+        given = [*node.args[1:2], *(kw.value for kw in node.keywords if kw.arg == "dim")]
+        keep = [kw.value for kw in node.keywords if kw.arg == "keepdim"]
+        other = any(kw.arg not in ("dim", "keepdim") for kw in node.keywords)
+        if len(node.args) not in (1, 2) or other or len(given) != 1 or len(keep) > 1:
+            raise self.fail(node, "prod() takes a tensor, one dim and `keepdim=`, e.g. prod(x, dim=-1)")
+        dim = int_literal(given[0])
+        if dim is None:
+            raise self.fail(given[0], "the dim of prod() must be a whole-number literal such as -1")
+        keepdim = self.read(keep[0]).expr if keep else S.false
+        if keepdim not in (S.true, S.false):
+            raise self.fail(keep[0], "`keepdim` of prod() must be true or false")
+        operand = self.number(node.args[0])
+        if self.scope.shapes is not None:  # else a first reading, only to order the formulas
+            try:
+                dim = scan.scan_dim("prod", self.shape(node.args[0], operand), dim)
+            except tensor.ShapeError as error:
+                raise self.fail(given[0], str(error)) from None
+        flag = S.One if keepdim is S.true else S.Zero
+        return self.checked(node, Value(scan.Prod(operand, sympy.Integer(dim), flag), NUM))
 
     def read_Subscript(self, node: ast.Subscript) -> Value:  # noqa: N802
         """`x[..., :D // 2]` and `chunk(x, 2, dim=-1)[1]`: a part of a named dimension (opgen.formula.slicing)."""

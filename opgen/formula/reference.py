@@ -51,6 +51,8 @@ TORCH_FUNCTIONS = {
     "polygamma": "torch.polygamma",
     "cumsum": "torch.cumsum",
     "logcumsumexp": "torch.logcumsumexp",
+    "cumprod": "torch.cumprod",
+    "prod": "torch.prod",
     "where": "torch.where",
     "max": "torch.maximum",
     "min": "torch.minimum",
@@ -203,9 +205,11 @@ class _Translate(ast.NodeTransformer):
             )
         if name == "polygamma":  # the order is a Python integer, as torch.polygamma takes it
             return ast.Call(self._attr("torch.polygamma"), [node.args[0], args[1]], [])
-        if name in ("cumsum", "logcumsumexp"):  # the dim a Python integer, positional or keyword as written
+        if name in ("cumsum", "logcumsumexp", "cumprod"):  # the dim a Python integer, positional or keyword as written
             return ast.Call(self._attr(TORCH_FUNCTIONS[name]), [args[0], *node.args[1:]], node.keywords)
         keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords]
+        if name == "prod":  # the dim a Python integer, as written
+            return ast.Call(self._attr(TORCH_FUNCTIONS[name]), [args[0], *node.args[1:]], keywords)
         if name == "diagonal":  # of the last two dimensions, as the language's (torch's default is the first two)
             keywords = [ast.keyword("dim1", ast.Constant(-2)), ast.keyword("dim2", ast.Constant(-1))]
         return ast.Call(self._attr(TORCH_FUNCTIONS[name]), args, keywords)

@@ -18,7 +18,7 @@ from opgen.formula.words import REDUCTIONS as REDUCTIONS
 from opgen.nodes.bessel import BESSEL
 from opgen.nodes.diagonal import DIAGONALS
 from opgen.nodes.integer_parts import REMAINDERS, trunc
-from opgen.nodes.scan import SCANS
+from opgen.nodes.scan import PRODUCT, SCANS
 from opgen.nodes.special import NORMAL
 from opgen.nodes.stop_gradient import stop_gradient
 
@@ -119,7 +119,8 @@ SHAPE_FUNCTIONS = (
     "stack",
     *DIAGONALS,
     *SCANS,
-)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; cumsum: opgen.nodes.scan
+    PRODUCT,
+)  # cat, stack: opgen.nodes.concat; the diagonals: opgen.nodes.diagonal; the scans: opgen.nodes.scan
 
 
 ALL_FUNCTIONS = tuple(sorted([*FUNCTIONS, *SPECIAL_FUNCTIONS, *REDUCTIONS, *SHAPE_FUNCTIONS]))

@@ -16,7 +16,7 @@ the classes below, by `isinstance`, never by looking for a method by name:
   `detached`, a statistic autograd does not differentiate; `guard_domain`, arguments a
   `where` branch must guard (Note [double where] in opgen.derive.guard);
 - a `Shaped` node is not shaped as its arguments broadcast: it gives its shape (`shape_in`); a
-  `Rearranging` one (a diagonal) also gives its operand's gradient and its own tangent;
+  `OneOperand` one (a diagonal, a cumprod) also gives its operand's gradient and its own tangent;
 - a `Lowered` node stands for a formula the optimizer replaced by one kernel: forward mode, and a
   gradient narrower than the node (Note [narrow gradients] in opgen.derive.vjp), go through its
   `elementary()` form; it gives its own gradient (`vjp_pushes`) and its value where some
@@ -133,10 +133,10 @@ class Lowered(Shaped):
         return None if any(arg is None for arg in args) else self.func(*args)  # type: ignore[attr-defined]
 
 
-class Rearranging(Shaped):
-    """A tensor node linear in its one tensor operand, whose entries it moves (a diagonal, Note [diagonals] in
-    opgen.nodes.diagonal): it gives its shape, the gradient of its operand and its tangent, by the shapes of
-    the symbols (`table`); reverse and forward mode (opgen.derive.vjp, opgen.derive.jvp) ask it."""
+class OneOperand(Shaped):
+    """A tensor node of one tensor operand that gives its shape, the gradient of its operand and its tangent,
+    by the shapes of the symbols (`table`); reverse and forward mode (opgen.derive.vjp, opgen.derive.jvp) ask
+    it (a cumulative product, Note [cumprod] in opgen.nodes.scan, whose formula has no zero-safe elementary form)."""
 
     __slots__ = ()
 
@@ -152,6 +152,13 @@ class Rearranging(Shaped):
     def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
         """The node's tangent, for the tangent of its operand (perhaps narrower than the operand)."""
         raise NotImplementedError
+
+
+class Rearranging(OneOperand):
+    """A `OneOperand` node linear in its operand, whose entries it moves (a diagonal, Note [diagonals] in
+    opgen.nodes.diagonal)."""
+
+    __slots__ = ()
 
 
 class Spelled(Node):

@@ -1,4 +1,4 @@
-"""Scans along a named dimension: `cumsum(x, dim)` and `logcumsumexp(x, dim)`, as torch's.
+"""Scans along a named dimension: `cumsum(x, dim)`, `logcumsumexp(x, dim)` and `cumprod(x, dim)`, as torch's.
 
 Note [scans]
 ~~~~~~~~~~~~
@@ -25,6 +25,22 @@ gradient through logcumsumexp is wrong) and `rev_lcse` the reversed logcumsumexp
 backward differentiates it again. Forward mode and a gradient narrower than the node (the scalar
 gradient of `sum(logcumsumexp(x, dim=-1))`) go through `log(cumsum(exp(x)))` (Note [narrow gradients]
 in opgen.derive.vjp), exact in float64, overflowing past x = 88 in float32.
+
+Note [cumprod]
+~~~~~~~~~~~~~~
+`cumprod(x, dim)` is `torch.cumprod`. Its gradient is never `cumsum(g * y) / x` (0/0 at a zero of x):
+entry j gets `sum over i >= j of g_i * prod over k <= i, k != j of x_k`, as PyTorch's cumprod_backward,
+written as differentiable torch ops with no division, O(N^2) in the scanned dimension N: `C[..., j, i]`
+is the cumprod along i of `x` with its entry j put to 1 (`torch.where(eye, 1, x)`), so `C[j, i]` is the
+product of the entries 0..i but j; the gradient is `C` times `g` summed over i >= j (an upper-triangular
+mask), the tangent `C` times `t` summed over j <= i. Both hold with any number of zeros in a slice, and
+double backward differentiates them again (torch.cumprod's own backward is zero-safe). The scan is moved
+to the last dimension for the masks and back. A narrower gradient or tangent is broadcast to `x` first.
+
+`prod(x, dim=D)` (`keepdim=true` too) is `torch.prod` along one named dimension. Its gradient is the
+incoming gradient times the product of the other entries, never `y / x`: `excl(x) * flip(excl(flip(x)))`
+with `excl` the exclusive cumprod along D (entry j the product of the entries before j), O(N), right with
+any number of zeros, and differentiable again; its tangent is the sum of `t` times that product.
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ from sympy import Expr, Function, S
 from opgen.formula import functions as fn
 from opgen.formula.dims import Shape, ShapeError, show, split
 from opgen.formula.tensor import TensorOp, pull_number, shape_of
-from opgen.nodes.base import Lowered, Printer, Rearranging, Shown, Spelled, TorchCode
+from opgen.nodes.base import Lowered, OneOperand, Printer, Rearranging, Shaped, Shown, Spelled, TorchCode
 
 
 def scan_dim(name: str, operand: Shape, dim: int) -> int:
@@ -157,4 +173,138 @@ class LogCumsumExp(Lowered, Spelled, Shown, TensorOp):
         return f"{word}({printer._print(self.args[0])}, dim={int(self.args[1])})"
 
 
-SCANS = ("cumsum", "logcumsumexp")  # the formula language's names (opgen.formula.reader)
+class Cumprod(OneOperand, Spelled, Shown, TensorOp):
+    """`Cumprod(x, dim)`: the cumulative product of `x` along `dim` (negative), torch.cumprod (Note [cumprod])."""
+
+    nargs = 2
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+    def _pushed(self, value: Expr, forward: bool, table: dict[sympy.Symbol, Shape]) -> Expr:
+        wide = S.One if shape_of(value, table) != shape_of(self, table) else S.Zero
+        return CumprodPush(self.args[0], value, self.args[1], S.One if forward else S.Zero, wide)
+
+    def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(grad, False, table)
+
+    def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(tangent, True, table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        return f"{printer.torch}.cumprod({printer._print(self.args[0])}, {int(self.args[1])})"
+
+    def _docstring(self, printer: Printer) -> str:
+        return f"cumprod({printer._print(self.args[0])}, dim={int(self.args[1])})"
+
+
+class CumprodPush(Shaped, Spelled, Shown, TensorOp):
+    """`CumprodPush(x, v, dim, forward, wide)`: the gradient of `x` through `cumprod(x, dim)` for the incoming
+    gradient `v` (`forward` 0), or the tangent of the cumprod for the tangent `v` of `x` (`forward` 1), `v`
+    broadcast to `x` first with `wide` 1; no division, right at zeros (Note [cumprod])."""
+
+    nargs = 5
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[0], table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        torch, dim = printer.torch, int(self.args[2])
+        x, v = printer._postfix(self.args[0]), printer._postfix(self.args[1])
+        if self.args[4]:
+            v = f"({torch}.zeros_like({printer._print(self.args[0])}) + {printer._print(self.args[1])})"
+        moved = "" if dim == -1 else f".movedim({dim}, -1)"  # the scan last, for the masks
+        n, device = f"{x}.shape[{dim}]", f"device={x}.device"
+        eye = f"{torch}.eye({n}, dtype={torch}.bool, {device})"
+        # C[..., j, i]: the product of the entries 0..i of x but entry j
+        c = f"{torch}.cumprod({torch}.where({eye}, 1, {x}{moved}.unsqueeze(-2)), -1)"
+        upper = f"{torch}.ones({n}, {n}, dtype={torch}.bool, {device}).triu()"  # i >= j
+        if self.args[3]:  # the tangent: sum over j <= i of t_j C[j, i]
+            summed = f"{torch}.where({upper}, {c} * {v}{moved}.unsqueeze(-1), 0).sum(-2)"
+        else:  # the gradient: sum over i >= j of g_i C[j, i]
+            summed = f"{torch}.where({upper}, {c} * {v}{moved}.unsqueeze(-2), 0).sum(-1)"
+        return summed if dim == -1 else f"{summed}.movedim(-1, {dim})"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "cumprod_tangent" if self.args[3] else "cumprod_backward"
+        x, v = printer._print(self.args[0]), printer._print(self.args[1])
+        return f"{word}({x}, {v}, dim={int(self.args[2])})"
+
+
+def _others(x: str, dim: int, torch: str) -> str:
+    """The product of the entries of `x` along `dim` but each one, without division (Note [cumprod])."""
+
+    def exclusive(v: str) -> str:
+        ones = f"{torch}.ones_like({v}.narrow({dim}, 0, 1))"
+        return f"{torch}.cumprod({torch}.cat([{ones}, {v}.narrow({dim}, 0, {v}.shape[{dim}] - 1)], {dim}), {dim})"
+
+    flip = f"{torch}.flip"
+    return f"{exclusive(x)} * {flip}({exclusive(f'{flip}({x}, ({dim},))')}, ({dim},))"
+
+
+class Prod(OneOperand, Spelled, Shown, TensorOp):
+    """`Prod(x, dim, keepdim)`: the product of `x` along `dim` (negative), torch.prod (Note [cumprod])."""
+
+    nargs = 3
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        shape = shape_of(self.args[0], table)
+        if shape is None:
+            return None
+        dims, dim = list(shape), int(self.args[1])
+        if self.args[2]:
+            dims[dim] = 1
+        else:
+            del dims[dim]
+        return tuple(dims)
+
+    def _pushed(self, value: Expr, forward: bool, table: dict[sympy.Symbol, Shape]) -> Expr:
+        wide = S.One if shape_of(value, table) != shape_of(self, table) else S.Zero
+        return ProdPush(self.args[0], value, self.args[1], self.args[2], S.One if forward else S.Zero, wide, self)
+
+    def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(grad, False, table)
+
+    def tangent_of(self, tangent: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
+        return self._pushed(tangent, True, table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        keep = ", keepdim=True" if self.args[2] else ""
+        return f"{printer.torch}.prod({printer._print(self.args[0])}, {int(self.args[1])}{keep})"
+
+    def _docstring(self, printer: Printer) -> str:
+        keep = ", keepdim=true" if self.args[2] else ""
+        return f"prod({printer._print(self.args[0])}, dim={int(self.args[1])}{keep})"
+
+
+class ProdPush(Shaped, Spelled, Shown, TensorOp):
+    """`ProdPush(x, v, dim, keepdim, forward, wide, node)`: the gradient of `x` through `node`, `prod(x, dim)`,
+    for the incoming gradient `v` (`forward` 0), or the node's tangent for the tangent `v` of `x` (`forward`
+    1); `v` broadcast first with `wide` 1 (to the node's shape backward, to `x`'s forward) (Note [cumprod])."""
+
+    nargs = 7
+
+    def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
+        return shape_of(self.args[6] if self.args[4] else self.args[0], table)
+
+    def _torch(self, printer: TorchCode) -> str:
+        torch, dim, keep = printer.torch, int(self.args[2]), bool(self.args[3])
+        x, node, v = printer._postfix(self.args[0]), self.args[6], printer._postfix(self.args[1])
+        others = _others(x, dim, torch)
+        if self.args[4]:  # the tangent
+            if self.args[5]:
+                v = f"({torch}.zeros_like({printer._print(self.args[0])}) + {printer._print(self.args[1])})"
+            keeping = ", keepdim=True" if keep else ""
+            return f"({v} * {others}).sum({dim}{keeping})"
+        if self.args[5]:
+            v = f"({torch}.zeros_like({printer._print(node)}) + {printer._print(self.args[1])})"
+        return f"{v if keep else f'{v}.unsqueeze({dim})'} * {others}"
+
+    def _docstring(self, printer: Printer) -> str:
+        word = "prod_tangent" if self.args[4] else "prod_backward"
+        x, v = printer._print(self.args[0]), printer._print(self.args[1])
+        return f"{word}({x}, {v}, dim={int(self.args[2])})"
+
+
+PRODUCT = "prod"  # prod(x, dim=D, keepdim=true) (opgen.formula.reader)
+SCANS = ("cumsum", "logcumsumexp", "cumprod")  # the formula language's names (opgen.formula.reader)

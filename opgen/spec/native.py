@@ -71,6 +71,8 @@ NATIVE_OPS: dict[str, NativeOp] = {
     "round": NativeOp("torch.round", 1),
     "floor": NativeOp("torch.floor", 1),
     "ceil": NativeOp("torch.ceil", 1),
+    "trunc": NativeOp("torch.trunc", 1),
+    "remainder": NativeOp("torch.remainder", 2),
     "sqrt": NativeOp("torch.sqrt", 1),
     "sinc": NativeOp("torch.sinc", 1),
     "hardtanh": NativeOp(_F + "hardtanh", 3),
