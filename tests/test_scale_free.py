@@ -95,3 +95,12 @@ def test_a_zero_vector_is_nan_as_written(ops):
 def test_the_scale_is_held_out_of_the_gradient(ops):
     source = inspect.getsource(ops.CosWrittenFunction)
     assert "amax(-1, keepdim=True).detach()" in source and "**2 /" not in source.replace(" ", "")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e20, 1e-25])
+def test_forward_mode_is_cosine_similaritys_at_every_scale(ops, scale):
+    torch.manual_seed(2)
+    a, b, ta, tb = (torch.randn(3, 5) * scale for _ in range(4))
+    _, got = torch.func.jvp(ops.cos_written, (a, b), (ta, tb))
+    _, want = torch.func.jvp(_native("cos_written"), (a.double(), b.double()), (ta.double(), tb.double()))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
