@@ -9,6 +9,8 @@ written gives inf or NaN, and double backward (gradgradcheck) still works.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ from opgen.cli import main
 
 # name -> (formula, lets, the same formula in plain torch, PyTorch's stable op)
 LSE = torch.logsumexp
+LN2 = math.log(2)
 
 
 def _amax(x, keepdim=False):
@@ -90,6 +93,18 @@ OPS = {
         lambda x: x - torch.log(_naive_sum_exp(x, True)),
         lambda x: torch.log_softmax(x, -1),
     ),
+    "lse_base_two": (
+        "log2(sum(2**x, dim=-1))",
+        "",
+        lambda x: torch.log2(torch.exp2(x).sum(-1)),
+        lambda x: LSE(x * LN2, -1) / LN2,  # torch.logaddexp2 over a dim
+    ),
+    "softmax_base_two": (
+        "2**x / sum(2**x, dim=-1, keepdim=true)",
+        "",
+        lambda x: torch.exp2(x) / torch.exp2(x).sum(-1, keepdim=True),
+        lambda x: torch.softmax(x * LN2, -1),
+    ),
 }
 
 # A cross-entropy with probability targets through log-sum-exp, and one through the softmax.
@@ -154,7 +169,7 @@ def test_the_op_is_pytorchs_stable_op_in_float32_at_large_logits(ops, name, scal
 def test_the_formulas_as_written_are_not_finite_there():
     """What the rewrites are for: the textbook formulas overflow at logits of 1000."""
     x = torch.tensor([[1000.0, 0.0, -1000.0]], requires_grad=True)
-    for name in ("softmax_textbook", "lse_textbook", "log_softmax_minus_lse"):
+    for name in ("softmax_textbook", "lse_textbook", "log_softmax_minus_lse", "lse_base_two", "softmax_base_two"):
         y = OPS[name][2](x)
         (grad,) = torch.autograd.grad(y.sum(), x)
         assert not (torch.isfinite(y).all() and torch.isfinite(grad).all()), name
@@ -201,6 +216,8 @@ def test_rewritten_forms_print_pytorchs_ops(ops):
     assert "amax" not in source("softmax_shifted") and "amax" not in source("lse_max_by_hand")
     assert "logsumexp(-1)" in source("lse_textbook") and "torch.exp(x)" not in source("lse_textbook")
     assert "torch.log_softmax(x, -1)" in source("log_softmax_minus_lse")
+    assert "logsumexp(-1)" in source("lse_base_two") and "2 ** (x)" not in source("lse_base_two")
+    assert "torch.softmax(" in source("softmax_base_two") and "2 ** (x)" not in source("softmax_base_two")
     assert "_log_softmax_backward_data" in source("ce_lse")
 
 

@@ -12,6 +12,8 @@ ops in float32 at logits of ±1e4 against torch.softmax / torch.logsumexp / F.cr
 size 1 at `d` such as `amax(u, d, keepdim=true)`: its static shape says so):
 
     log(sum(exp(u), d, k))                -> logsumexp(u, d, k)
+    log(sum(c**u, d, k))                  -> logsumexp(u * log(c), d, k)    (c > 0 a number, c != 1;
+                                                                               and so in every rule below)
     log(c * cumsum(exp(u), d))            -> log(c) + logcumsumexp(u, d)
     log(c * sum(exp(u), d, k))            -> log(c) + logsumexp(u, d, k)     (sum(exp) > 0)
     log(c * mean(exp(u), d, k))           -> log(c / n) + logsumexp(u, d, k) (n: the size of d)
@@ -108,10 +110,15 @@ def _one_dim(node: ReductionBase) -> int | None:
 
 
 def _exp_arg(expr: sympy.Basic) -> Expr | None:
+    """`u` when `expr` is `exp(u)`, `u * log(c)` when it is `c**u` for a number `c > 0`, `c != 1`
+    (`log2(sum(2**x))` is `logsumexp(x * log(2)) / log(2)`, torch's logaddexp2 over a dim)."""
     if isinstance(expr, sympy.exp):
         return expr.args[0]
     if isinstance(expr, sympy.Pow) and expr.base == S.Exp1:
         return expr.exp
+    if isinstance(expr, sympy.Pow) and expr.base.is_number and expr.base.is_positive and expr.base != 1:
+        if not expr.exp.is_number:
+            return expr.exp * sympy.log(expr.base)
     return None
 
 

@@ -81,7 +81,7 @@ from opgen.formula import functions as fn
 from opgen.formula.tensor import ReduceLogSumExp, ReduceSum, Softmax, TensorOp
 from opgen.nodes.special import erfc_times_exp, log_erfc, quantile
 from opgen.nodes.stable import hypot, log1mexp, logaddexp, logcosh, logsigmoid
-from opgen.optimize import reductions
+from opgen.optimize import reductions, scales
 from opgen.optimize.cancellation import conjugate, is_conjugate_form
 from opgen.optimize.joins import joined_branches
 from opgen.optimize.product_rules import double_angle, exp_decaying, sinh_over_cosh, to_sinc, unsinc, x_log_x
@@ -518,7 +518,7 @@ _TENSOR_RULES = {
     sympy.log: reductions.log_of,
     sympy.exp: reductions.exponential,
     sympy.Add: reductions.total,
-    sympy.Mul: reductions.product,
+    sympy.Mul: scales.product,
     ReduceSum: reductions.reduce_sum,
     ReduceLogSumExp: reductions.logsumexp,
     Softmax: reductions.softmax,
