@@ -71,8 +71,7 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     spec = derived.spec
     names = make_names(plan)
     printer = with_temp_shapes(make_printer(plan, names, temps=variant_temps(plan.backward[-1])), plan)
-    backward = backward_body(plan, names, printer)
-    before_forward = names.runtime.mark()
+    backward, before_forward = backward_body(plan, names, printer), names.runtime.mark()
     forward = forward_body(plan, names, printer)
     helpers: list[list[str]] = []
     if spec.optimize.fuse and fusable(plan):
