@@ -160,6 +160,22 @@ def test_without_tomllib_spec_and_out_on_the_command_line_still_run(run_cli, tmp
     assert run_cli("check", "-o", "mine")[0] == 2
 
 
+def test_without_tomllib_the_table_is_read_with_tomli(run_cli, tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib; opgen declares tomli for it, and reads the table with that."""
+    import tomllib
+
+    project(tmp_path)
+    tomli = type(sys)("tomli")
+    tomli.loads = tomllib.loads  # type: ignore[attr-defined]
+    tomli.TOMLDecodeError = tomllib.TOMLDecodeError  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "tomli", tomli)
+    assert config._toml() is tomli
+    status, out, err = run_cli("generate", cwd=tmp_path)
+    assert status == 0 and "not read" not in err, err
+    assert (tmp_path / "ops" / "ops" / "swish.py").is_file()
+
+
 def test_the_check_hint_is_the_command_that_fixes_what_was_checked(run_cli, tmp_path):
     """In a configured project, `check SPEC -o OUT` of another package names that package's generate
     (with the options that change what is written), and running the hint makes the check pass."""

@@ -104,10 +104,22 @@ outputs:
 """
 
 
+# A whole-tensor mean of two plain Tensors: its count is `torch.broadcast_shapes(...).numel()`, a
+# call torch leaves untyped.
+MEAN = """
+name: mean_squared
+inputs:
+  x: Tensor
+  y: Tensor
+outputs:
+  loss: mean((x - y)**2)
+"""
+
+
 @pytest.fixture(scope="module")
 def typed_ops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, typing.Any]:
     root = tmp_path_factory.mktemp("typed")
-    return root, build_ops(root, "typed_ops", {"gate": GATE, "tuple": TUPLE, "shrink": CUSTOM})
+    return root, build_ops(root, "typed_ops", {"gate": GATE, "tuple": TUPLE, "shrink": CUSTOM, "mean_squared": MEAN})
 
 
 def test_mypy_strict_passes_on_generated_code_and_flags_wrong_calls(typed_ops: tuple[Path, typing.Any]) -> None:

@@ -15,7 +15,7 @@ from opgen.emit.forward_mode import JvpSetup
 from opgen.emit.kernel_lines import forward_printer
 from opgen.emit.names import OpNames, make_printer
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import Lines, assign_block, text_lines, variant_branches
+from opgen.emit.statements import Lines, assign_block, size_line, text_lines, variant_branches
 from opgen.formula.dims import counted, part_of
 from opgen.formula.tensor import BATCH, Transpose, Unsqueeze, dim_size
 from opgen.formula.written import Piece
@@ -156,7 +156,8 @@ def forward_body(plan: Plan, names: OpNames, printer: TorchPrinter) -> Lines:
     optional = [i.name for i in derived.spec.tensor_inputs if i.type.optional]
     is_none = {n: f"{n} is None" for n in optional}
     sizes = size_sources(derived.spec, tuple(names.size_locals))
-    lines = [f"{names.size_locals[d]} = {size_text(derived.spec, *where, names.torch)}" for d, where in sizes.items()]
+    spec = derived.spec
+    lines = [size_line(names.size_locals[d], size_text(spec, *where, names.torch)) for d, where in sizes.items()]
     printer = make_printer(plan, names, {dim_size(d): local for d, local in names.size_locals.items()})
     bodies = {}
     for kind, kind_printer in (("plain", printer), ("in_place", forward_printer(printer))):  # Note [forward in place]
@@ -199,7 +200,7 @@ def setup_body(plan: Plan, names: OpNames, forward: JvpSetup | None = None) -> L
         shape = f"None if {name} is None else {name}.shape" if name in optional else f"{name}.shape"
         lines += text_lines(f"{ctx}.{names.shape_attrs[name]}", shape, 8)
     for dim, where in sizes.items():
-        lines.append(f"{ctx}.{names.size_attrs[dim]} = {size_text(spec, *where, names.torch)}")
+        lines.append(size_line(f"{ctx}.{names.size_attrs[dim]}", size_text(spec, *where, names.torch)))
     for name in plan.gated_residuals:  # Note [saved tensor operations] in opgen.optimize.save_tensors
         lines.append(f"{ctx}.{names.shape_attrs[name]} = {name}.shape")
     for name in filled_shapes(plan):  # Note [refused tangents] in opgen.plan.forward

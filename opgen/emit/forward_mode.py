@@ -28,7 +28,7 @@ from opgen.emit import layout
 from opgen.emit.kernel_lines import backward_lines
 from opgen.emit.names import temp_names
 from opgen.emit.printer import TorchPrinter
-from opgen.emit.statements import assign, text_lines
+from opgen.emit.statements import assign, size_line, text_lines
 from opgen.formula.dims import size_stem
 from opgen.formula.kinds import with_definitions
 from opgen.formula.tensor import ShapeError, dim_size, shape_of
@@ -112,7 +112,7 @@ def jvp_setup(
         if jnames.size_attrs[dim] in set_attrs:
             continue
         text, read = sizes[dim]
-        lines.append(f"{ctx}.{jnames.size_attrs[dim]} = {text}")
+        lines.append(size_line(f"{ctx}.{jnames.size_attrs[dim]}", text))
         inputs |= set(read)
     returned = set(forward.saved) - spec_inputs
     return JvpSetup(frozenset(inputs), frozenset(returned), tuple(lines))

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 
 import sympy
 
+from opgen.emit.annotations import TypeNames, define, input_type, param, tensors
 from opgen.emit.printer import TorchPrinter
+from opgen.emit.statements import assign
 from opgen.formula.syntax import is_elementwise
 from opgen.nodes.kernels import Prime, Primitive
 from opgen.plan.backward import Plan
+from opgen.spec.model import Spec
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,16 @@ def _one_kernel(expr: sympy.Basic) -> bool:
     return isinstance(expr, sympy.Function) and all(a.is_Symbol or a.is_number for a in expr.args)
 
 
+def _indented(lines: list[str]) -> list[str]:
+    return ["    " + line for line in lines]
+
+
+def _type_of(spec: Spec, name: str, types: TypeNames) -> str:
+    """A compiled helper's parameter: an input's own type, else a tensor (saved or an incoming gradient)."""
+    inp = spec.input(name)
+    return input_type(inp.type, types) if inp is not None else types.tensor
+
+
 def _fresh(base: str, taken: set[str]) -> str:
     name = base
     while name in taken:
@@ -80,8 +93,10 @@ def fuse(
     printer: TorchPrinter,
     forward: list[str],
     taken: set[str],
+    types: TypeNames,
 ) -> Fused:
-    """The compiled helpers of `plan`'s op; `taken` holds every name the module already uses."""
+    """The compiled helpers of `plan`'s op, typed and laid out as the rest of the module; `taken`
+    holds every name the module already uses."""
     derived = plan.derived
     spec = derived.spec
     symbols = derived.symbols
@@ -91,27 +106,30 @@ def fuse(
     params = [i.name for i in spec.inputs]
     decorator = f"@{torch}.compile"
     variant = derived.full
-    written = [
-        f"{name} = {printer.doprint_expr(_written_out(expr))}" for name, expr in (*variant.lets, *variant.outputs)
+    body = [
+        line
+        for name, expr in (*variant.lets, *variant.outputs)
+        for line in assign(name, _written_out(expr), printer, 4)
     ]
-    body = [*written, forward[-1]]  # the lines, then forward's own `return`
-    forward_helper = [decorator, f"def {forward_name}({', '.join(params)}):", *("    " + line for line in body)]
+    body.append(forward[-1])  # forward's own `return`
+    typed = [param(i.name, input_type(i.type, types)) for i in spec.inputs]
+    forward_helper = [decorator, define(forward_name, typed, tensors(len(spec.outputs), types), 0), *_indented(body)]
     inputs = [*plan.saved, *plan.ctx_values, *(grads_in[o.name] for o in spec.outputs)]
     body = []
     for group in bp.groups:
         for temp in group.temps:
-            body.append(f"{printer.names[temp.symbol]} = {printer.doprint_expr(_written_out(temp.expr))}")
+            body += assign(printer.names[temp.symbol], _written_out(temp.expr), printer, 4)
     for grad in bp.grads:
         # A contribution of no one output already holds its incoming gradients (a share of a negated pair).
         terms = (c.factor if c.output is None else symbols.grads[c.output] * c.factor for c in grad.contributions)
-        total = sum(terms, sympy.S.Zero)
-        line = f"{grads_out[grad.input]} = {printer.doprint_expr(_written_out(total))}"
-        body.append(line)
+        body += assign(grads_out[grad.input], _written_out(sum(terms, sympy.S.Zero)), printer, 4)
         if grad.reduce:
             body.append(f"{grads_out[grad.input]} = {grads_out[grad.input]}.sum_to_size({grad.input}.shape)")
     returned = [grads_out[i.name] for i in spec.tensor_inputs]
-    body.append(f"return {returned[0]}," if len(returned) == 1 else f"return {', '.join(returned)}")
-    backward_helper = [decorator, f"def {backward_name}({', '.join(inputs)}):", *("    " + line for line in body)]
+    body.append(f"return ({returned[0]},)" if len(returned) == 1 else f"return {', '.join(returned)}")
+    typed = [param(name, _type_of(spec, name, types)) for name in inputs]
+    gradients_type = f"{types.builtin['tuple']}[{', '.join([types.tensor] * len(returned))}]"
+    backward_helper = [decorator, define(backward_name, typed, gradients_type, 0), *_indented(body)]
     gradients = _fresh("gradients", taken)
     position = iter(range(len(returned)))
     results = ", ".join(f"{gradients}[{next(position)}]" if i.is_tensor else "None" for i in spec.inputs)

@@ -71,12 +71,13 @@ def emit_op(plan: Plan, renderer: Renderer) -> str:
     spec = derived.spec
     names = make_names(plan)
     printer = with_temp_shapes(make_printer(plan, names, temps=variant_temps(plan.backward[-1])), plan)
-    backward = backward_body(plan, names, printer)
+    backward, before_forward = backward_body(plan, names, printer), names.runtime.mark()
     forward = forward_body(plan, names, printer)
     helpers: list[list[str]] = []
     if spec.optimize.fuse and fusable(plan):
+        names.runtime.rewind(before_forward)  # the compiled helper replaces forward's lines but its return
         taken = spec_names(spec) | set(public_names(spec)) | {names.torch, names.math, *names.grads_in.values()}
-        fused = fuse(plan, names.torch, names.grads_in, names.grads_out, printer, forward, taken)
+        fused = fuse(plan, names.torch, names.grads_in, names.grads_out, printer, forward, taken, names.types)
         helpers, forward = fused.helpers, fused.forward
         unpacked = (1 if plan.saved else 0) + len(plan.ctx_values)
         backward = backward[:unpacked] + fused.backward_fast + backward[unpacked:]

@@ -42,6 +42,14 @@ class RuntimeNames:
         self._used.add(name)
         return self._local[name]
 
+    def mark(self) -> frozenset[str]:
+        """The names used so far, for `rewind`."""
+        return frozenset(self._used)
+
+    def rewind(self, mark: frozenset[str]) -> None:
+        """Forget the names used since `mark`: the lines that printed them were dropped."""
+        self._used = set(mark)
+
     def import_line(self) -> str:
         """The `from .._runtime import ...` statements of the names used."""
         return from_imports(".._runtime", [(name, self._local[name]) for name in self._used])

@@ -255,3 +255,10 @@ def variant_branches(
         "else:",
         *indent_lines(variant_branches(present, rest, is_none)),
     ]
+
+
+def size_line(target: str, text: str) -> str:
+    """`target = text`, a size of `size_text`; torch leaves `broadcast_shapes` untyped, so a count of
+    several inputs is read under the ignore that names that error (Note [typed generated code])."""
+    ignore = "  # type: ignore[no-untyped-call, unused-ignore]" if ".broadcast_shapes(" in text else ""
+    return f"{target} = {text}{ignore}"
