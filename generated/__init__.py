@@ -14,7 +14,6 @@ from .ops.complex_rotation import ComplexRotationFunction, complex_rotation
 from .ops.cosine_similarity import CosineSimilarityFunction, cosine_similarity
 from .ops.cox_partial_nll import CoxPartialNllFunction, cox_partial_nll
 from .ops.cross_entropy import CrossEntropyFunction, cross_entropy
-from .ops.discrete_survival import DiscreteSurvivalFunction, discrete_survival
 from .ops.elu import EluFunction, elu
 from .ops.focal_loss import FocalLossFunction, focal_loss
 from .ops.gamma_fisher_logdet import GammaFisherLogdetFunction, gamma_fisher_logdet
@@ -39,7 +38,6 @@ from .ops.logsigmoid import LogsigmoidFunction, logsigmoid
 from .ops.logsumexp import LogsumexpFunction, logsumexp
 from .ops.mish import MishFunction, mish
 from .ops.mul_constant import MulConstantFunction, mul_constant
-from .ops.noisy_or import NoisyOrFunction, noisy_or
 from .ops.quantize_ste import QuantizeSteFunction, quantize_ste
 from .ops.rbf_kernel import RbfKernelFunction, rbf_kernel
 from .ops.relu6 import Relu6Function, relu6
@@ -84,7 +82,6 @@ __all__ = [
     "CosineSimilarityFunction",
     "CoxPartialNllFunction",
     "CrossEntropyFunction",
-    "DiscreteSurvivalFunction",
     "EluFunction",
     "FocalLossFunction",
     "GammaFisherLogdetFunction",
@@ -111,7 +108,6 @@ __all__ = [
     "LogsumexpFunction",
     "MishFunction",
     "MulConstantFunction",
-    "NoisyOrFunction",
     "QuantizeSteFunction",
     "RMSNorm",
     "RbfKernelFunction",
@@ -152,7 +148,6 @@ __all__ = [
     "cosine_similarity",
     "cox_partial_nll",
     "cross_entropy",
-    "discrete_survival",
     "elu",
     "focal_loss",
     "gamma_fisher_logdet",
@@ -177,7 +172,6 @@ __all__ = [
     "logsumexp",
     "mish",
     "mul_constant",
-    "noisy_or",
     "quantize_ste",
     "rbf_kernel",
     "relu6",

@@ -24,10 +24,8 @@ ort = pytest.importorskip("onnxruntime", reason="the `onnx` extra: pip install -
 pytest.importorskip("onnxscript", reason="the `onnx` extra: pip install -e '.[onnx]'")
 
 # Ops torch's exporters refuse, loudly (never a wrong model): `aten::special_i0e` has no ONNX translation
-# in either exporter, nor has `aten::polygamma`; the TorchScript-based one has no `aten::logcumsumexp`;
-# the dynamo-based one has no `prims.prod` (torch.cumprod's decomposition) and the TorchScript-based one
-# refuses `aten::cumprod` too.
-NOT_EXPORTED = {"von_mises_nll", "gamma_fisher_logdet", "cox_partial_nll", "discrete_survival"}
+# in either exporter, nor has `aten::polygamma`; the TorchScript-based one has no `aten::logcumsumexp`.
+NOT_EXPORTED = {"von_mises_nll", "gamma_fisher_logdet", "cox_partial_nll"}
 SPEC_NAMES = sorted(p.stem for p in SPECS.glob("*.yaml") if p.stem not in NOT_EXPORTED)
 EXPORTERS = ["dynamo", "torchscript"]
 FORMS = ["function", "custom_op"]

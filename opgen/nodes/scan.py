@@ -260,7 +260,7 @@ class Prod(OneOperand, Spelled, Shown, TensorOp):
 
     def _pushed(self, value: Expr, forward: bool, table: dict[sympy.Symbol, Shape]) -> Expr:
         wide = S.One if shape_of(value, table) != shape_of(self, table) else S.Zero
-        return ProdPush(self.args[0], value, self.args[1], self.args[2], S.One if forward else S.Zero, wide, self)
+        return ProdPush(self.args[0], value, self.args[1], self.args[2], S.One if forward else S.Zero, wide)
 
     def vjp_operand(self, grad: Expr, table: dict[sympy.Symbol, Shape]) -> Expr:
         return self._pushed(grad, False, table)
@@ -278,26 +278,30 @@ class Prod(OneOperand, Spelled, Shown, TensorOp):
 
 
 class ProdPush(Shaped, Spelled, Shown, TensorOp):
-    """`ProdPush(x, v, dim, keepdim, forward, wide, node)`: the gradient of `x` through `node`, `prod(x, dim)`,
-    for the incoming gradient `v` (`forward` 0), or the node's tangent for the tangent `v` of `x` (`forward`
-    1); `v` broadcast first with `wide` 1 (to the node's shape backward, to `x`'s forward) (Note [cumprod])."""
+    """`ProdPush(x, v, dim, keepdim, forward, wide)`: the gradient of `x` through `prod(x, dim)` for the
+    incoming gradient `v` (`forward` 0), or the product's tangent for the tangent `v` of `x` (`forward` 1);
+    `v` broadcast first with `wide` 1 (to the product's shape backward, to `x`'s forward) (Note [cumprod]).
+    The product itself is no argument: backward never computes it."""
 
-    nargs = 7
+    nargs = 6
 
     def shape_in(self, table: dict[sympy.Symbol, Shape]) -> Shape:
-        return shape_of(self.args[6] if self.args[4] else self.args[0], table)
+        if not self.args[4]:
+            return shape_of(self.args[0], table)
+        return Prod(self.args[0], self.args[2], self.args[3]).shape_in(table)
 
     def _torch(self, printer: TorchCode) -> str:
         torch, dim, keep = printer.torch, int(self.args[2]), bool(self.args[3])
-        x, node, v = printer._postfix(self.args[0]), self.args[6], printer._postfix(self.args[1])
+        x, v = printer._postfix(self.args[0]), printer._postfix(self.args[1])
         others = _others(x, dim, torch)
         if self.args[4]:  # the tangent
             if self.args[5]:
                 v = f"({torch}.zeros_like({printer._print(self.args[0])}) + {printer._print(self.args[1])})"
             keeping = ", keepdim=True" if keep else ""
             return f"({v} * {others}).sum({dim}{keeping})"
-        if self.args[5]:
-            v = f"({torch}.zeros_like({printer._print(node)}) + {printer._print(self.args[1])})"
+        if self.args[5]:  # zeros of the product's shape: x without (or with one entry along) `dim`
+            like = f"{x}.narrow({dim}, 0, 1)" if keep else f"{x}.select({dim}, 0)"
+            v = f"({torch}.zeros_like({like}) + {printer._print(self.args[1])})"
         return f"{v if keep else f'{v}.unsqueeze({dim})'} * {others}"
 
     def _docstring(self, printer: Printer) -> str:
